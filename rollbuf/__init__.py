@@ -1,0 +1,12 @@
+"""rollbuf: exact, fused credit assignment for reinforcement learning.
+
+``Rollout`` holds a window of ``[*B, T]`` steps; :mod:`rollbuf.functional` has the same estimators
+on plain tensors; :mod:`rollbuf.boundary` holds the boundary model (SPEC §1–2).
+"""
+
+from rollbuf import functional
+from rollbuf.functional import GAEResult, SumsResult, TracesResult, VTraceResult
+from rollbuf.rollout import Rollout
+
+__version__ = "0.1.0"
+__all__ = ["Rollout", "functional", "GAEResult", "VTraceResult", "TracesResult", "SumsResult"]

@@ -1,0 +1,224 @@
+"""Per-estimator scan coefficients: the boundary rules of SPEC §2, written once.
+
+Every estimator is solved as one affine scan over a *state* ``Z`` whose coefficients use only the
+step's own fields. The estimator's outputs at step ``t`` are then a local function of the step's own
+fields and of the state one step further along the scan (``Z_{t+1}`` backward, ``F_{t−1}``
+forward), i.e. an *exclusive* scan. Choosing the state this way removes every "next step" input
+(``V_{t+1}``, ``c_{t+1}``, ``q_{t+1}``) from the coefficients, so that:
+
+* masked steps are the scan identity (``α = 0, β = 1``) and "as if deleted" holds exactly: the state
+  of the next *unmasked* step flows through them unchanged;
+* the window-end bootstrap of every backward estimator enters the **scan carry** ``Z_T`` and never a
+  local ``α`` (a step that is *truncated* reads ``bootstrap_values[t]`` in its local term and
+  stops the scan, ``β_t = 0``, so the carry cannot be counted twice);
+* chaining two windows is passing one state: the carry out of a window is its state at its first
+  step, ``Z_0``, and that is exactly the ``Z_T`` the preceding window needs.
+
+The functions below are pure arithmetic so that the same source runs on torch tensors (the
+``torch`` backend) and is compiled by ``triton.jit`` into the fused kernels. Their inputs are
+*clean* per-step fields: flags as 0/1 floats, ``boot`` already 0 wherever it is not read (only
+truncated steps read it), everything 0 at masked steps. Masked steps are turned into the identity
+by the caller (:func:`mask_identity` in the torch backend, the kernel's loader on the GPU).
+
+Notation: ``k`` terminated, ``tr`` truncated (raw flag), ``nd = (1−k)(1−tr)`` "not done",
+``(1−k)·tr`` the truncation-bootstrap weight (terminated wins), ``local = r + γ(1−k)·tr·boot``.
+
+=================  =====================  ===========================  ===========================
+estimator          state ``Z_t``          ``α_t``, ``β_t``              output at ``t``
+=================  =====================  ===========================  ===========================
+TD(λ) / GAE        ``(1−λ)V_t + λG_t``    ``(1−λ)V + λ·local``,         ``G = local + γ·nd·Z_{t+1}``,
+                                          ``γλ·nd``                     ``A = G − V``
+discounted, boot.  TD(1): ``G_t``         ``local``, ``γ·nd``            ``G`` as above
+discounted, MC     ``G_t``                ``r``, ``γ·nd`` (boot ≡ 0)     ``G = r + γ·nd·Z_{t+1}``
+Retrace            ``V_t + c_t(Q_t−q_t)`` ``V + c(local − q)``, ``γ·nd·c``  ``Q = local + γ·nd·Z_{t+1}``
+V-trace (pair)     ``(u_t, V_t)``         see :func:`vtrace_step`      see :func:`vtrace_out`
+traces / sums      ``F_t = nd·e_t``       ``nd·x``, ``decay·nd``         ``e = x + decay·F_{t−1}``
+=================  =====================  ===========================  ===========================
+"""
+
+from __future__ import annotations
+
+import attrs
+
+# ----------------------------------------------------------------------------------------------
+# The scan operator. An element (a, b) is the affine map y -> a + b*y. ``compose(outer, inner)``
+# is outer∘inner: apply ``inner`` first. Backward scans compose earlier∘later, forward scans
+# later∘earlier; both are "the element met later in scan order is the outer one".
+# ----------------------------------------------------------------------------------------------
+
+
+def compose(a_outer, b_outer, a_inner, b_inner):
+    """(a_o, b_o) ∘ (a_i, b_i) = (a_o + b_o·a_i, b_o·b_i)."""
+    return a_outer + b_outer * a_inner, b_outer * b_inner
+
+
+def compose_pair(p_o, q_o, s_o, a_o, w_o, p_i, q_i, s_i, a_i, w_i):
+    """Composition of maps on the pair state (u, V): ``(u, V) -> (a + p·u + q·V, w + s·V)``.
+
+    Upper-triangular 2×2 affine maps are closed under composition; V-trace needs them because
+    its recursion weighs the next value ``V_{t+1}`` (by ``ρ_t``) and the next correction
+    ``u_{t+1}`` (by ``c_t``) differently.
+    """
+    return (
+        p_o * p_i,
+        p_o * q_i + q_o * s_i,
+        s_o * s_i,
+        a_o + p_o * a_i + q_o * w_i,
+        w_o + s_o * w_i,
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# TD(λ) family: TD(λ) returns, GAE (A = G − V), bootstrapped discounted returns (λ = 1) and
+# Monte-Carlo returns (λ = 1 with boot ≡ 0 and V ≡ 0: a truncation then simply cuts).
+#   G_t = local_t + γ·nd_t·Z_{t+1},   Z_t = (1−λ)V_t + λG_t
+# Interior step: G_t = r_t + γ[(1−λ)V_{t+1} + λG_{t+1}]           (SPEC TD(λ) row, d_t = 0)
+# Done step:     G_t = r_t + γ(1−k_t)·boot_t                       (SPEC, d_t = 1)
+# Window end:    Z_T = V(s_T) = bootstrap value (or 0 if terminal), so G_{T−1} = r + γ(1−k)V'.
+# ----------------------------------------------------------------------------------------------
+
+
+def lambda_step(r, v, k, tr, boot, gamma, lam):
+    """Own-step coefficients (α_t, β_t) of ``Z_t = (1−λ)V_t + λG_t``."""
+    local = r + gamma * (1.0 - k) * tr * boot
+    nd = (1.0 - k) * (1.0 - tr)
+    return (1.0 - lam) * v + lam * local, gamma * lam * nd
+
+
+def lambda_out(r, k, tr, boot, gamma, z_next):
+    """``G_t = r_t + γ(1−k_t)tr_t·boot_t + γ·nd_t·Z_{t+1}`` (TD(λ) return, Retrace target)."""
+    local = r + gamma * (1.0 - k) * tr * boot
+    nd = (1.0 - k) * (1.0 - tr)
+    return local + gamma * nd * z_next
+
+
+# ----------------------------------------------------------------------------------------------
+# Retrace(λ):  Q_t = local_t + γ·nd_t·[V_{t+1} + c_{t+1}(Q_{t+1} − q_{t+1})]
+# State W_t = V_t + c_t(Q_t − q_t) uses only step t's own V, c, q:
+#   W_t = V_t + c_t(local_t − q_t) + γ·nd_t·c_t·W_{t+1},   Q_t = local_t + γ·nd_t·W_{t+1}
+# Window end: W_T = V(s_T) (there is no step T to take c_T from; SPEC: Q_{T−1} = r + γ(1−k)V').
+# Chaining: W_0 of the next window = V_0 + c_0(Q_0 − q_0) carries c_0 and q_0 with it.
+# ----------------------------------------------------------------------------------------------
+
+
+def retrace_step(r, v, k, tr, boot, q, c, gamma):
+    """Own-step coefficients of ``W_t = V_t + c_t(Q^ret_t − q_t)``; ``c = λ·min(c̄, ratio)``."""
+    local = r + gamma * (1.0 - k) * tr * boot
+    nd = (1.0 - k) * (1.0 - tr)
+    return v + c * (local - q), gamma * nd * c
+
+
+# ----------------------------------------------------------------------------------------------
+# V-trace: u_t = vs_t − V_t = ρ_t(local_t − V_t) + γ·nd_t·(ρ_t·V_{t+1} + c_t·u_{t+1})
+#          pg_t = ρpg_t·(local_t + γ·nd_t·(V_{t+1} + u_{t+1}) − V_t)     (q_t = vs_{t+1} if ¬d_t)
+# State (u_t, V_t); the map of step t: (u, V) -> (ρ(local − V_t) + γ·nd·c·u + γ·nd·ρ·V, V_t).
+# Window end: (u_T, V_T) = (0, V(s_T)).
+# ----------------------------------------------------------------------------------------------
+
+
+def vtrace_step(r, v, k, tr, boot, rho, c, gamma):
+    """Own-step map ``(p, q, s, a, w)`` of V-trace's pair state (u, V)."""
+    local = r + gamma * (1.0 - k) * tr * boot
+    nd = (1.0 - k) * (1.0 - tr)
+    g = gamma * nd
+    return g * c, g * rho, 0.0 * v, rho * (local - v), v
+
+
+def vtrace_out(r, v, k, tr, boot, rho, c, rho_pg, gamma, u_next, v_next):
+    """``(vs_t, pg_t)`` from the step's own fields and the pair state at ``t+1``."""
+    local = r + gamma * (1.0 - k) * tr * boot
+    nd = (1.0 - k) * (1.0 - tr)
+    g = gamma * nd
+    u = rho * (local - v) + g * (rho * v_next + c * u_next)
+    pg = rho_pg * (local + g * (v_next + u_next) - v)
+    return v + u, pg
+
+
+# ----------------------------------------------------------------------------------------------
+# Forward estimators: eligibility traces (decay = γλ) and episodic sums (decay = 1).
+#   e_t = x_t + decay·(1−d_{t−1})·e_{t−1}.  State F_t = nd_t·e_t (what step t hands on):
+#   F_t = nd_t·x_t + decay·nd_t·F_{t−1},   e_t = x_t + decay·F_{t−1},   F_{−1} = initial,
+#   final = F_{T−1} = (1−d_{T−1})·e_{T−1}  (already reset, so it chains as the next `initial`).
+# ----------------------------------------------------------------------------------------------
+
+
+def trace_step(x, k, tr, decay):
+    nd = (1.0 - k) * (1.0 - tr)
+    return nd * x, decay * nd
+
+
+def trace_out(x, decay, f_prev):
+    return x + decay * f_prev
+
+
+# ----------------------------------------------------------------------------------------------
+# The registry: what the docs table is generated from (docs/semantics.md), one row per estimator.
+# ----------------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class EstimatorSpec:
+    name: str
+    direction: str  # "backward" | "forward"
+    state: str  # the scanned state
+    alpha: str
+    beta: str
+    output: str
+    window_end: str  # where the window-end bootstrap goes
+    carry: str  # what chains two windows
+    outputs: tuple[str, ...]
+
+
+_LOCAL = "local_t = r_t + γ(1−k_t)·tr_t·B_t"
+ESTIMATORS: dict[str, EstimatorSpec] = {
+    "gae": EstimatorSpec(
+        "gae", "backward", "Z_t = (1−λ)V_t + λG_t", "(1−λ)V_t + λ·local_t", "γλ·nd_t",
+        "G_t = local_t + γ·nd_t·Z_{t+1}; A_t = G_t − V_t",
+        "scan carry Z_T = V(s_T) (0 if window_end='terminal')",
+        "Z_0 = V_0 + λA_0 of the next window", ("advantages", "returns"),
+    ),
+    "lambda_returns": EstimatorSpec(
+        "lambda_returns", "backward", "Z_t = (1−λ)V_t + λG_t", "(1−λ)V_t + λ·local_t",
+        "γλ·nd_t", "G_t = local_t + γ·nd_t·Z_{t+1}",
+        "scan carry Z_T = V(s_T) (0 if window_end='terminal')",
+        "Z_0 = (1−λ)V_0 + λG_0 of the next window", ("returns",),
+    ),
+    "discounted_returns": EstimatorSpec(
+        "discounted_returns", "backward", "Z_t = G_t (TD(1))", "local_t", "γ·nd_t",
+        "G_t = local_t + γ·nd_t·Z_{t+1}",
+        "scan carry Z_T = V(s_T) (0 if window_end='terminal')", "Z_0 = G_0 of the next window",
+        ("returns",),
+    ),
+    "monte_carlo_returns": EstimatorSpec(
+        "monte_carlo_returns", "backward", "Z_t = G_t", "r_t", "γ·nd_t",
+        "G_t = r_t + γ·nd_t·Z_{t+1} (truncation cuts, no bootstrap)",
+        "scan carry Z_T = 0 (G past the window is 0)", "Z_0 = G_0 of the next window",
+        ("returns",),
+    ),
+    "retrace": EstimatorSpec(
+        "retrace", "backward", "W_t = V_t + c_t(Q^ret_t − q_t)", "V_t + c_t(local_t − q_t)",
+        "γ·nd_t·c_t", "Q^ret_t = local_t + γ·nd_t·W_{t+1}",
+        "scan carry W_T = V(s_T) (0 if window_end='terminal')",
+        "W_0 = V_0 + c_0(Q^ret_0 − q_0) of the next window", ("q_targets",),
+    ),
+    "vtrace": EstimatorSpec(
+        "vtrace", "backward", "(u_t, V_t), u_t = vs_t − V_t",
+        "u: ρ_t(local_t − V_t); V: V_t",
+        "u ← γ·nd_t·(c_t·u + ρ_t·V); V ← 0·V",
+        "vs_t = V_t + ρ_t(local_t − V_t) + γ·nd_t(ρ_t·V_{t+1} + c_t·u_{t+1}); "
+        "pg_t = ρpg_t(local_t + γ·nd_t(V_{t+1} + u_{t+1}) − V_t)",
+        "scan carry (u_T, V_T) = (0, V(s_T)) ((0, 0) if window_end='terminal')",
+        "(u_0, V_0) of the next window", ("vs", "pg_advantages"),
+    ),
+    "eligibility_traces": EstimatorSpec(
+        "eligibility_traces", "forward", "F_t = nd_t·e_t", "nd_t·x_t", "γλ·nd_t",
+        "e_t = x_t + γλ·F_{t−1}", "none (forward)", "F_{T−1} = final → next window's initial",
+        ("traces", "final"),
+    ),
+    "episodic_sums": EstimatorSpec(
+        "episodic_sums", "forward", "F_t = nd_t·S_t", "nd_t·x_t", "nd_t",
+        "S_t = x_t + F_{t−1}", "none (forward)", "F_{T−1} = final → next window's initial",
+        ("sums", "final"),
+    ),
+}
+LOCAL_TERM = _LOCAL

@@ -1,0 +1,292 @@
+"""The ``reference`` backend: the float64 oracle that every other backend is tested against.
+
+Each estimator is a plain sequential loop over time, one row at a time, on Python floats (float64),
+written to read like the recursions of SPEC §2. It is deliberately slow and uses no scan, no
+vectorisation and no shared algebraic rewrite with the other backends.
+
+Assumptions (the caller has validated the inputs):
+
+* every per-step tensor is ``[N, T]`` (batch already flattened); ``x`` of the forward estimators may be
+  ``[N, T, *F]``; flags are bool tensors or ``None`` (= all False); ``mask`` is a bool ``[N, T]`` tensor
+  or ``None`` (= all True);
+* ``bootstrap_values`` is ``[N, T]``, ``[N]`` (the window-end value of each row only) or ``None``;
+* ``gamma``, ``lam``, ``rho_bar``, ``c_bar``, ``pg_rho_bar`` are Python numbers.
+
+Boundaries follow SPEC §1 literally:
+
+* **mask**: the unmasked steps of a row are compacted, the recursion runs on the compacted row, the
+  results are scattered back; masked steps give 0 and nothing at a masked step is ever read;
+* **terminated wins** over truncated: a terminated step never reads a successor value;
+* **window end** (last unmasked step): with ``window_end="bootstrap"`` it bootstraps from
+  ``bootstrap_values`` unless terminated; with ``window_end="terminal"`` it is treated as terminated
+  and ``bootstrap_values`` is not read there, unless the caller flagged that step truncated: an
+  explicit flag wins over the window-end default, so it bootstraps from ``bootstrap_values[n, t]``;
+* ``bootstrap_values`` is read only at a truncated step or at a bootstrapped window end, so a NaN in any
+  other slot cannot leak;
+* backward recursions treat the window end as done (``d := 1``); the forward ones (eligibility traces,
+  episodic sums) do not: there ``d`` is terminated or truncated only, and ``final = (1 - d_last) e_last``
+  with "last" the last unmasked step (``final = initial`` for a row with no unmasked step).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+
+__all__ = [
+    "gae",
+    "lambda_returns",
+    "discounted_returns",
+    "vtrace",
+    "retrace",
+    "eligibility_traces",
+    "episodic_sums",
+]
+
+
+# ----------------------------------------------------------------------------------------- helpers
+
+
+class _Row(NamedTuple):
+    """One row with the masked steps deleted; list index ``j`` is the ``j``-th unmasked step."""
+
+    idx: list  # original column t of compacted step j
+    r: list  # r_j
+    v: list  # V_j (None when values are not needed)
+    k: list  # k_j: 1 if terminated (or a terminal window end), else 0
+    d: list  # d_j: 1 if done, and 1 at the window end (backward convention)
+    vn: list  # successor value V'_j, 0.0 where k_j = 1 (never read there)
+    extra: list  # further per-step fields, compacted, in the order given
+
+
+def _kept(mask, n: int, T: int) -> list:
+    """The columns of row ``n`` with ``mask = True``, in order: the compacted row."""
+    return list(range(T)) if mask is None else [t for t, m in enumerate(mask[n].tolist()) if m]
+
+
+def _exp(x: float) -> float:
+    try:
+        return math.exp(x)
+    except OverflowError:
+        return math.inf
+
+
+def _row(n, rewards, values, terminated, truncated, bootstrap_values, mask, window_end, extra=()):
+    """Compact row ``n`` and work out ``k``, ``d`` and the successor value ``V'`` of SPEC §1."""
+    assert window_end in ("bootstrap", "terminal"), window_end
+    idx = _kept(mask, n, rewards.shape[1])
+    m = len(idx)
+
+    def take(x, default=None):  # the compacted row n of a per-step field, as Python floats
+        if x is None:
+            return [default] * m
+        full = x[n].to(torch.float64).tolist()
+        return [full[t] for t in idx]
+
+    r, v = take(rewards), take(values)
+    term, trunc = take(terminated, 0.0), take(truncated, 0.0)
+    k, d, vn = [], [], []
+    for j, t in enumerate(idx):
+        end = j == m - 1
+        # terminated wins over truncated; window_end="terminal" only decides an *unflagged* window
+        # end: a last step the caller flagged truncated still bootstraps from its own value
+        k_j = bool(term[j]) or (end and window_end == "terminal" and not trunc[j])
+        k.append(1 if k_j else 0)
+        d.append(1 if (k_j or trunc[j] or end) else 0)
+        if values is None or k_j:
+            vn.append(0.0)
+        elif trunc[j] or end:  # the only place bootstrap_values is read
+            assert bootstrap_values is not None, "bootstrap_values needed at a truncation / window end"
+            if bootstrap_values.dim() == 1:
+                assert end, "[N] bootstrap_values can only serve a truncation at the window end"
+                vn.append(float(bootstrap_values[n].to(torch.float64)))
+            else:
+                vn.append(float(bootstrap_values[n, t].to(torch.float64)))
+        else:
+            vn.append(v[j + 1])
+    return _Row(idx, r, v, k, d, vn, [take(e) for e in extra])
+
+
+def _zeros(N: int, T: int) -> list:
+    return [[0.0] * T for _ in range(N)]
+
+
+def _out(rows: list, like: torch.Tensor) -> torch.Tensor:
+    return torch.tensor(rows, dtype=torch.float64, device=like.device).reshape(like.shape[:2])
+
+
+# --------------------------------------------------------------------------- backward estimators
+
+
+def gae(rewards, values, terminated, truncated, bootstrap_values, mask, gamma, lam, window_end):
+    """GAE: ``δ_t = r_t + γ(1-k_t)V'_t - V_t``; ``A_t = δ_t + γλ(1-d_t)A_{t+1}``; returns ``A + V``."""
+    gamma, lam = float(gamma), float(lam)
+    N, T = rewards.shape
+    adv, ret = _zeros(N, T), _zeros(N, T)
+    for n in range(N):
+        row = _row(n, rewards, values, terminated, truncated, bootstrap_values, mask, window_end)
+        A = 0.0  # A_{t+1}; multiplied by (1 - d) = 0 at the window end
+        for j in reversed(range(len(row.idx))):
+            delta = row.r[j] + gamma * (1 - row.k[j]) * row.vn[j] - row.v[j]
+            A = delta + gamma * lam * (1 - row.d[j]) * A
+            adv[n][row.idx[j]] = A
+            ret[n][row.idx[j]] = A + row.v[j]
+    return _out(adv, rewards), _out(ret, rewards)
+
+
+def lambda_returns(rewards, values, terminated, truncated, bootstrap_values, mask, gamma, lam, window_end):
+    """TD(λ): ``G_t = r_t + γ(1-k_t)[(1 - λ(1-d_t))V'_t + λ(1-d_t)G_{t+1}]``."""
+    gamma, lam = float(gamma), float(lam)
+    N, T = rewards.shape
+    out = _zeros(N, T)
+    for n in range(N):
+        row = _row(n, rewards, values, terminated, truncated, bootstrap_values, mask, window_end)
+        G = 0.0  # G_{t+1}
+        for j in reversed(range(len(row.idx))):
+            w = lam * (1 - row.d[j])
+            G = row.r[j] + gamma * (1 - row.k[j]) * ((1 - w) * row.vn[j] + w * G)
+            out[n][row.idx[j]] = G
+    return _out(out, rewards)
+
+
+def discounted_returns(rewards, values, terminated, truncated, bootstrap_values, mask, gamma, bootstrap,
+                       window_end):
+    """Bootstrapped: ``G_t = r_t + γ(1-k_t)[d_t V'_t + (1-d_t)G_{t+1}]``.
+
+    Monte Carlo (``bootstrap=False``): ``G_t = r_t + γ(1-d_t)G_{t+1}``, ``G`` past the window = 0;
+    ``values`` and ``bootstrap_values`` are not used.
+    """
+    gamma = float(gamma)
+    N, T = rewards.shape
+    out = _zeros(N, T)
+    for n in range(N):
+        if bootstrap:
+            row = _row(n, rewards, values, terminated, truncated, bootstrap_values, mask, window_end)
+        else:
+            row = _row(n, rewards, None, terminated, truncated, None, mask, window_end)
+        G = 0.0  # G_{t+1}; past the window it is 0
+        for j in reversed(range(len(row.idx))):
+            if bootstrap:
+                G = row.r[j] + gamma * (1 - row.k[j]) * (row.d[j] * row.vn[j] + (1 - row.d[j]) * G)
+            else:
+                G = row.r[j] + gamma * (1 - row.d[j]) * G
+            out[n][row.idx[j]] = G
+    return _out(out, rewards)
+
+
+def vtrace(rewards, values, terminated, truncated, bootstrap_values, mask, log_probs, target_log_probs,
+           gamma, rho_bar, c_bar, pg_rho_bar, lam, window_end):
+    """V-trace (IMPALA), SPEC §2.
+
+    ``ρ_t = min(ρ̄, ratio_t)``, ``c_t = λ min(c̄, ratio_t)``;
+    ``u_t = vs_t - V_t = ρ_t(r_t + γ(1-k_t)V'_t - V_t) + γ(1-d_t)c_t u_{t+1}``;
+    ``pg_t = min(ρ̄_pg, ratio_t)(r_t + γ(1-k_t)q_t - V_t)``, ``q_t = vs_{t+1}`` if not ``d_t`` else ``V'_t``.
+    """
+    gamma, lam, rho_bar, c_bar = float(gamma), float(lam), float(rho_bar), float(c_bar)
+    pg_rho_bar = rho_bar if pg_rho_bar is None else float(pg_rho_bar)
+    N, T = rewards.shape
+    vs_out, pg_out = _zeros(N, T), _zeros(N, T)
+    for n in range(N):
+        row = _row(n, rewards, values, terminated, truncated, bootstrap_values, mask, window_end,
+                   extra=(log_probs, target_log_probs))
+        mu, pi = row.extra
+        m = len(row.idx)
+        vs = [0.0] * m
+        u = 0.0  # u_{t+1}
+        for j in reversed(range(m)):
+            ratio = _exp(pi[j] - mu[j])
+            rho = min(rho_bar, ratio)
+            c = lam * min(c_bar, ratio)
+            delta = row.r[j] + gamma * (1 - row.k[j]) * row.vn[j] - row.v[j]
+            u = rho * delta + gamma * (1 - row.d[j]) * c * u
+            vs[j] = row.v[j] + u
+        for j in range(m):
+            ratio = _exp(pi[j] - mu[j])
+            q = row.vn[j] if row.d[j] else vs[j + 1]
+            pg = min(pg_rho_bar, ratio) * (row.r[j] + gamma * (1 - row.k[j]) * q - row.v[j])
+            vs_out[n][row.idx[j]] = vs[j]
+            pg_out[n][row.idx[j]] = pg
+    return _out(vs_out, rewards), _out(pg_out, rewards)
+
+
+def retrace(rewards, values, terminated, truncated, bootstrap_values, mask, log_probs, target_log_probs,
+            q_values, gamma, lam, c_bar, window_end):
+    """Retrace(λ): ``c_t = λ min(c̄, ratio_t)``;
+    ``Q^ret_t = r_t + γ(1-k_t)[V'_t + (1-d_t)c_{t+1}(Q^ret_{t+1} - q_{t+1})]``.
+
+    ``values`` is ``E_{a~π} Q(s_t, ·)`` and ``q_values`` is ``Q(s_t, a_t)``; ``c_{t+1}`` is the trace of
+    the next unmasked step.
+    """
+    gamma, lam, c_bar = float(gamma), float(lam), float(c_bar)
+    N, T = rewards.shape
+    out = _zeros(N, T)
+    for n in range(N):
+        row = _row(n, rewards, values, terminated, truncated, bootstrap_values, mask, window_end,
+                   extra=(log_probs, target_log_probs, q_values))
+        mu, pi, q = row.extra
+        m = len(row.idx)
+        Q = [0.0] * m
+        for j in reversed(range(m)):
+            if row.d[j]:
+                Q[j] = row.r[j] + gamma * (1 - row.k[j]) * row.vn[j]
+            else:  # not done, so j + 1 is in the row and in the same episode
+                c_next = lam * min(c_bar, _exp(pi[j + 1] - mu[j + 1]))
+                Q[j] = row.r[j] + gamma * (1 - row.k[j]) * (row.vn[j] + c_next * (Q[j + 1] - q[j + 1]))
+            out[n][row.idx[j]] = Q[j]
+    return _out(out, rewards)
+
+
+# ---------------------------------------------------------------------------- forward estimators
+
+
+def _forward(x, terminated, truncated, mask, initial, decay):
+    """``y_t = x_t + decay (1-d_{t-1}) y_{t-1}``, ``y_{-1} = initial``, ``d_{-1} = 0``; d = term or trunc."""
+    N, T = x.shape[0], x.shape[1]
+    feat = tuple(x.shape[2:])
+    F = math.prod(feat)
+    xs = x.to(torch.float64).reshape(N, T, F)  # features flattened
+    init = None if initial is None else initial.to(torch.float64).reshape(N, F)
+    ys = [[[0.0] * F for _ in range(T)] for _ in range(N)]
+    finals = []
+    for n in range(N):
+        x_row = xs[n].tolist()
+        term = [False] * T if terminated is None else terminated[n].tolist()
+        trunc = [False] * T if truncated is None else truncated[n].tolist()
+        e = [0.0] * F if init is None else init[n].tolist()  # e_{-1}
+        d_prev = 0  # d_{-1}
+        for t in _kept(mask, n, T):
+            e = [x_row[t][f] + decay * (1 - d_prev) * e[f] for f in range(F)]
+            ys[n][t] = e
+            d_prev = 1 if (term[t] or trunc[t]) else 0
+        finals.append([(1 - d_prev) * e[f] for f in range(F)])  # no step: d_prev = 0, e = initial
+    dev = x.device
+    return (torch.tensor(ys, dtype=torch.float64, device=dev).reshape(N, T, *feat),
+            torch.tensor(finals, dtype=torch.float64, device=dev).reshape(N, *feat))
+
+
+def eligibility_traces(x, terminated, truncated, mask, gamma, lam, initial):
+    """``e_t = x_t + γλ(1-d_{t-1})e_{t-1}``; returns ``(traces, final = (1-d_last) e_last)``."""
+    return _forward(x, terminated, truncated, mask, initial, float(gamma) * float(lam))
+
+
+def episodic_sums(x, terminated, truncated, mask, initial):
+    """``S_t = x_t + (1-d_{t-1})S_{t-1}``; returns ``(sums, final = (1-d_last) S_last)``."""
+    return _forward(x, terminated, truncated, mask, initial, 1.0)
+
+
+# --------------------------------------------------------------------------- the generic primitive
+
+
+def affine_scan(alpha, beta, reverse, initial):
+    """``y_t = α_t + β_t·y_{t−1}`` (``y_{t+1}`` if ``reverse``), ``y`` outside the row = ``initial``."""
+    N, T = alpha.shape
+    out = _zeros(N, T)
+    for n in range(N):
+        a, b = alpha[n].to(torch.float64).tolist(), beta[n].to(torch.float64).tolist()
+        y = float(initial[n])
+        for t in (reversed(range(T)) if reverse else range(T)):
+            y = a[t] + b[t] * y
+            out[n][t] = y
+    return torch.tensor(out, dtype=torch.float64, device=alpha.device).reshape(N, T)

@@ -1,0 +1,149 @@
+"""``Rollout``: a TensorDict-backed tensorclass holding one window of experience, time last."""
+
+from __future__ import annotations
+
+import torch
+from tensordict import tensorclass
+
+from rollbuf import functional as F
+
+_STEP_FIELDS = ("rewards", "values", "terminated", "truncated", "log_probs", "bootstrap_values", "mask")
+
+
+@tensorclass(shadow=True)  # shadow: `values` is a reserved TensorDict name
+class Rollout:
+    """A window of ``[*B, T]`` steps (``B`` = envs, or envs × agents; time is the last dim).
+
+    Fields (SPEC §1), all ``[*B, T]``: ``rewards``, ``values`` (V(s_t)), ``terminated``,
+    ``truncated``, ``log_probs`` (behaviour policy), ``bootstrap_values`` (V(s'_t), read only
+    after truncations and at the window end) and an optional ``mask`` (``False`` = not an agent
+    step). Flags are transition-aligned: a flag at ``t`` says what happened after ``a_t``.
+
+    Fill it while collecting with :meth:`record`, close the window with :meth:`bootstrap`, then call
+    an estimator. Tensorclass indexing (``ro[:16]``, ``ro[..., :64]``), ``ro.to(device)``,
+    ``torch.stack`` and ``torch.cat`` work as for any tensorclass.
+    """
+
+    rewards: torch.Tensor
+    values: torch.Tensor
+    terminated: torch.Tensor
+    truncated: torch.Tensor
+    log_probs: torch.Tensor | None = None
+    bootstrap_values: torch.Tensor | None = None
+    mask: torch.Tensor | None = None
+
+    # -- construction ---------------------------------------------------------------------------
+
+    @classmethod
+    def empty(cls, num_envs, horizon, *, device=None, dtype=torch.float32, with_mask=False):
+        """A window to fill with :meth:`record`: float fields NaN (so a step never recorded shows
+        up), flags False. ``num_envs`` may be an int or a tuple of leading batch dims."""
+        B = (num_envs,) if isinstance(num_envs, int) else tuple(num_envs)
+        if not isinstance(horizon, int) or horizon < 0:
+            raise ValueError(f"horizon must be a non-negative int, got {horizon!r}")
+        if dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+            raise TypeError(f"dtype must be a floating-point dtype, got {dtype}")
+        shape = (*B, horizon)
+
+        def nan():
+            return torch.full(shape, float("nan"), dtype=dtype, device=device)
+
+        def false():
+            return torch.zeros(shape, dtype=torch.bool, device=device)
+
+        return cls(
+            rewards=nan(), values=nan(), terminated=false(), truncated=false(), log_probs=nan(),
+            bootstrap_values=nan(), mask=torch.ones(shape, dtype=torch.bool, device=device) if with_mask else None,
+            batch_size=list(shape), device=device,
+        )
+
+    def record(self, t, **step):
+        """Write step ``t`` of every env: ``record(t, rewards=r, values=v, terminated=te, ...)``.
+
+        Each value is ``[*B]`` (one entry per env). ``bootstrap_values`` is V(s'_t) of the *true*
+        successor (Gymnasium's final observation on truncation); record it where truncated.
+        """
+        T = self.batch_size[-1]
+        if not isinstance(t, int) or not -T <= t < T:
+            raise IndexError(f"t must be an int step index in [0, {T}), got {t!r}")
+        for name, value in step.items():
+            if name not in _STEP_FIELDS:
+                raise TypeError(f"record() got an unknown field {name!r}; fields: {_STEP_FIELDS}")
+            if value is None:
+                continue
+            col = getattr(self, name)
+            if col is None:
+                raise ValueError(f"{name} was not allocated for this rollout; construct it with that field")
+            value = torch.as_tensor(value, device=col.device)
+            if tuple(value.shape) != tuple(col.shape[:-1]):
+                raise ValueError(f"{name} at step {t} must have shape {tuple(col.shape[:-1])}, got {tuple(value.shape)}")
+            col[..., t] = value
+        return self
+
+    def bootstrap(self, last_values):
+        """Close the window: ``V(s_T)``, the value of the state after the last step, ``[*B]``.
+
+        Written into ``bootstrap_values[..., -1]`` where the last step did not end its episode (a
+        truncated last step keeps the value of its true final state recorded with it).
+        """
+        if not isinstance(last_values, torch.Tensor):
+            raise TypeError(f"last_values must be a torch.Tensor, got {type(last_values).__name__}")
+        B = tuple(self.batch_size[:-1])
+        if tuple(last_values.shape) != B:
+            raise ValueError(f"last_values must have shape {B}, got {tuple(last_values.shape)}")
+        if self.bootstrap_values is None:
+            self.bootstrap_values = torch.full_like(self.values, float("nan"))
+        done = self.terminated[..., -1] | self.truncated[..., -1]
+        col = self.bootstrap_values[..., -1]
+        self.bootstrap_values[..., -1] = torch.where(done, col, last_values.to(col.dtype))
+        return self
+
+    # -- estimators -----------------------------------------------------------------------------
+
+    def _fields(self):
+        return dict(rewards=self.rewards, values=self.values, terminated=self.terminated,
+                    truncated=self.truncated, bootstrap_values=self.bootstrap_values, mask=self.mask)
+
+    def gae(self, gamma, lam, **kw):
+        """GAE advantages and returns: :func:`rollbuf.functional.gae`."""
+        return F.gae(gamma, lam, **self._fields(), **kw)
+
+    def advantages(self, gamma, lam, **kw):
+        """The default advantage estimator (GAE): :func:`rollbuf.functional.advantages`."""
+        return F.advantages(gamma, lam, **self._fields(), **kw)
+
+    def lambda_returns(self, gamma, lam, **kw):
+        """TD(λ) returns: :func:`rollbuf.functional.lambda_returns`."""
+        return F.lambda_returns(gamma, lam, **self._fields(), **kw)
+
+    def discounted_returns(self, gamma, bootstrap=True, **kw):
+        """Discounted returns: :func:`rollbuf.functional.discounted_returns`."""
+        f = self._fields()
+        if not bootstrap:
+            f["bootstrap_values"] = None
+        return F.discounted_returns(gamma, bootstrap=bootstrap, **f, **kw)
+
+    def vtrace(self, target_log_probs, gamma, rho_bar=1.0, c_bar=1.0, pg_rho_bar=None, lam=1.0, **kw):
+        """V-trace: :func:`rollbuf.functional.vtrace` (``log_probs`` is the behaviour policy)."""
+        return F.vtrace(target_log_probs, gamma, rho_bar, c_bar, pg_rho_bar, lam,
+                        log_probs=self._log_probs(), **self._fields(), **kw)
+
+    def retrace(self, q_values, target_log_probs, gamma, lam=1.0, c_bar=1.0, **kw):
+        """Retrace(λ): :func:`rollbuf.functional.retrace` (``values`` = E_π Q(s_t, ·))."""
+        return F.retrace(q_values, target_log_probs, gamma, lam, c_bar,
+                         log_probs=self._log_probs(), **self._fields(), **kw)
+
+    def eligibility_traces(self, x, gamma, lam, initial=None, **kw):
+        """Eligibility traces of ``x`` ``[*B, T, *F]``: :func:`rollbuf.functional.eligibility_traces`."""
+        return F.eligibility_traces(x, gamma, lam, initial, terminated=self.terminated,
+                                    truncated=self.truncated, mask=self.mask, **kw)
+
+    def episodic_sums(self, x=None, initial=None, **kw):
+        """Running within-episode sums (default: of rewards): :func:`rollbuf.functional.episodic_sums`."""
+        return F.episodic_sums(self.rewards if x is None else x, initial, terminated=self.terminated,
+                               truncated=self.truncated, mask=self.mask, **kw)
+
+    def _log_probs(self):
+        if self.log_probs is None:
+            raise ValueError("log_probs (the behaviour policy's log-probabilities) is required by this estimator")
+        return self.log_probs
