@@ -95,7 +95,7 @@ def _row(n, rewards, values, terminated, truncated, bootstrap_values, mask, wind
         k_j = bool(term[j]) or (end and window_end == "terminal" and not trunc[j])
         k.append(1 if k_j else 0)
         d.append(1 if (k_j or trunc[j] or end) else 0)
-        if values is None or k_j:
+        if k_j or (bootstrap_values is None and values is None):  # nothing to bootstrap from
             vn.append(0.0)
         elif trunc[j] or end:  # the only place bootstrap_values is read
             assert bootstrap_values is not None, "bootstrap_values needed at a truncation / window end"
@@ -105,7 +105,7 @@ def _row(n, rewards, values, terminated, truncated, bootstrap_values, mask, wind
             else:
                 vn.append(float(bootstrap_values[n, t].to(torch.float64)))
         else:
-            vn.append(v[j + 1])
+            vn.append(0.0 if values is None else v[j + 1])  # unused by estimators without values
     return _Row(idx, r, v, k, d, vn, [take(e) for e in extra])
 
 

@@ -19,21 +19,37 @@ truncated step or the window end reads it. Coefficients never leave registers.
 
 from __future__ import annotations
 
+import types
+
 import triton
 import triton.language as tl
 
 from rollbuf.boundary import coefficients as C
 
+
+
+def _jit(fn):
+    """Compile a boundary function as a Triton device function (same source, same code object).
+
+    The boundary module does not import Triton (the torch backend must work without it), so the
+    function is rebound to globals that also hold ``tl``, as the Triton interpreter requires.
+    """
+    g = dict(fn.__globals__, tl=tl, triton=triton)
+    f = types.FunctionType(fn.__code__, g, fn.__name__, fn.__defaults__, fn.__closure__)
+    f.__doc__, f.__module__, f.__qualname__ = fn.__doc__, fn.__module__, fn.__qualname__
+    return triton.jit(f)
+
+
 # The boundary model, compiled. Same source as the torch backend runs.
-lambda_step = triton.jit(C.lambda_step)
-lambda_out = triton.jit(C.lambda_out)
-retrace_step = triton.jit(C.retrace_step)
-vtrace_step = triton.jit(C.vtrace_step)
-vtrace_out = triton.jit(C.vtrace_out)
-trace_step = triton.jit(C.trace_step)
-trace_out = triton.jit(C.trace_out)
-compose = triton.jit(C.compose)
-compose_pair = triton.jit(C.compose_pair)
+lambda_step = _jit(C.lambda_step)
+lambda_out = _jit(C.lambda_out)
+retrace_step = _jit(C.retrace_step)
+vtrace_step = _jit(C.vtrace_step)
+vtrace_out = _jit(C.vtrace_out)
+trace_step = _jit(C.trace_step)
+trace_out = _jit(C.trace_out)
+compose = _jit(C.compose)
+compose_pair = _jit(C.compose_pair)
 
 FAMILIES = {"lambda": 0, "retrace": 1, "vtrace": 2, "trace": 3}
 
@@ -131,7 +147,7 @@ def scan_kernel(
     n = row // F
     f = row % F
     lanes = tl.arange(0, BLOCK_T)
-    num_chunks = tl.cdiv(T, BLOCK_T)
+    num_chunks = (T + BLOCK_T - 1) // BLOCK_T
     zero = tl.zeros([BLOCK_T], dtype=ACC)
 
     b_bv_row = 0.0
