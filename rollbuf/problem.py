@@ -29,6 +29,8 @@ class Problem:
     out_dtype: torch.dtype = torch.float32
     batch_shape: tuple[int, ...] = ()
     feature_shape: tuple[int, ...] = ()
+    reverse: bool = True  # only read by the generic affine_scan
+
 
     @property
     def pair(self) -> bool:
@@ -36,4 +38,4 @@ class Problem:
 
     @property
     def main(self) -> torch.Tensor:
-        return self.fields["x" if self.family == "trace" else "rewards"]
+        return self.fields["x" if self.family in ("trace", "affine") else "rewards"]

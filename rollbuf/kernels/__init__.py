@@ -13,6 +13,11 @@ from rollbuf.problem import Problem
 
 _DUMMY: dict[torch.device, torch.Tensor] = {}
 
+# Test hooks: fill outputs with NaN before the launch (an unwritten element then fails a
+# comparison), and force the chunk length (to exercise the chunk loop at small T).
+POISON_OUTPUTS = False
+BLOCK_T_OVERRIDE: int | None = None
+
 
 def _dummy(device):
     d = _DUMMY.get(device)
@@ -53,8 +58,11 @@ def run(p: Problem, *, block_t: int | None = None):
     acc = float64 if p.compute_dtype == torch.float64 else float32
     n_out = len([o for o in p.outputs if o != "final"])
     outs = [torch.empty((N, T, *feat), dtype=p.out_dtype, device=dev) for _ in range(n_out)]
+    if POISON_OUTPUTS:
+        for o in outs:
+            o.fill_(float("nan"))
     pair = p.pair
-    is_trace = p.family == "trace"
+    is_trace = p.family in ("trace", "affine")
     write_carry = True
     if is_trace:
         carry_out = torch.empty((N, *feat), dtype=p.compute_dtype, device=dev)
@@ -96,7 +104,7 @@ def run(p: Problem, *, block_t: int | None = None):
     s_o_n, s_o_t, s_o_f = T * Fn, Fn, 1
     boot_mode = 0 if boot is None or p.no_bootstrap else (1 if boot.dim() == 1 else 2)
     adv_out = p.outputs == ("advantages", "returns")
-    BLOCK_T = block_t or _block_t(T)
+    BLOCK_T = block_t or BLOCK_T_OVERRIDE or _block_t(T)
 
     scan_kernel[(N * Fn,)](
         r, s_r_n, s_r_t, v, s_v_n, s_v_t, k, s_k_n, s_k_t, tr, s_tr_n, s_tr_t,
@@ -110,6 +118,7 @@ def run(p: Problem, *, block_t: int | None = None):
         HAS_K=f.get("terminated") is not None, HAS_TR=f.get("truncated") is not None,
         BOOT=boot_mode, HAS_M=f.get("mask") is not None, CARRY_IN=carry_in_mode,
         WRITE_CARRY=write_carry, TWO_OUT=n_out > 1, ADV_OUT=adv_out, ACC=acc, BLOCK_T=BLOCK_T,
+        REVERSE=p.family != "trace" and not (p.family == "affine" and not p.reverse),
     )
     if is_trace:
         return tuple(outs) + (carry_out,), None
@@ -117,9 +126,8 @@ def run(p: Problem, *, block_t: int | None = None):
 
 
 def affine_scan(alpha, beta, reverse, initial, compute_dtype):
-    """The public primitive on the kernel: a trace-family scan with ``x = α`` would need ``β`` as
-    data; the generic primitive runs through the torch backend's scan on the device instead."""
-    from rollbuf import vectorized
-
-    return vectorized.affine_scan(alpha.to(compute_dtype), beta.to(compute_dtype), reverse,
-                                  initial.to(compute_dtype))
+    """The public primitive ``y_t = α_t + β_t·y_{t∓1}`` on the kernel (α and β read as data)."""
+    p = Problem(family="affine", outputs=("y", "final"), fields={"x": alpha, "values": beta},
+                carry=initial, compute_dtype=compute_dtype, out_dtype=compute_dtype, reverse=reverse)
+    outs, _ = run(p)
+    return outs[0].squeeze(-1)

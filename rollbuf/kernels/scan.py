@@ -17,8 +17,6 @@ Bytes per step from HBM: the inputs once, the outputs once; ``bootstrap_values``
 truncated step or the window end reads it. Coefficients never leave registers.
 """
 
-from __future__ import annotations
-
 import types
 
 import triton
@@ -51,7 +49,7 @@ trace_out = _jit(C.trace_out)
 compose = _jit(C.compose)
 compose_pair = _jit(C.compose_pair)
 
-FAMILIES = {"lambda": 0, "retrace": 1, "vtrace": 2, "trace": 3}
+FAMILIES = {"lambda": 0, "retrace": 1, "vtrace": 2, "trace": 3, "affine": 4}
 
 
 @triton.jit
@@ -122,7 +120,7 @@ def _step_fields(
 def _ratio(p_lp, s_lp_n, s_lp_t, p_tlp, s_tlp_n, s_tlp_t, n, o_t, live, ACC: tl.constexpr):
     lp = _ld(p_lp, n * s_lp_n + o_t * s_lp_t, live, ACC)
     tlp = _ld(p_tlp, n * s_tlp_n + o_t * s_tlp_t, live, ACC)
-    return tl.exp((tlp - lp).to(tl.float32)).to(ACC)
+    return tl.exp(tlp - lp)
 
 
 @triton.jit
@@ -133,16 +131,25 @@ def scan_kernel(
     p_x, s_x_n, s_x_t, s_x_f,
     p_o1, p_o2, s_o_n, s_o_t, s_o_f,
     p_ci, p_co,
-    T, F, gamma, lam, rho_bar, c_bar, pg_rho_bar, decay,
+    T, F,
+    gamma: "fp64", lam: "fp64", rho_bar: "fp64", c_bar: "fp64", pg_rho_bar: "fp64", decay: "fp64",
     FAMILY: tl.constexpr, HAS_V: tl.constexpr, HAS_K: tl.constexpr, HAS_TR: tl.constexpr,
     BOOT: tl.constexpr, HAS_M: tl.constexpr, CARRY_IN: tl.constexpr, WRITE_CARRY: tl.constexpr,
     TWO_OUT: tl.constexpr, ADV_OUT: tl.constexpr, ACC: tl.constexpr, BLOCK_T: tl.constexpr,
+    REVERSE: tl.constexpr,
 ):
     # CARRY_IN: 0 = zero (terminal window end / forward default), 1 = V(s_T) from bootstrap values
     # at the window end, 2 = explicit carry / initial from p_ci.
-    IS_TRACE: tl.constexpr = FAMILY == 3
+    # FAMILY 4 is the public primitive affine_scan: α read from x, β from values.
+    IS_TRACE: tl.constexpr = FAMILY >= 3
     PAIR: tl.constexpr = FAMILY == 2
-    REVERSE: tl.constexpr = FAMILY != 3
+    # scalars arrive in float64 (exact for float64 rollouts) and are rounded once to ACC
+    gamma = tl.full((), gamma, ACC)
+    lam = tl.full((), lam, ACC)
+    rho_bar = tl.full((), rho_bar, ACC)
+    c_bar = tl.full((), c_bar, ACC)
+    pg_rho_bar = tl.full((), pg_rho_bar, ACC)
+    decay = tl.full((), decay, ACC)
     row = tl.program_id(0).to(tl.int64)
     n = row // F
     f = row % F
@@ -245,14 +252,18 @@ def scan_kernel(
                 ratio_s = _ratio(p_lp, s_lp_n, s_lp_t, p_tlp, s_tlp_n, s_tlp_t, n, o_s, live_s, ACC)
                 q_s = _ld(p_q, n * s_q_n + o_s * s_q_t, live_s, ACC)
                 ea, eb = retrace_step(r_s, v_s, k_s, tr_s, boot_s, q_s, lam * tl.minimum(ratio_s, c_bar), gamma)
-            else:
+            elif FAMILY == 3:
                 ea, eb = trace_step(r_s, k_s, tr_s, decay)
+            else:
+                ea, eb = r_s, v_s
             ea = tl.where(live_s, ea, 0.0)
             eb = tl.where(live_s, eb, 1.0)
             sa, sb = tl.associative_scan((ea, eb), 0, _combine, reverse=REVERSE)
             z_next = sa + sb * c_u  # Z_{t+1} (backward) / F_{t-1} (forward)
             if FAMILY == 3:
                 out1 = trace_out(r, decay, z_next)
+            elif FAMILY == 4:
+                out1 = r + v * z_next
             else:
                 out1 = lambda_out(r, k, tr, boot, gamma, z_next)
                 if ADV_OUT:
@@ -265,8 +276,10 @@ def scan_kernel(
                     ratio0 = _ratio(p_lp, s_lp_n, s_lp_t, p_tlp, s_tlp_n, s_tlp_t, n, o_t, live, ACC)
                     q0 = _ld(p_q, n * s_q_n + o_t * s_q_t, live, ACC)
                     a0, b0 = retrace_step(r, v, k, tr, boot, q0, lam * tl.minimum(ratio0, c_bar), gamma)
-                else:
+                elif FAMILY == 3:
                     a0, b0 = trace_step(r, k, tr, decay)
+                else:
+                    a0, b0 = r, v
                 z_in = tl.where(live, a0 + b0 * z_next, z_next)
                 if REVERSE:
                     z0 += tl.sum(tl.where(o_t == 0, z_in, 0.0), axis=0)

@@ -1,0 +1,226 @@
+"""The fused Triton kernels against the float64 reference.
+
+On a CPU machine these run under Triton's interpreter (``TRITON_INTERPRET=1``, set in conftest.py)
+at small odd shapes, with the chunk length forced down so that rows span several chunks; on a CUDA
+machine they run compiled, at full size. Outputs are pre-filled with NaN, so an element the kernel
+does not write fails.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import rollbuf.kernels as K
+from rollbuf import functional as F
+
+CUDA = torch.cuda.is_available()
+DEV = "cuda" if CUDA else "cpu"
+NAN = float("nan")
+
+
+@pytest.fixture(autouse=True)
+def _poison_and_chunk(request):
+    K.POISON_OUTPUTS = True
+    K.BLOCK_T_OVERRIDE = None if CUDA else 16  # several chunks per row even at T = 37
+    yield
+    K.POISON_OUTPUTS = False
+    K.BLOCK_T_OVERRIDE = None
+
+
+def make(N, T, mix, *, dtype=torch.float32, seed=0, device=DEV, flag_dtype=torch.bool):
+    """A random rollout with the boundaries of ``mix``; every slot that must not be read holds NaN."""
+    g = torch.Generator().manual_seed(seed)
+
+    def randn(scale=1.0):
+        return (torch.randn(N, T, generator=g, dtype=torch.float64) * scale)
+
+    def flags(p):
+        return torch.rand(N, T, generator=g) < p
+
+    k = flags(0.1) if "term" in mix else None
+    tr = flags(0.1) if "trunc" in mix else None
+    m = flags(0.7) if "mask" in mix else None
+    r, v, q = randn(), randn(), randn()
+    lp = randn(0.5)
+    tlp = lp + randn(0.3)
+    bv = randn()
+    live = torch.ones(N, T, dtype=torch.bool) if m is None else m
+    idx = torch.arange(T)
+    last = torch.where(live, idx, -1).amax(-1) if T else torch.zeros(N, dtype=torch.long)
+    read = (idx == last.unsqueeze(-1)) & live
+    if tr is not None:
+        read |= tr & live & (torch.zeros_like(tr) if k is None else ~k)
+    bv = torch.where(read, bv, NAN)
+    if m is not None:  # garbage where masked: NaN data, random flags
+        r, v, q, lp, tlp = (torch.where(m, x, NAN) for x in (r, v, q, lp, tlp))
+
+    def cast(x):
+        return x.to(dtype).to(device)
+
+    def flag(x):
+        return None if x is None else x.to(flag_dtype).to(device)
+
+    return dict(rewards=cast(r), values=cast(v), terminated=flag(k), truncated=flag(tr),
+                bootstrap_values=cast(bv), mask=None if m is None else m.to(device),
+                log_probs=cast(lp), target_log_probs=cast(tlp), q_values=cast(q))
+
+
+def call(name, f, backend, **kw):
+    """One estimator on the fields ``f``; a tuple of output tensors (and the carry if asked)."""
+    if kw.pop("return_carry", False):
+        res, carry = _call(name, f, backend, return_carry=True, **kw)
+        return (tuple(res) if isinstance(res, tuple) else (res,)), carry
+    res = _call(name, f, backend, **kw)
+    return tuple(res) if isinstance(res, tuple) else (res,)
+
+
+def _call(name, f, backend, **kw):
+    base = {k: f[k] for k in ("rewards", "values", "terminated", "truncated", "bootstrap_values", "mask")}
+    if name == "gae":
+        return F.gae(0.97, 0.9, **base, backend=backend, **kw)
+    if name == "lambda_returns":
+        return F.lambda_returns(0.97, 0.8, **base, backend=backend, **kw)
+    if name == "discounted_returns":
+        return F.discounted_returns(0.95, **base, backend=backend, **kw)
+    if name == "monte_carlo":
+        mc = {k: base[k] for k in ("rewards", "terminated", "truncated", "mask")}
+        return F.discounted_returns(0.95, bootstrap=False, **mc, backend=backend, **kw)
+    if name == "vtrace":
+        return F.vtrace(f["target_log_probs"], 0.97, 1.0, 0.9, 1.2, 0.95, log_probs=f["log_probs"],
+                        **base, backend=backend, **kw)
+    if name == "retrace":
+        return F.retrace(f["q_values"], f["target_log_probs"], 0.97, 0.9, 1.1, log_probs=f["log_probs"],
+                         **base, backend=backend, **kw)
+    flags = {k: base[k] for k in ("terminated", "truncated", "mask")}
+    if all(v is None for v in flags.values()):
+        flags["terminated"] = torch.zeros_like(f["rewards"], dtype=torch.bool)
+    if name == "eligibility_traces":
+        return F.eligibility_traces(f["rewards"], 0.97, 0.9, **flags, backend=backend, **kw)
+    assert name == "episodic_sums"
+    return F.episodic_sums(rewards=f["rewards"], **flags, backend=backend, **kw)
+
+
+ESTIMATORS = ["gae", "lambda_returns", "discounted_returns", "monte_carlo", "vtrace", "retrace",
+              "eligibility_traces", "episodic_sums"]
+MIXES = ["none", "term", "term+trunc", "mask", "term+trunc+mask"]
+SHAPES = [(3, 1), (2, 37), (2, 65)] if not CUDA else [(3, 1), (64, 1000), (4, 4097), (1, 131072)]
+
+
+def rel_err(a, b):
+    a, b = a.double().cpu(), b.double().cpu()
+    assert a.shape == b.shape, (a.shape, b.shape)
+    assert not torch.isnan(a).any(), "NaN in the kernel's output (an element not written, or a leak)"
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def assert_ref(outs, ref, tol):
+    for o, e in zip(outs, ref):
+        err = rel_err(o, e)
+        assert err < tol, f"relative L2 error {err:.3g} >= {tol}"
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"N{s[0]}-T{s[1]}")
+@pytest.mark.parametrize("mix", MIXES)
+@pytest.mark.parametrize("name", ESTIMATORS)
+def test_matches_reference(name, mix, shape):
+    f = make(*shape, mix, seed=hash((name, mix, shape)) % 2**31)
+    assert_ref(call(name, f, "triton"), call(name, f, "reference"), 1e-5)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.bfloat16, 2e-2), (torch.float16, 5e-3)],
+                         ids=["fp64", "bf16", "fp16"])
+@pytest.mark.parametrize("name", ESTIMATORS)
+def test_dtypes(name, dtype, tol):
+    f = make(2, 45, "term+trunc+mask", dtype=dtype, seed=7)
+    outs = call(name, f, "triton")
+    assert all(o.dtype == dtype for o in outs)
+    ref = call(name, f, "reference")  # the same rounded inputs, computed in float64
+    assert_ref(outs, ref, tol)
+
+
+@pytest.mark.parametrize("flag_dtype", [torch.uint8, torch.float32], ids=["uint8", "float"])
+@pytest.mark.parametrize("name", ["gae", "vtrace", "episodic_sums"])
+def test_flag_dtypes(name, flag_dtype):
+    f = make(2, 33, "term+trunc", flag_dtype=flag_dtype, seed=3)
+    assert_ref(call(name, f, "triton"), call(name, f, "reference"), 1e-5)
+
+
+@pytest.mark.parametrize("name", ESTIMATORS)
+def test_time_major_views_are_read_in_place(name):
+    """CleanRL/SB3 buffers are [T, N]; their transposed views go in without a copy."""
+    f = make(3, 29, "term+trunc+mask", seed=11)
+    tm = {k: (None if v is None else v.mT.contiguous().mT) for k, v in f.items()}  # [N, T] views of [T, N]
+    assert not tm["rewards"].is_contiguous()
+    assert_ref(call(name, tm, "triton"), call(name, f, "reference"), 1e-5)
+
+
+@pytest.mark.parametrize("name", ["gae", "vtrace", "retrace", "eligibility_traces"])
+def test_out_dtype(name):
+    f = make(2, 21, "term+trunc", seed=5)
+    outs = call(name, f, "triton", out_dtype=torch.float64)
+    assert all(o.dtype == torch.float64 for o in outs)
+    assert_ref(outs, call(name, f, "reference"), 1e-5)
+
+
+def test_trailing_feature_dims():
+    f = make(2, 23, "term+trunc+mask", seed=9)
+    x = torch.randn(2, 23, 3, 2, device=DEV)
+    kw = dict(terminated=f["terminated"], truncated=f["truncated"], mask=f["mask"])
+    init = torch.randn(2, 3, 2, device=DEV)
+    got = F.eligibility_traces(x, 0.9, 0.7, init, **kw, backend="triton")
+    ref = F.eligibility_traces(x, 0.9, 0.7, init, **kw, backend="reference")
+    assert got.traces.shape == (2, 23, 3, 2) and got.final.shape == (2, 3, 2)
+    assert_ref(got, ref, 1e-5)
+
+
+@pytest.mark.parametrize("cut", [1, 16, 17, 30])
+@pytest.mark.parametrize("name", ESTIMATORS)
+def test_chained_windows_equal_the_unsplit_row(name, cut):
+    """Later window first (return_carry=True), then the earlier one with carry= (backward);
+    forward estimators pass `final` on as `initial`."""
+    f = make(3, 41, "term+trunc+mask", seed=cut)
+    whole = call(name, f, "reference")
+
+    def part(sl):
+        return {k: (None if v is None else v[:, sl]) for k, v in f.items()}
+
+    a, b = part(slice(0, cut)), part(slice(cut, None))
+    if name in ("eligibility_traces", "episodic_sums"):
+        first = call(name, a, "triton")
+        second = call(name, b, "triton", initial=first[1]) if name == "episodic_sums" else None
+        if name == "eligibility_traces":
+            flags = {k: b[k] for k in ("terminated", "truncated", "mask")}
+            second = tuple(F.eligibility_traces(b["rewards"], 0.97, 0.9, first[1], **flags, backend="triton"))
+        assert_ref((torch.cat([first[0], second[0]], 1), second[1]), whole, 1e-5)
+        return
+    later, carry = call(name, b, "triton", return_carry=True)
+    # the earlier window's end is not a boundary: only its truncated steps read bootstrap values
+    keep = a["truncated"] & ~a["terminated"] & a["mask"]
+    a["bootstrap_values"] = torch.where(keep, a["bootstrap_values"], NAN)
+    earlier = call(name, a, "triton", carry=carry)
+    joined = tuple(torch.cat([x, y], 1) for x, y in zip(earlier, later))
+    assert_ref(joined, whole, 1e-5)
+
+
+@pytest.mark.parametrize("T", [1, 2, 63, 64, 65, 127, 128, 129, 4097] + ([131072] if CUDA else []))
+@pytest.mark.parametrize("reverse", [True, False], ids=["backward", "forward"])
+def test_affine_scan_is_exact_near_powers_of_two(T, reverse):
+    """β far from 0 and 1 so that a misordered (non-commutative) combine shows up."""
+    K.BLOCK_T_OVERRIDE = None  # the kernel's own chunk length: whole rows in one scan up to 1024
+    g = torch.Generator().manual_seed(T)
+    a = torch.randn(2, T, generator=g, dtype=torch.float64).to(DEV)
+    b = (0.4 + 0.6 * torch.rand(2, T, generator=g, dtype=torch.float64)).to(DEV)
+    init = torch.randn(2, generator=g, dtype=torch.float64).to(DEV)
+    got = F.affine_scan(a, b, reverse, init, backend="triton")
+    ref = F.affine_scan(a.cpu(), b.cpu(), reverse, init.cpu(), backend="reference")
+    assert rel_err(got, ref) < 1e-12
+
+
+def test_empty_rollouts():
+    for N, T in [(0, 5), (3, 0)]:
+        f = make(N, T, "term+trunc", seed=1)
+        adv, ret = call("gae", f, "triton")
+        assert adv.shape == (N, T) and ret.shape == (N, T)
+        traces, final = call("eligibility_traces", f, "triton")
+        assert traces.shape == (N, T) and final.shape == (N,)
