@@ -1,0 +1,235 @@
+"""Check and time the fused kernels on a CUDA GPU; print a short table last, CSV under $OUT.
+
+    ROLLBUF_COMMIT=$(git rev-parse --short HEAD) python benchmarks/gpu_kernels.py [--quick]
+
+Per case: a correctness gate (relative L2 error against float64; the reference loop where it is
+affordable, else the float64 torch backend, itself tested against the reference), then the full-call
+time (``triton.testing.do_bench``, median) and the device time (CUDA-graph replay of many calls over
+input sets rotated to exceed the 60 MB L2), bytes moved (inputs once, outputs once) and % of the
+measured device-to-device copy bandwidth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import baselines  # noqa: E402
+
+from rollbuf import functional as F  # noqa: E402
+
+L2_BYTES = 60 * 2**20
+
+
+def provenance():
+    import triton
+
+    return dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                commit=os.environ.get("ROLLBUF_COMMIT", "unknown"), date=time.strftime("%Y-%m-%d"))
+
+
+def copy_bandwidth():
+    n = 2**28  # 1 GiB of fp32
+    a = torch.empty(n, device="cuda").uniform_()
+    b = torch.empty_like(a)
+    from triton.testing import do_bench
+
+    ms = do_bench(lambda: b.copy_(a), warmup=50, rep=300, return_mode="median")
+    return 2 * a.numel() * 4 / (ms * 1e-3)
+
+
+def make_inputs(N, T, dtype, trunc, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    r = torch.randn(N, T, device="cuda", generator=g).to(dtype)
+    v = torch.randn(N, T, device="cuda", generator=g).to(dtype)
+    k = torch.rand(N, T, device="cuda", generator=g) < 0.01
+    tr = (torch.rand(N, T, device="cuda", generator=g) < 0.01) if trunc else None
+    bv = torch.randn(N, T, device="cuda", generator=g).to(dtype)
+    lp = (torch.randn(N, T, device="cuda", generator=g) * 0.3).to(dtype)
+    tlp = (lp.float() + torch.randn(N, T, device="cuda", generator=g) * 0.1).to(dtype)
+    q = torch.randn(N, T, device="cuda", generator=g).to(dtype)
+    x = r
+    return dict(rewards=r, values=v, terminated=k, truncated=tr, bootstrap_values=bv, log_probs=lp,
+                target_log_probs=tlp, q_values=q, x=x)
+
+
+def estimator_call(name, f, backend="triton", out_dtype=None):
+    base = dict(rewards=f["rewards"], values=f["values"], terminated=f["terminated"],
+                truncated=f["truncated"], bootstrap_values=f["bootstrap_values"], backend=backend,
+                out_dtype=out_dtype)
+    if name == "gae":
+        return lambda: F.gae(0.99, 0.95, **base)
+    if name == "lambda_returns":
+        return lambda: F.lambda_returns(0.99, 0.95, **base)
+    if name == "discounted_returns":
+        return lambda: F.discounted_returns(0.99, **base)
+    if name == "vtrace":
+        return lambda: F.vtrace(f["target_log_probs"], 0.99, log_probs=f["log_probs"], **base)
+    if name == "retrace":
+        return lambda: F.retrace(f["q_values"], f["target_log_probs"], 0.99, 0.95, log_probs=f["log_probs"], **base)
+    flags = dict(terminated=f["terminated"], truncated=f["truncated"], backend=backend, out_dtype=out_dtype)
+    if name == "eligibility_traces":
+        return lambda: F.eligibility_traces(f["x"], 0.99, 0.95, **flags)
+    if name == "episodic_sums":
+        return lambda: F.episodic_sums(f["x"], **flags)
+    raise KeyError(name)
+
+
+def bytes_moved(name, f, outs):
+    used = {
+        "gae": ("rewards", "values", "terminated", "truncated"),
+        "lambda_returns": ("rewards", "values", "terminated", "truncated"),
+        "discounted_returns": ("rewards", "terminated", "truncated"),
+        "vtrace": ("rewards", "values", "terminated", "truncated", "log_probs", "target_log_probs"),
+        "retrace": ("rewards", "values", "terminated", "truncated", "log_probs", "target_log_probs", "q_values"),
+        "eligibility_traces": ("x", "terminated", "truncated"),
+        "episodic_sums": ("x", "terminated", "truncated"),
+    }[name]
+    b = sum(f[k].numel() * f[k].element_size() for k in used if f[k] is not None)
+    N = f["rewards"].shape[0]
+    b += N * f["bootstrap_values"].element_size()  # the window-end column
+    return b + sum(o.numel() * o.element_size() for o in outs if o.dim() == 2)
+
+
+def as_tuple(res):
+    return tuple(res) if isinstance(res, tuple) else (res,)
+
+
+def rel_err(a, b):
+    a, b = a.double(), b.double().to(a.device)
+    if torch.isnan(a).any():
+        return float("inf")
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def check(name, f):
+    """Relative L2 error of the kernel against float64 (the reference loop when affordable)."""
+    N, T = f["rewards"].shape
+    got = as_tuple(estimator_call(name, f)())
+    if N * T <= 2**17:
+        cpu = {k: (None if v is None else v.cpu()) for k, v in f.items()}
+        ref = as_tuple(estimator_call(name, cpu, backend="reference")())
+        oracle = "reference"
+    else:
+        f64 = {k: (None if v is None else (v.double() if v.is_floating_point() else v)) for k, v in f.items()}
+        ref = as_tuple(estimator_call(name, f64, backend="torch")())
+        oracle = "torch-fp64"
+    return max(rel_err(a, b) for a, b in zip(got, ref)), oracle
+
+
+def device_time(fns, reps=20):
+    """Seconds per call, from CUDA-graph replay of one call per rotated input set."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for fn in fns:
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for fn in fns:
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(5):
+        t0.record()
+        for _ in range(reps):
+            graph.replay()
+        t1.record()
+        torch.cuda.synchronize()
+        times.append(t0.elapsed_time(t1) * 1e-3 / (reps * len(fns)))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def rotated_sets(N, T, dtype, trunc, per_set_bytes):
+    n = max(1, min(16, -(-3 * L2_BYTES // max(per_set_bytes, 1))))
+    return [make_inputs(N, T, dtype, trunc, seed) for seed in range(n)]
+
+
+def main():
+    from triton.testing import do_bench
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = ap.parse_args()
+    prov = provenance()
+    bw = copy_bandwidth()
+    print(f"# {prov} copy bandwidth {bw / 1e9:.0f} GB/s", flush=True)
+    shapes = [(32768, 8), (4096, 128), (1024, 1024), (256, 4096), (64, 16384), (8, 131072), (1, 1048576)]
+    names = ["gae", "lambda_returns", "discounted_returns", "vtrace", "retrace", "eligibility_traces", "episodic_sums"]
+    if args.quick:
+        shapes, names = shapes[:2], names[:2]
+    rows = []
+    for (N, T) in shapes:
+        for dtype in (torch.float32, torch.bfloat16):
+            for name in names if dtype == torch.float32 else ["gae"]:
+                f0 = make_inputs(N, T, dtype, True, 100)
+                err, oracle = check(name, f0)
+                outs = as_tuple(estimator_call(name, f0)())
+                nbytes = bytes_moved(name, f0, outs)
+                sets = rotated_sets(N, T, dtype, True, nbytes)
+                fns = [estimator_call(name, s) for s in sets]
+                dev = device_time(fns)
+                it = iter(range(10**9))
+                call_ms = do_bench(lambda: fns[next(it) % len(fns)](), warmup=25, rep=200, return_mode="median")
+                rows.append(dict(estimator=name, N=N, T=T, dtype=str(dtype).replace("torch.", ""),
+                                 impl="rollbuf-triton", rel_err=err, oracle=oracle, device_us=dev * 1e6,
+                                 call_us=call_ms * 1e3, bytes=nbytes, gbps=nbytes / dev / 1e9,
+                                 pct_copy=100 * nbytes / dev / bw, **prov))
+                print(_fmt(rows[-1]), flush=True)
+        # baselines on GAE (terminations, bootstrapped window end: what they compute), fp32
+        f0 = make_inputs(N, T, torch.float32, False, 7)
+        ref = as_tuple(estimator_call("gae", f0, backend="torch" if N * T > 2**17 else "triton")())
+        last = f0["bootstrap_values"][:, -1]
+        args_ = (f0["rewards"], f0["values"], f0["terminated"], last, 0.99, 0.95)
+        impls = [("eager-loop", baselines.gae_loop)] if T <= 2048 else []
+        impls.append(("compiled-doubling", torch.compile(baselines.gae_doubling, dynamic=False)))
+        for impl, fn in impls:
+            t0 = time.perf_counter()
+            out = fn(*args_)
+            torch.cuda.synchronize()
+            first_s = time.perf_counter() - t0
+            err = max(rel_err(a, b) for a, b in zip(out, ref))
+            nbytes = bytes_moved("gae", f0, out)
+            sets = rotated_sets(N, T, torch.float32, False, nbytes)
+            fns = [(lambda s=s: fn(s["rewards"], s["values"], s["terminated"], s["bootstrap_values"][:, -1], 0.99, 0.95)) for s in sets]
+            dev = device_time(fns, reps=3 if impl == "eager-loop" else 20) if impl != "eager-loop" else float("nan")
+            it = iter(range(10**9))
+            call_ms = do_bench(lambda: fns[next(it) % len(fns)](), warmup=5, rep=100, return_mode="median")
+            rows.append(dict(estimator="gae", N=N, T=T, dtype="float32", impl=impl, rel_err=err,
+                             oracle="rollbuf", device_us=dev * 1e6, call_us=call_ms * 1e3, bytes=nbytes,
+                             gbps=nbytes / (dev if dev == dev else call_ms * 1e-3) / 1e9,
+                             pct_copy=100 * nbytes / (dev if dev == dev else call_ms * 1e-3) / bw,
+                             first_call_s=first_s, **prov))
+            print(_fmt(rows[-1]), flush=True)
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, "gpu_kernels.csv")
+    keys = sorted({k for r in rows for k in r})
+    with open(path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=keys)
+        w.writeheader()
+        w.writerows(rows)
+    print("\n| estimator | N×T | dtype | impl | rel err | device µs | call µs | GB/s | % copy |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['estimator']} | {r['N']}×{r['T']} | {r['dtype']} | {r['impl']} | {r['rel_err']:.1e} | "
+              f"{r['device_us']:.1f} | {r['call_us']:.1f} | {r['gbps']:.0f} | {r['pct_copy']:.0f} |")
+
+
+def _fmt(r):
+    return (f"{r['impl']:18s} {r['estimator']:18s} {r['N']:>6}x{r['T']:<8} {r['dtype']:9s} err={r['rel_err']:.1e} "
+            f"dev={r['device_us']:9.1f}us call={r['call_us']:9.1f}us {r['pct_copy']:5.1f}% copy")
+
+
+if __name__ == "__main__":
+    main()
