@@ -233,7 +233,8 @@ class _Call:
             out = out_dtype
         return compute, out
 
-    def problem(self, family, outputs, out_dtype, carry=None, carry_shape=None, **params):
+    def problem(self, family, outputs, out_dtype, carry=None, carry_shape=None, carry_name="carry",
+                **params):
         B = self.shape[:-1]
         T = self.shape[-1]
         N = math.prod(B)
@@ -248,11 +249,11 @@ class _Call:
             else:
                 flat[name] = x.reshape(N, T)
         if carry is not None:
-            _tensor("carry", carry, _FLOATS, "a floating-point tensor")
+            _tensor(carry_name, carry, _FLOATS, "a floating-point tensor")
             if tuple(carry.shape) != tuple(carry_shape):
-                raise ValueError(f"carry must have shape {tuple(carry_shape)}, got {tuple(carry.shape)}")
+                raise ValueError(f"{carry_name} must have shape {tuple(carry_shape)}, got {tuple(carry.shape)}")
             if carry.device != self.device:
-                raise ValueError(f"carry is on {carry.device} but the rollout is on {self.device}")
+                raise ValueError(f"{carry_name} is on {carry.device} but the rollout is on {self.device}")
             carry = carry.reshape(N, *carry.shape[len(B):])
         compute, out = self.dtypes(out_dtype)
         return Problem(
@@ -306,12 +307,12 @@ def _run(p: Problem, backend: str, reference_call, return_carry: bool):
     T = p.main.shape[1]
     shaped = []
     for name, o in zip(p.outputs, outs):
-        if name == "final":
-            shaped.append(o.reshape(*B, *o.shape[1:]).to(p.out_dtype))
+        if name == "final":  # a carry too (the next window's `initial`): accumulation dtype
+            shaped.append(o.reshape(*B, *o.shape[1:]).to(p.compute_dtype))
         else:
             shaped.append(o.reshape(*B, T, *o.shape[2:]).to(p.out_dtype))
-    if return_carry:
-        carry = carry.reshape(*B, *carry.shape[1:]).to(p.out_dtype)
+    if return_carry:  # carries stay in the accumulation dtype: chains are exact to its rounding
+        carry = carry.reshape(*B, *carry.shape[1:]).to(p.compute_dtype)
     return shaped, carry
 
 
@@ -530,8 +531,8 @@ def _forward(name, x, terminated, truncated, mask, initial, decay, out_dtype, ba
     c.floats.append(x)
     F = tuple(x.shape[k:])
     carry = initial
-    p = c.problem("trace", (name, "final"), out_dtype, carry, (*c.shape[:-1], *F), decay=decay,
-                  feature_shape=F)
+    p = c.problem("trace", (name, "final"), out_dtype, carry, (*c.shape[:-1], *F), carry_name="initial",
+                  decay=decay, feature_shape=F)
     be = _resolve_backend(backend, c.device)
 
     def ref():

@@ -199,6 +199,8 @@ def _window_end_carry(p: Problem, dt, m):
             j = last_unmasked_index(m).clamp(min=0)
         if bv.dim() == 2:
             bv = bv.gather(-1, j.unsqueeze(-1)).squeeze(-1) if T else zero[..., 0] if pair else zero
+        if m is not None:  # a row with no live step has no window end: nothing is read
+            bv = torch.where(last_unmasked_index(m) >= 0, bv, 0)
         if k is not None and T:
             k_end = k.gather(-1, j.unsqueeze(-1)).squeeze(-1)
             bv = torch.where(k_end, 0, bv)  # a terminated window end never reads V(s_T)

@@ -1,0 +1,199 @@
+"""The documentation stays in sync with the code.
+
+* the boundary-model table in docs/semantics.md is what docs/examples/semantics_table.py prints from
+  ``rollbuf.boundary.coefficients.ESTIMATORS`` now;
+* the worked-example numbers in docs/semantics.md are what docs/examples/worked_example.py prints now
+  (reference backend);
+* every name of ``rollbuf.functional.__all__``, every public ``Rollout`` method and every converter
+  of ``rollbuf.boundary.conventions`` appears in docs/api.md, with the signature of the code.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import re
+from pathlib import Path
+
+import pytest
+
+import rollbuf
+import rollbuf.functional as F
+from rollbuf import Rollout
+from rollbuf.boundary import conventions
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+EXAMPLES = DOCS / "examples"
+
+
+def _load(name: str):
+    """Import docs/examples/<name>.py (not a package) as a module."""
+    spec = importlib.util.spec_from_file_location(f"_docs_{name}", EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _between(text: str, begin: str, end: str) -> str:
+    assert text.count(begin) == 1, f"marker {begin!r} must occur exactly once"
+    assert text.count(end) == 1, f"marker {end!r} must occur exactly once"
+    start = text.index(begin) + len(begin)
+    stop = text.index(end)
+    assert start < stop, f"{begin!r} must come before {end!r}"
+    return text[start:stop].strip()
+
+
+@pytest.fixture(scope="module")
+def semantics() -> str:
+    return (DOCS / "semantics.md").read_text(encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def api() -> str:
+    return (DOCS / "api.md").read_text(encoding="utf-8")
+
+
+# ------------------------------------------------------------------------------ semantics.md
+
+
+def test_generated_table_matches_registry(semantics):
+    pasted = _between(semantics, "<!-- BEGIN GENERATED TABLE -->", "<!-- END GENERATED TABLE -->")
+    printed = _load("semantics_table").render().strip()
+    assert pasted == printed, (
+        "docs/semantics.md's boundary table is out of date with rollbuf.boundary.coefficients."
+        "ESTIMATORS: paste the output of `python docs/examples/semantics_table.py` between the markers"
+    )
+
+
+def test_generated_table_has_one_row_per_estimator():
+    from rollbuf.boundary.coefficients import ESTIMATORS
+
+    rows = [line for line in _load("semantics_table").render().splitlines() if line.startswith("| ")]
+    names = [row.split("|")[1].strip() for row in rows[1:]]  # rows[0] is the header
+    assert names == list(ESTIMATORS)
+
+
+def test_worked_example_matches_script(semantics):
+    pasted = _between(semantics, "<!-- BEGIN WORKED EXAMPLE -->", "<!-- END WORKED EXAMPLE -->")
+    printed = _load("worked_example").render().strip()
+    assert pasted == printed, (
+        "docs/semantics.md's worked example is out of date: paste the output of "
+        "`python docs/examples/worked_example.py` between the markers"
+    )
+
+
+def test_worked_example_backends_agree():
+    """The documented numbers are not an artefact of the oracle: the torch backend gives them too."""
+    import torch
+
+    ex = _load("worked_example")
+    f = ex.fields()
+    ref = F.gae(ex.GAMMA, ex.LAM, **f, backend="reference")
+    vec = F.gae(ex.GAMMA, ex.LAM, **f, backend="torch")
+    torch.testing.assert_close(vec.advantages, ref.advantages)
+    torch.testing.assert_close(vec.returns, ref.returns)
+    assert not torch.isnan(vec.advantages).any()  # the NaN bootstrap slots never leak
+
+
+def test_semantics_picture_exists(semantics):
+    assert "img/boundaries.png" in semantics
+    assert (DOCS / "img" / "boundaries.png").is_file()
+    assert (EXAMPLES / "draw_boundaries.py").is_file()
+
+
+def test_semantics_relative_links_resolve(semantics, api):
+    for text in (semantics, api):
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
+            if "://" in target:
+                continue
+            assert (DOCS / target).exists(), f"broken link to {target}"
+
+
+# ------------------------------------------------------------------------------------ api.md
+
+
+def _norm(text: str) -> str:
+    """Compare signatures ignoring whitespace and the quote style."""
+    return re.sub(r"\s+", "", text).replace('"', "").replace("'", "")
+
+
+def _signature(obj, *, drop_self=False, annotations=True) -> str:
+    sig = inspect.signature(obj)
+    params = list(sig.parameters.values())
+    if drop_self and params and params[0].name == "self":
+        params = params[1:]
+    if not annotations:
+        params = [p.replace(annotation=inspect.Parameter.empty) for p in params]
+        sig = sig.replace(parameters=params, return_annotation=inspect.Signature.empty)
+    else:
+        sig = sig.replace(parameters=params)
+    return str(sig)
+
+
+def _public_rollout_methods() -> list[str]:
+    """Methods defined in rollbuf/rollout.py itself (not the tensorclass machinery)."""
+    names = []
+    for name, attr in vars(Rollout).items():
+        if name.startswith("_"):
+            continue
+        fn = attr.__func__ if isinstance(attr, (classmethod, staticmethod)) else attr
+        if inspect.isfunction(fn) and fn.__module__ == "rollbuf.rollout":
+            names.append(name)
+    return names
+
+
+def test_rollout_methods_found():
+    # guard against the introspection silently finding nothing
+    assert {"empty", "record", "bootstrap", "gae", "advantages", "vtrace"} <= set(_public_rollout_methods())
+
+
+@pytest.mark.parametrize("name", F.__all__)
+def test_functional_name_documented(api, name):
+    assert re.search(rf"\b{re.escape(name)}\b", api), f"rollbuf.functional.{name} is not in docs/api.md"
+
+
+@pytest.mark.parametrize("name", [n for n in F.__all__ if inspect.isfunction(getattr(F, n))])
+def test_functional_signature_documented(api, name):
+    sig = name + _signature(getattr(F, name))
+    assert _norm(sig) in _norm(api), f"docs/api.md must show the signature {sig}"
+
+
+@pytest.mark.parametrize("name", [n for n in F.__all__ if not inspect.isfunction(getattr(F, n))])
+def test_result_fields_documented(api, name):
+    cls = getattr(F, name)
+    for field in cls._fields:
+        assert re.search(rf"\b{field}\b", api), f"{name}.{field} is not in docs/api.md"
+
+
+@pytest.mark.parametrize("name", _public_rollout_methods())
+def test_rollout_method_documented(api, name):
+    assert re.search(rf"\b{re.escape(name)}\(", api), f"Rollout.{name} is not in docs/api.md"
+    sig = name + _signature(getattr(Rollout, name), drop_self=True)
+    assert _norm(sig) in _norm(api), f"docs/api.md must show the signature {sig}"
+
+
+def test_rollout_constructor_and_fields_documented(api):
+    sig = "Rollout" + _signature(Rollout, annotations=False).removesuffix(" -> None")
+    assert _norm(sig) in _norm(api), f"docs/api.md must show the constructor {sig}"
+    for field in ("rewards", "values", "terminated", "truncated", "log_probs", "bootstrap_values", "mask"):
+        assert f"`{field}`" in api
+
+
+@pytest.mark.parametrize("name", conventions.__all__)
+def test_conventions_documented(api, name):
+    obj = getattr(conventions, name)
+    assert re.search(rf"\b{re.escape(name)}\b", api), f"conventions.{name} is not in docs/api.md"
+    if inspect.isfunction(obj):
+        sig = name + _signature(obj)
+        assert _norm(sig) in _norm(api), f"docs/api.md must show the signature {sig}"
+
+
+@pytest.mark.parametrize("name", rollbuf.__all__)
+def test_top_level_names_documented(api, name):
+    assert re.search(rf"\b{re.escape(name)}\b", api)
+
+
+def test_testing_helpers_named(api):
+    assert "rollbuf.testing" in api
+    assert "rollouts(" in api and "assert_matches_reference(" in api
