@@ -83,8 +83,10 @@ class Rollout:
     def bootstrap(self, last_values):
         """Close the window: ``V(s_T)``, the value of the state after the last step, ``[*B]``.
 
-        Written into ``bootstrap_values[..., -1]`` where the last step did not end its episode (a
-        truncated last step keeps the value of its true final state recorded with it).
+        Written into ``bootstrap_values`` at each row's window end — the last step, or the last
+        unmasked step when there is a ``mask`` (SPEC §1: that is where the estimators read it) —
+        where that step did not end its episode (a truncated last step keeps the value of its true
+        final state recorded with it). A row with no unmasked step gets it in its last column.
         """
         if not isinstance(last_values, torch.Tensor):
             raise TypeError(f"last_values must be a torch.Tensor, got {type(last_values).__name__}")
@@ -93,9 +95,21 @@ class Rollout:
             raise ValueError(f"last_values must have shape {B}, got {tuple(last_values.shape)}")
         if self.bootstrap_values is None:
             self.bootstrap_values = torch.full_like(self.values, float("nan"))
-        done = self.terminated[..., -1] | self.truncated[..., -1]
-        col = self.bootstrap_values[..., -1]
-        self.bootstrap_values[..., -1] = torch.where(done, col, last_values.to(col.dtype))
+        T = self.batch_size[-1]
+        if T == 0:
+            return self
+        if self.mask is None:
+            j = torch.full(B, T - 1, dtype=torch.long, device=self.values.device)
+        else:
+            from rollbuf.vectorized import last_unmasked_index
+
+            j = last_unmasked_index(self.mask != 0)
+            j = torch.where(j < 0, T - 1, j)
+        j = j.unsqueeze(-1)
+        done = ((self.terminated != 0) | (self.truncated != 0)).gather(-1, j)
+        col = self.bootstrap_values.gather(-1, j)
+        new = torch.where(done, col, last_values.unsqueeze(-1).to(col.dtype))
+        self.bootstrap_values.scatter_(-1, j, new)
         return self
 
     # -- estimators -----------------------------------------------------------------------------

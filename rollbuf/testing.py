@@ -431,7 +431,8 @@ def _layout(fields: Mapping | None):
 
 def assert_close_to_reference(actual: torch.Tensor, expected: torch.Tensor,
                               context_fields: Mapping | None = None, *, rtol: float | None = None,
-                              atol: float | None = None, name: str = "output") -> None:
+                              atol: float | None = None, name: str = "output",
+                              equal_nan: bool = False) -> None:
     """Assert ``actual`` matches the float64 ``expected``, explaining the first mismatch.
 
     ``actual`` is ``[*B, T, *F]`` (a per-step output) or ``[*B, *F]`` (a per-row output such as
@@ -439,7 +440,8 @@ def assert_close_to_reference(actual: torch.Tensor, expected: torch.Tensor,
     ``truncated``, ``mask``, ``bootstrap_values``, ``[*B, T]``), used to report the boundary around
     the first differing element. The bound is ``|a − e| ≤ atol·scale + rtol·|e|`` with ``scale``
     the row's largest ``|e|`` (at least 1); ``rtol``/``atol`` default to
-    :func:`default_tolerance` of ``actual.dtype``. NaN matches NaN, ±inf matches the same inf.
+    :func:`default_tolerance` of ``actual.dtype``. ±inf matches the same inf; NaN matches NaN only
+    with ``equal_nan=True`` (a NaN in the reference means a NaN input was read: usually a broken test).
     """
     __tracebackhide__ = True
     if not isinstance(actual, torch.Tensor):
@@ -464,16 +466,20 @@ def assert_close_to_reference(actual: torch.Tensor, expected: torch.Tensor,
     scale = _row_scale(e, lead)
     err = (a - e).abs()
     allowed = atol * scale + rtol * e.abs()
-    same_special = (a.isnan() & e.isnan()) | (a.isinf() & e.isinf() & (a.sign() == e.sign()))
+    same_special = a.isinf() & e.isinf() & (a.sign() == e.sign())
+    if equal_nan:
+        same_special |= a.isnan() & e.isnan()
     bad = ~((err <= allowed) | same_special)
     if not bool(bad.any()):
         return
     count = int(bad.sum())
     flat = int(bad.reshape(-1).nonzero()[0, 0])
     index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), e.shape))
-    finite = err[~same_special & ~err.isnan()]
+    finite = err[bad & ~err.isnan()]
     max_err = float(finite.max()) if finite.numel() else float("nan")
-    lines = [f"{name}: {count} of {e.numel()} elements differ (max abs err {_fmt(max_err)}, "
+    n_nan = int((bad & err.isnan()).sum())
+    nan_txt = f"{n_nan} NaN/inf mismatches, " if n_nan else ""
+    lines = [f"{name}: {count} of {e.numel()} elements differ ({nan_txt}max abs err {_fmt(max_err)}, "
              f"rtol {rtol:g}, atol {atol:g} x row scale)"]
     av, ev = float(a[index]), float(e[index])
     where = f"index {index}"
@@ -494,7 +500,7 @@ def assert_close_to_reference(actual: torch.Tensor, expected: torch.Tensor,
 
 
 def assert_matches_reference(estimator_name: str, outputs, fields: Mapping, *, rtol: float | None = None,
-                             atol: float | None = None, **params) -> None:
+                             atol: float | None = None, equal_nan: bool = False, **params) -> None:
     """Assert that ``outputs`` equal estimator ``estimator_name`` computed by the float64 reference.
 
     ``fields`` are the rollout fields the outputs were computed from (a dict as made by
@@ -511,4 +517,4 @@ def assert_matches_reference(estimator_name: str, outputs, fields: Mapping, *, r
     names = _OUTPUT_NAMES.get(estimator_name, ())
     for i, (a, e) in enumerate(zip(actual, expected)):
         label = f"{estimator_name}.{names[i] if i < len(names) else i}"
-        assert_close_to_reference(a, e, fields, rtol=rtol, atol=atol, name=label)
+        assert_close_to_reference(a, e, fields, rtol=rtol, atol=atol, name=label, equal_nan=equal_nan)
