@@ -37,9 +37,56 @@ def doubling_scan(elems, compose, reverse):
     return elems
 
 
+BLOCK = 32  # steps per block of the blocked scan (products of at most 32 discounts per block)
+
+
+def blocked_scan(elems, compose, identity, reverse):
+    """Inclusive scan of maps along the last dim, as a two-level blocked scan.
+
+    1. inside blocks of ``BLOCK`` steps: a loop over the block's steps, vectorised over every block
+       of every row at once (``BLOCK`` iterations, each a few ops on ``N·T/BLOCK`` elements);
+    2. across blocks: a doubling scan of the block aggregates (``log2(T/BLOCK)`` passes on
+       ``N·T/BLOCK`` elements), shifted to the map of everything past each block;
+    3. every step's map composed with its block's carry map (one pass over ``N·T``).
+    Work ``O(N·T)``, ``BLOCK + log2(T/BLOCK)`` small Python steps, all in linear space.
+    """
+    T = elems[0].shape[-1]
+    if T <= BLOCK:
+        return doubling_scan(elems, compose, reverse)
+    C = -(-T // BLOCK)
+    pad = C * BLOCK - T
+    lead = elems[0].shape[:-1]
+    blocks = []
+    for e, i in zip(elems, identity):
+        if pad:
+            e = torch.cat([e, e.new_full((*lead, pad), i)], dim=-1)  # identity past the row
+        blocks.append(e.reshape(*lead, C, BLOCK).movedim(-1, 0).contiguous())  # [BLOCK, *lead, C]
+    # 1. within blocks, in scan order
+    order = range(BLOCK - 1, -1, -1) if reverse else range(BLOCK)
+    state = None
+    local = [torch.empty_like(b) for b in blocks]
+    for j in order:
+        step = tuple(b[j] for b in blocks)
+        state = step if state is None else compose(*step, *state)
+        for out, s_ in zip(local, state):
+            out[j] = s_
+    # 2. across blocks: aggregate of each block = its local map at the block's first step in scan order
+    edge = 0 if reverse else BLOCK - 1
+    agg = doubling_scan(tuple(x[edge] for x in local), compose, reverse)  # [*lead, C]
+    ident = [torch.full_like(a[..., :1], i) for a, i in zip(agg, identity)]
+    if reverse:  # carry map of block c: everything after it
+        carry = tuple(torch.cat([a[..., 1:], i_], dim=-1) for a, i_ in zip(agg, ident))
+    else:
+        carry = tuple(torch.cat([i_, a[..., :-1]], dim=-1) for a, i_ in zip(agg, ident))
+    # 3. every step composed with its block's carry map
+    full = compose(*local, *[c.unsqueeze(0) for c in carry])
+    return tuple(f.movedim(0, -1).reshape(*lead, C * BLOCK)[..., :T] for f in full)
+
+
 def affine_scan(alpha, beta, reverse, initial):
     """``y_t = α_t + β_t·y_{t±1}`` along the last dim with ``y`` outside the row = ``initial``."""
-    a, b = doubling_scan((alpha, beta), C.compose, reverse)
+    alpha, beta = torch.broadcast_tensors(alpha, beta)
+    a, b = blocked_scan((alpha, beta), C.compose, (0.0, 1.0), reverse)
     return a + b * initial.unsqueeze(-1)
 
 
@@ -126,7 +173,7 @@ def run(p: Problem):
     if mf is not None:
         ident = (1.0, 0.0, 1.0, 0.0, 0.0)
         elems = tuple(torch.where(m, e, i) for e, i in zip(elems, ident))
-    P, Q, S, A, W = doubling_scan(elems, C.compose_pair, reverse=True)
+    P, Q, S, A, W = blocked_scan(elems, C.compose_pair, (1.0, 0.0, 1.0, 0.0, 0.0), reverse=True)
     cu, cv = carry[..., 0], carry[..., 1]
     u_incl = A + P * cu.unsqueeze(-1) + Q * cv.unsqueeze(-1)
     v_incl = W + S * cv.unsqueeze(-1)
