@@ -287,6 +287,7 @@ def _triton_available() -> bool:
 
 def _run(p: Problem, backend: str, reference_call, return_carry: bool):
     B = p.batch_shape
+    p.want_carry = return_carry
     if backend == "reference":
         if (p.carry is not None and p.family != "trace") or return_carry:
             raise ValueError(

@@ -30,6 +30,7 @@ class Problem:
     batch_shape: tuple[int, ...] = ()
     feature_shape: tuple[int, ...] = ()
     reverse: bool = True  # only read by the generic affine_scan
+    want_carry: bool = False  # return_carry=True: the kernel also writes the row's carry out
 
 
     @property

@@ -26,6 +26,14 @@ def _poison_and_chunk(request):
     yield
     K.POISON_OUTPUTS = False
     K.BLOCK_T_OVERRIDE = None
+    K.SPLIT_OVERRIDE = None
+
+
+@pytest.fixture(params=[False, True], ids=["walk", "split"])
+def split(request):
+    """Rows walked in chunks by one program, or split across programs (decoupled look-back)."""
+    K.SPLIT_OVERRIDE = request.param
+    return request.param
 
 
 def make(N, T, mix, *, dtype=torch.float32, seed=0, device=DEV, flag_dtype=torch.bool):
@@ -123,7 +131,7 @@ def assert_ref(outs, ref, tol):
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"N{s[0]}-T{s[1]}")
 @pytest.mark.parametrize("mix", MIXES)
 @pytest.mark.parametrize("name", ESTIMATORS)
-def test_matches_reference(name, mix, shape):
+def test_matches_reference(name, mix, shape, split):
     f = make(*shape, mix, seed=hash((name, mix, shape)) % 2**31)
     assert_ref(call(name, f, "triton"), call(name, f, "reference"), 1e-5)
 
@@ -181,7 +189,7 @@ def test_trailing_feature_dims():
 
 @pytest.mark.parametrize("cut", [1, 16, 17, 30])
 @pytest.mark.parametrize("name", ESTIMATORS)
-def test_chained_windows_equal_the_unsplit_row(name, cut):
+def test_chained_windows_equal_the_unsplit_row(name, cut, split):
     """Later window first (return_carry=True), then the earlier one with carry= (backward);
     forward estimators pass `final` on as `initial`."""
     f = make(3, 41, "term+trunc+mask", seed=cut)
@@ -210,7 +218,7 @@ def test_chained_windows_equal_the_unsplit_row(name, cut):
 
 @pytest.mark.parametrize("T", [1, 2, 63, 64, 65, 127, 128, 129, 4097] + ([131072] if CUDA else []))
 @pytest.mark.parametrize("reverse", [True, False], ids=["backward", "forward"])
-def test_affine_scan_is_exact_near_powers_of_two(T, reverse):
+def test_affine_scan_is_exact_near_powers_of_two(T, reverse, split):
     """β far from 0 and 1 so that a misordered (non-commutative) combine shows up."""
     K.BLOCK_T_OVERRIDE = None  # the kernel's own chunk length: whole rows in one scan up to 1024
     g = torch.Generator().manual_seed(T)

@@ -2,21 +2,69 @@
 
 Inputs are passed with their own strides and dtypes (no copies, no casts: a time-major ``[T, N]``
 buffer passed as its transposed view is read in place); flags may be bool, uint8 or float. The only
-allocations are the outputs (and the ``[N]`` carry when asked for).
+allocations are the outputs (and the ``[N]`` carry when asked for); rows split across programs pass
+their carries through a small workspace kept per device, left clean by every launch.
+
+Strategy per shape (:func:`strategy`): short rows are tiled many to a program; rows up to
+``MAX_CHUNK`` steps are one chunk; longer rows are walked in chunks by one program when there are
+enough rows to fill the GPU, and otherwise split across programs, one chunk each, chained by a
+decoupled look-back.
 """
 
 from __future__ import annotations
 
+import math
+
+import attrs
 import torch
 
 from rollbuf.problem import Problem
 
 _DUMMY: dict[torch.device, torch.Tensor] = {}
+_WORKSPACE: dict[tuple, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
 # Test hooks: fill outputs with NaN before the launch (an unwritten element then fails a
-# comparison), and force the chunk length (to exercise the chunk loop at small T).
+# comparison), and force the strategy (to exercise the chunk loop and the split at small T).
 POISON_OUTPUTS = False
 BLOCK_T_OVERRIDE: int | None = None
+SPLIT_OVERRIDE: bool | None = None
+
+MAX_CHUNK = 1024  # steps per chunk (registers: ~8 per thread per field at 4 warps)
+TILE = 2048  # elements per program for tiles of short rows
+FILL_PROGRAMS = 132 * 8  # programs below which long rows are split (132 SMs on an H200)
+
+
+@attrs.frozen
+class Strategy:
+    block_n: int
+    block_t: int
+    split: bool
+    num_seg: int
+    num_warps: int
+
+
+def _pow2(x: int) -> int:
+    return 1 << max(0, (int(x) - 1).bit_length())
+
+
+def strategy(R: int, T: int, time_contiguous: bool = True, block_t: int | None = None,
+             split: bool | None = None) -> Strategy:
+    """Tile sizes, split and warps for ``R`` rows of ``T`` steps (see docs/benchmarks.md)."""
+    bt = block_t or (min(_pow2(T), MAX_CHUNK) if time_contiguous else min(_pow2(T), 32))
+    bt = max(bt, 2)
+    chunks = -(-T // bt)
+    if split is None:
+        split = chunks > 1 and R < FILL_PROGRAMS
+    if split:
+        return Strategy(1, bt, True, chunks, 4 if bt >= 512 else 2 if bt >= 128 else 1)
+    bn = max(1, min(TILE // bt, _pow2(R)))
+    if not time_contiguous:
+        bn = max(bn, min(64, _pow2(R)))
+    # keep enough programs in flight for mid-size problems
+    while bn > 1 and -(-R // bn) < FILL_PROGRAMS // 2 and bn * bt > 256:
+        bn //= 2
+    warps = max(1, min(8, bn * bt // 256))
+    return Strategy(bn, bt, False, 1, warps)
 
 
 def _dummy(device):
@@ -24,6 +72,19 @@ def _dummy(device):
     if d is None:
         d = _DUMMY[device] = torch.zeros(2, device=device)
     return d
+
+
+def _workspace(device, dtype, slots: int, block_n: int):
+    """(aggregates, flags, counters) for ``slots`` chunk programs; zeroed once, reset by the kernel."""
+    key = (device, dtype)
+    ws = _WORKSPACE.get(key)
+    if ws is None or ws[1].numel() < slots or ws[0].numel() < slots * 7 * block_n:
+        n = max(slots, 1024)
+        ws = (torch.zeros(n * 7 * block_n, dtype=dtype, device=device),
+              torch.zeros(n, dtype=torch.int32, device=device),
+              torch.zeros(2, dtype=torch.int32, device=device))
+        _WORKSPACE[key] = ws
+    return ws
 
 
 def _ptr(x, device):
@@ -37,53 +98,57 @@ def _ptr(x, device):
     return x, x.stride(0), x.stride(1)
 
 
-def _block_t(T: int) -> int:
-    import triton
-
-    return max(16, min(1024, triton.next_power_of_2(max(T, 1))))
-
-
-def run(p: Problem, *, block_t: int | None = None):
-    from rollbuf.kernels.scan import FAMILIES, scan_kernel
+def run(p: Problem):
     from triton.language import float32, float64
+
+    from rollbuf.kernels.scan import FAMILIES, scan_kernel
 
     f = p.fields
     main = p.main
     dev = main.device
     N, T = main.shape[0], main.shape[1]
     feat = p.feature_shape
-    Fn = 1
-    for d in feat:
-        Fn *= d
-    acc = float64 if p.compute_dtype == torch.float64 else float32
+    Fn = math.prod(feat)
+    is_trace = p.family in ("trace", "affine")
     n_out = len([o for o in p.outputs if o != "final"])
     outs = [torch.empty((N, T, *feat), dtype=p.out_dtype, device=dev) for _ in range(n_out)]
     if POISON_OUTPUTS:
         for o in outs:
             o.fill_(float("nan"))
     pair = p.pair
-    is_trace = p.family in ("trace", "affine")
-    write_carry = True
+    write_carry = is_trace or p.want_carry
     if is_trace:
         carry_out = torch.empty((N, *feat), dtype=p.compute_dtype, device=dev)
-    else:
+    elif write_carry:
         carry_out = torch.empty((N, 2) if pair else (N,), dtype=p.compute_dtype, device=dev)
+    else:
+        carry_out = None
     if N == 0 or T == 0 or Fn == 0:
-        init = p.carry if p.carry is not None else torch.zeros_like(carry_out)
+        init = p.carry
+        if init is None:
+            init = torch.zeros((N, *feat) if is_trace else (N, 2) if pair else (N,), dtype=p.compute_dtype, device=dev)
+        init = init.to(p.compute_dtype)
         if is_trace:
-            return tuple(outs) + (init.to(p.compute_dtype),), None
-        return tuple(outs), init.to(p.compute_dtype)
+            return tuple(outs) + (init,), None
+        return tuple(outs), init
 
     boot = f.get("bootstrap_values")
+    carry = p.carry
     if is_trace:
-        carry_in_mode = 0 if p.carry is None else 2
-    elif p.carry is not None:
+        carry_in_mode = 0 if carry is None else 2
+    elif carry is not None:
         carry_in_mode = 2
     elif p.window_end == "terminal" or p.no_bootstrap:
         carry_in_mode = 0
+    elif f.get("mask") is not None:
+        # the window end is the last unmasked step of each row: gather V(s_T) there first
+        from rollbuf.vectorized import _window_end_carry
+
+        carry = _window_end_carry(p, p.compute_dtype, f["mask"] != 0)
+        carry_in_mode = 2
     else:
         carry_in_mode = 1
-    ci = p.carry.contiguous() if p.carry is not None else _dummy(dev)
+    ci = carry.contiguous() if carry is not None else _dummy(dev)
 
     r, s_r_n, s_r_t = _ptr(f.get("rewards"), dev)
     v, s_v_n, s_v_t = _ptr(f.get("values"), dev)
@@ -97,28 +162,40 @@ def run(p: Problem, *, block_t: int | None = None):
     if is_trace:
         x = f["x"].reshape(N, T, Fn) if feat else f["x"].unsqueeze(-1)
         s_x_n, s_x_t, s_x_f = x.stride(0), x.stride(1), x.stride(2)
+        time_contiguous = s_x_t == 1 or T == 1
     else:
         x, s_x_n, s_x_t, s_x_f = _dummy(dev), 0, 0, 0
+        time_contiguous = s_r_t == 1 or T == 1
     o1 = outs[0]
     o2 = outs[1] if n_out > 1 else outs[0]
     s_o_n, s_o_t, s_o_f = T * Fn, Fn, 1
     boot_mode = 0 if boot is None or p.no_bootstrap else (1 if boot.dim() == 1 else 2)
-    adv_out = p.outputs == ("advantages", "returns")
-    BLOCK_T = block_t or BLOCK_T_OVERRIDE or _block_t(T)
+    R = N * Fn
+    st = strategy(R, T, time_contiguous, BLOCK_T_OVERRIDE, SPLIT_OVERRIDE)
+    tiles = -(-R // st.block_n)
+    if st.split:
+        ws, flags, cnt = _workspace(dev, p.compute_dtype, tiles * st.num_seg, st.block_n)
+    else:
+        ws = flags = cnt = _dummy(dev)
+    acc = float64 if p.compute_dtype == torch.float64 else float32
+    co = carry_out if carry_out is not None else _dummy(dev)
 
-    scan_kernel[(N * Fn,)](
+    scan_kernel[(tiles * st.num_seg,)](
         r, s_r_n, s_r_t, v, s_v_n, s_v_t, k, s_k_n, s_k_t, tr, s_tr_n, s_tr_t,
         bv, s_bv_n, s_bv_t, m, s_m_n, s_m_t,
         lp, s_lp_n, s_lp_t, tlp, s_tlp_n, s_tlp_t, q, s_q_n, s_q_t,
         x, s_x_n, s_x_t, s_x_f,
         o1, o2, s_o_n, s_o_t, s_o_f,
-        ci, carry_out,
-        T, Fn, p.gamma, p.lam, p.rho_bar, p.c_bar, p.pg_rho_bar, p.decay,
+        ci, co, ws, flags, cnt,
+        R, T, Fn, st.num_seg,
+        p.gamma, p.lam, p.rho_bar, p.c_bar, p.pg_rho_bar, p.decay,
         FAMILY=FAMILIES[p.family], HAS_V=f.get("values") is not None,
         HAS_K=f.get("terminated") is not None, HAS_TR=f.get("truncated") is not None,
         BOOT=boot_mode, HAS_M=f.get("mask") is not None, CARRY_IN=carry_in_mode,
-        WRITE_CARRY=write_carry, TWO_OUT=n_out > 1, ADV_OUT=adv_out, ACC=acc, BLOCK_T=BLOCK_T,
+        WRITE_CARRY=write_carry, TWO_OUT=n_out > 1, ADV_OUT=p.outputs == ("advantages", "returns"),
+        ACC=acc, BLOCK_N=st.block_n, BLOCK_T=st.block_t,
         REVERSE=p.family != "trace" and not (p.family == "affine" and not p.reverse),
+        SPLIT=st.split, num_warps=st.num_warps,
     )
     if is_trace:
         return tuple(outs) + (carry_out,), None
@@ -130,4 +207,4 @@ def affine_scan(alpha, beta, reverse, initial, compute_dtype):
     p = Problem(family="affine", outputs=("y", "final"), fields={"x": alpha, "values": beta},
                 carry=initial, compute_dtype=compute_dtype, out_dtype=compute_dtype, reverse=reverse)
     outs, _ = run(p)
-    return outs[0].squeeze(-1)
+    return outs[0]

@@ -124,24 +124,172 @@ def _ratio(p_lp, s_lp_n, s_lp_t, p_tlp, s_tlp_n, s_tlp_t, n, o_t, live, ACC: tl.
 
 
 @triton.jit
+def _scan_chunk(
+    start, n, f, row_ok, lanes,
+    p_r, s_r_n, s_r_t, p_v, s_v_n, s_v_t, p_k, s_k_n, s_k_t, p_tr, s_tr_n, s_tr_t,
+    p_bv, s_bv_n, s_bv_t, b_bv_row, p_m, s_m_n, s_m_t,
+    p_lp, s_lp_n, s_lp_t, p_tlp, s_tlp_n, s_tlp_t, p_q, s_q_n, s_q_t, p_x, s_x_n, s_x_t, s_x_f,
+    T, gamma, lam, rho_bar, c_bar, decay,
+    FAMILY: tl.constexpr, HAS_V: tl.constexpr, HAS_K: tl.constexpr, HAS_TR: tl.constexpr,
+    BOOT: tl.constexpr, HAS_M: tl.constexpr, ACC: tl.constexpr, REVERSE: tl.constexpr,
+):
+    """Inclusive scan, over one chunk, of the coefficients of the neighbouring steps
+    ``s = t ± 1``: five map components ``(e0..e4)`` per lane (scalar families use e0 = α, e1 = β)."""
+    IS_TRACE: tl.constexpr = FAMILY >= 3
+    o_t = start + lanes
+    if REVERSE:
+        o_s = o_t + 1
+    else:
+        o_s = o_t - 1
+    ok_s = row_ok & (o_s >= 0) & (o_s < T)
+    r_s, v_s, k_s, tr_s, boot_s, live_s = _step_fields(
+        o_s, ok_s, n, f, p_r, s_r_n, s_r_t, p_v, s_v_n, s_v_t, p_k, s_k_n, s_k_t,
+        p_tr, s_tr_n, s_tr_t, p_bv, s_bv_n, s_bv_t, b_bv_row, p_m, s_m_n, s_m_t,
+        p_x, s_x_n, s_x_t, s_x_f, HAS_V, HAS_K, HAS_TR, BOOT, HAS_M, IS_TRACE, ACC)
+    if FAMILY == 2:
+        ratio_s = _ratio(p_lp, s_lp_n, s_lp_t, p_tlp, s_tlp_n, s_tlp_t, n, o_s, live_s, ACC)
+        rho_s = tl.minimum(ratio_s, rho_bar)
+        c_s = lam * tl.minimum(ratio_s, c_bar)
+        ep, eq, es, ea, ew = vtrace_step(r_s, v_s, k_s, tr_s, boot_s, rho_s, c_s, gamma)
+        ep = tl.where(live_s, ep, 1.0)
+        eq = tl.where(live_s, eq, 0.0)
+        es = tl.where(live_s, es + tl.zeros_like(r_s), 1.0)
+        ea = tl.where(live_s, ea, 0.0)
+        ew = tl.where(live_s, ew, 0.0)
+        return tl.associative_scan((ep, eq, es, ea, ew), 1, _combine_pair, reverse=REVERSE)
+    else:
+        if FAMILY == 0:
+            ea, eb = lambda_step(r_s, v_s, k_s, tr_s, boot_s, gamma, lam)
+        elif FAMILY == 1:
+            ratio_s = _ratio(p_lp, s_lp_n, s_lp_t, p_tlp, s_tlp_n, s_tlp_t, n, o_s, live_s, ACC)
+            q_s = _ld(p_q, n * s_q_n + o_s * s_q_t, live_s, ACC)
+            ea, eb = retrace_step(r_s, v_s, k_s, tr_s, boot_s, q_s, lam * tl.minimum(ratio_s, c_bar), gamma)
+        elif FAMILY == 3:
+            ea, eb = trace_step(r_s, k_s, tr_s, decay)
+        else:
+            ea, eb = r_s, v_s
+        ea = tl.where(live_s, ea, 0.0)
+        eb = tl.where(live_s, eb + tl.zeros_like(r_s), 1.0)
+        sa, sb = tl.associative_scan((ea, eb), 1, _combine, reverse=REVERSE)
+        return sa, sb, sa, sa, sa
+
+
+@triton.jit
+def _emit_chunk(
+    start, n, f, rows, row_ok, lanes, zu, zv,
+    p_r, s_r_n, s_r_t, p_v, s_v_n, s_v_t, p_k, s_k_n, s_k_t, p_tr, s_tr_n, s_tr_t,
+    p_bv, s_bv_n, s_bv_t, b_bv_row, p_m, s_m_n, s_m_t,
+    p_lp, s_lp_n, s_lp_t, p_tlp, s_tlp_n, s_tlp_t, p_q, s_q_n, s_q_t, p_x, s_x_n, s_x_t, s_x_f,
+    p_o1, p_o2, s_o_n, s_o_t, s_o_f, p_co,
+    T, gamma, lam, rho_bar, c_bar, pg_rho_bar, decay,
+    FAMILY: tl.constexpr, HAS_V: tl.constexpr, HAS_K: tl.constexpr, HAS_TR: tl.constexpr,
+    BOOT: tl.constexpr, HAS_M: tl.constexpr, ACC: tl.constexpr, REVERSE: tl.constexpr,
+    WRITE_CARRY: tl.constexpr, TWO_OUT: tl.constexpr, ADV_OUT: tl.constexpr,
+):
+    """Outputs of one chunk from the steps' own fields and the exclusive state ``(zu, zv)``
+    (``Z_{t+1}`` backward, ``F_{t−1}`` forward); writes them once, 0 at masked steps. With
+    ``WRITE_CARRY`` the row's carry out (state at t = 0, or ``final`` at t = T−1) is stored by the
+    chunk that holds that step."""
+    IS_TRACE: tl.constexpr = FAMILY >= 3
+    o_t = start + lanes
+    ok_t = row_ok & (o_t < T)
+    r, v, k, tr, boot, live = _step_fields(
+        o_t, ok_t, n, f, p_r, s_r_n, s_r_t, p_v, s_v_n, s_v_t, p_k, s_k_n, s_k_t,
+        p_tr, s_tr_n, s_tr_t, p_bv, s_bv_n, s_bv_t, b_bv_row, p_m, s_m_n, s_m_t,
+        p_x, s_x_n, s_x_t, s_x_f, HAS_V, HAS_K, HAS_TR, BOOT, HAS_M, IS_TRACE, ACC)
+    if REVERSE:
+        edge = o_t == 0
+    else:
+        edge = o_t == T - 1
+    has = (tl.max(edge.to(tl.int32), axis=1) > 0) & (tl.max(row_ok.to(tl.int32), axis=1) > 0)  # [BLOCK_N]
+    if FAMILY == 2:
+        ratio = _ratio(p_lp, s_lp_n, s_lp_t, p_tlp, s_tlp_n, s_tlp_t, n, o_t, live, ACC)
+        rho = tl.minimum(ratio, rho_bar)
+        c = lam * tl.minimum(ratio, c_bar)
+        out1, out2 = vtrace_out(r, v, k, tr, boot, rho, c, tl.minimum(ratio, pg_rho_bar), gamma, zu, zv)
+        if WRITE_CARRY:
+            p0, q0, s0, a0, w0 = vtrace_step(r, v, k, tr, boot, rho, c, gamma)
+            u_in = tl.where(live, a0 + p0 * zu + q0 * zv, zu)
+            v_in = tl.where(live, w0 + s0 * zv, zv)
+            tl.store(p_co + rows * 2, tl.sum(tl.where(edge, u_in, 0.0), axis=1).to(p_co.dtype.element_ty), mask=has)
+            tl.store(p_co + rows * 2 + 1, tl.sum(tl.where(edge, v_in, 0.0), axis=1).to(p_co.dtype.element_ty), mask=has)
+    else:
+        if FAMILY == 3:
+            out1 = trace_out(r, decay, zu)
+        elif FAMILY == 4:
+            out1 = r + v * zu
+        else:
+            out1 = lambda_out(r, k, tr, boot, gamma, zu)
+        out2 = out1 - v
+        if WRITE_CARRY:
+            if FAMILY == 0:
+                a0, b0 = lambda_step(r, v, k, tr, boot, gamma, lam)
+            elif FAMILY == 1:
+                ratio0 = _ratio(p_lp, s_lp_n, s_lp_t, p_tlp, s_tlp_n, s_tlp_t, n, o_t, live, ACC)
+                q0 = _ld(p_q, n * s_q_n + o_t * s_q_t, live, ACC)
+                a0, b0 = retrace_step(r, v, k, tr, boot, q0, lam * tl.minimum(ratio0, c_bar), gamma)
+            elif FAMILY == 3:
+                a0, b0 = trace_step(r, k, tr, decay)
+            else:
+                a0, b0 = r, v
+            z_in = tl.where(live, a0 + b0 * zu, zu)
+            tl.store(p_co + rows, tl.sum(tl.where(edge, z_in, 0.0), axis=1).to(p_co.dtype.element_ty), mask=has)
+    o_off = n * s_o_n + f * s_o_f + o_t * s_o_t
+    if ADV_OUT:  # GAE: advantages = G − V first, returns = G second
+        tl.store(p_o1 + o_off, tl.where(live, out2, 0.0).to(p_o1.dtype.element_ty), mask=ok_t)
+        tl.store(p_o2 + o_off, tl.where(live, out1, 0.0).to(p_o2.dtype.element_ty), mask=ok_t)
+    else:
+        tl.store(p_o1 + o_off, tl.where(live, out1, 0.0).to(p_o1.dtype.element_ty), mask=ok_t)
+        if TWO_OUT:
+            tl.store(p_o2 + o_off, tl.where(live, out2, 0.0).to(p_o2.dtype.element_ty), mask=ok_t)
+
+
+@triton.jit
+def _apply(e0, e1, e2, e3, e4, cu, cv, PAIR: tl.constexpr):
+    """The state after the map ``e`` applied to the carry ``(cu, cv)`` (broadcast over lanes)."""
+    if PAIR:
+        return e3 + e0 * cu + e1 * cv, e4 + e2 * cv
+    else:
+        return e0 + e1 * cu, cv + tl.zeros_like(e0)
+
+
+@triton.jit
+def _compose_maps(o0, o1, o2, o3, o4, i0, i1, i2, i3, i4, PAIR: tl.constexpr):
+    """outer ∘ inner for maps stored as five components."""
+    if PAIR:
+        return compose_pair(o0, o1, o2, o3, o4, i0, i1, i2, i3, i4)
+    else:
+        a, b = compose(o0, o1, i0, i1)
+        return a, b, a, a, a
+
+
+@triton.jit
+def _edge(x, lanes, EDGE: tl.constexpr):
+    return tl.sum(tl.where(lanes == EDGE, x, 0.0), axis=1)
+
+
+@triton.jit
 def scan_kernel(
     p_r, s_r_n, s_r_t, p_v, s_v_n, s_v_t, p_k, s_k_n, s_k_t, p_tr, s_tr_n, s_tr_t,
     p_bv, s_bv_n, s_bv_t, p_m, s_m_n, s_m_t,
     p_lp, s_lp_n, s_lp_t, p_tlp, s_tlp_n, s_tlp_t, p_q, s_q_n, s_q_t,
     p_x, s_x_n, s_x_t, s_x_f,
     p_o1, p_o2, s_o_n, s_o_t, s_o_f,
-    p_ci, p_co,
-    T, F,
+    p_ci, p_co, p_ws, p_flag, p_cnt,
+    R, T, F, NUM_SEG,
     gamma: "fp64", lam: "fp64", rho_bar: "fp64", c_bar: "fp64", pg_rho_bar: "fp64", decay: "fp64",
     FAMILY: tl.constexpr, HAS_V: tl.constexpr, HAS_K: tl.constexpr, HAS_TR: tl.constexpr,
     BOOT: tl.constexpr, HAS_M: tl.constexpr, CARRY_IN: tl.constexpr, WRITE_CARRY: tl.constexpr,
-    TWO_OUT: tl.constexpr, ADV_OUT: tl.constexpr, ACC: tl.constexpr, BLOCK_T: tl.constexpr,
-    REVERSE: tl.constexpr,
+    TWO_OUT: tl.constexpr, ADV_OUT: tl.constexpr, ACC: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, REVERSE: tl.constexpr, SPLIT: tl.constexpr,
 ):
-    # CARRY_IN: 0 = zero (terminal window end / forward default), 1 = V(s_T) from bootstrap values
-    # at the window end, 2 = explicit carry / initial from p_ci.
-    # FAMILY 4 is the public primitive affine_scan: α read from x, β from values.
-    IS_TRACE: tl.constexpr = FAMILY >= 3
+    """One program = a tile of ``BLOCK_N`` rows (``R = N·F`` rows in all) and either the whole row,
+    walked in ``BLOCK_T`` chunks with the carry in registers (``SPLIT`` off), or one chunk of it
+    (``SPLIT``: ``NUM_SEG`` programs share a row and pass the carry by a decoupled look-back).
+
+    CARRY_IN: 0 = zero (terminal window end, forward default), 1 = V(s_T) read at the last column
+    (0 if that step terminated), 2 = explicit carry / initial from ``p_ci``.
+    """
     PAIR: tl.constexpr = FAMILY == 2
     # scalars arrive in float64 (exact for float64 rollouts) and are rounded once to ACC
     gamma = tl.full((), gamma, ACC)
@@ -150,159 +298,158 @@ def scan_kernel(
     c_bar = tl.full((), c_bar, ACC)
     pg_rho_bar = tl.full((), pg_rho_bar, ACC)
     decay = tl.full((), decay, ACC)
-    row = tl.program_id(0).to(tl.int64)
-    n = row // F
-    f = row % F
-    lanes = tl.arange(0, BLOCK_T)
-    num_chunks = (T + BLOCK_T - 1) // BLOCK_T
-    zero = tl.zeros([BLOCK_T], dtype=ACC)
+    if REVERSE:
+        EDGE: tl.constexpr = 0
+    else:
+        EDGE: tl.constexpr = BLOCK_T - 1
 
-    b_bv_row = 0.0
+    if SPLIT:
+        # programs take tickets in the order they start: a program only ever waits for programs
+        # that started before it, so the look-back cannot deadlock
+        vid = tl.atomic_add(p_cnt, 1).to(tl.int64)
+        tile = vid // NUM_SEG
+        rank = vid % NUM_SEG  # 0 = first in scan order
+    else:
+        tile = tl.program_id(0).to(tl.int64)
+        rank = tile * 0
+    rows = tile * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)  # [BLOCK_N]
+    row_ok = rows < R
+    n = (rows // F)[:, None]
+    f = (rows % F)[:, None]
+    row_ok2 = row_ok[:, None]
+    lanes = tl.arange(0, BLOCK_T)[None, :]
+
+    b_bv_row = tl.zeros([BLOCK_N, 1], dtype=ACC)
     if BOOT == 1:
-        b_bv_row = tl.load(p_bv + n * s_bv_n).to(ACC)
+        b_bv_row = tl.load(p_bv + n * s_bv_n, mask=row_ok2, other=0).to(ACC)
 
-    # ---- carry in: the state just past the row in scan order --------------------------------
-    c_u = tl.sum(zero, axis=0)  # pair: u-part; scalar: the state
-    c_v = tl.sum(zero, axis=0)  # pair: V-part
-    pending = False  # the window-end bootstrap waits for the last unmasked step
+    # ---- the carry past the row, in scan order ---------------------------------------------
+    cu = tl.zeros([BLOCK_N], dtype=ACC)
+    cv = tl.zeros([BLOCK_N], dtype=ACC)
     if CARRY_IN == 2:
         if PAIR:
-            c_u = tl.load(p_ci + row * 2).to(ACC)
-            c_v = tl.load(p_ci + row * 2 + 1).to(ACC)
+            cu = tl.load(p_ci + rows * 2, mask=row_ok, other=0).to(ACC)
+            cv = tl.load(p_ci + rows * 2 + 1, mask=row_ok, other=0).to(ACC)
         else:
-            c_u = tl.load(p_ci + row).to(ACC)
-    if CARRY_IN == 1:
-        pending = True
-    z0 = tl.sum(zero, axis=0)  # row carry out (state at the first step / final)
-
-    for i in range(0, num_chunks):
-        if REVERSE:
-            start = (num_chunks - 1 - i) * BLOCK_T
+            cu = tl.load(p_ci + rows, mask=row_ok, other=0).to(ACC)
+    if CARRY_IN == 1:  # V(s_T) at the last column, never read if that step terminated
+        nn = rows // F
+        k_end = tl.zeros([BLOCK_N], dtype=tl.int1)
+        if HAS_K:
+            k_end = tl.load(p_k + nn * s_k_n + (T - 1) * s_k_t, mask=row_ok, other=0) != 0
+        if BOOT == 2:
+            b_end = tl.load(p_bv + nn * s_bv_n + (T - 1) * s_bv_t, mask=row_ok & ~k_end, other=0).to(ACC)
         else:
-            start = i * BLOCK_T
-        o_t = start + lanes
-        ok_t = o_t < T
-        if REVERSE:
-            o_s = o_t + 1
-        else:
-            o_s = o_t - 1
-        ok_s = (o_s >= 0) & (o_s < T)
-
-        # own step fields (outputs, and the window-end carry)
-        r, v, k, tr, boot, live = _step_fields(
-            o_t, ok_t, n, f, p_r, s_r_n, s_r_t, p_v, s_v_n, s_v_t, p_k, s_k_n, s_k_t,
-            p_tr, s_tr_n, s_tr_t, p_bv, s_bv_n, s_bv_t, b_bv_row, p_m, s_m_n, s_m_t,
-            p_x, s_x_n, s_x_t, s_x_f, HAS_V, HAS_K, HAS_TR, BOOT, HAS_M, IS_TRACE, ACC)
-
-        if CARRY_IN == 1:
-            # the window end: last live step of the row; its V(s_T), or 0 if it terminated
-            j = tl.max(tl.where(live, o_t, -1), axis=0)
-            hit = pending & (j >= 0)
-            if BOOT == 2:
-                b_end = tl.load(p_bv + n * s_bv_n + j * s_bv_t, mask=hit, other=0).to(ACC)
-            else:
-                b_end = b_bv_row
-            k_end = tl.sum(tl.where(o_t == j, k, 0.0), axis=0)
-            b_end = tl.where(k_end != 0, 0.0, b_end)
-            if PAIR:
-                c_v = tl.where(hit, b_end, c_v)
-            else:
-                c_u = tl.where(hit, b_end, c_u)
-            pending = pending & (j < 0)
-
-        # neighbouring step's coefficients, identity where outside the row or masked
-        r_s, v_s, k_s, tr_s, boot_s, live_s = _step_fields(
-            o_s, ok_s, n, f, p_r, s_r_n, s_r_t, p_v, s_v_n, s_v_t, p_k, s_k_n, s_k_t,
-            p_tr, s_tr_n, s_tr_t, p_bv, s_bv_n, s_bv_t, b_bv_row, p_m, s_m_n, s_m_t,
-            p_x, s_x_n, s_x_t, s_x_f, HAS_V, HAS_K, HAS_TR, BOOT, HAS_M, IS_TRACE, ACC)
-
+            b_end = tl.where(k_end, 0.0, tl.sum(b_bv_row, axis=1))
         if PAIR:
-            ratio_s = _ratio(p_lp, s_lp_n, s_lp_t, p_tlp, s_tlp_n, s_tlp_t, n, o_s, live_s, ACC)
-            rho_s = tl.minimum(ratio_s, rho_bar)
-            c_s = lam * tl.minimum(ratio_s, c_bar)
-            ep, eq, es, ea, ew = vtrace_step(r_s, v_s, k_s, tr_s, boot_s, rho_s, c_s, gamma)
-            ep = tl.where(live_s, ep, 1.0)
-            eq = tl.where(live_s, eq, 0.0)
-            es = tl.where(live_s, es + zero, 1.0)
-            ea = tl.where(live_s, ea, 0.0)
-            ew = tl.where(live_s, ew, 0.0)
-            sp, sq, ss, sa, sw = tl.associative_scan((ep, eq, es, ea, ew), 0, _combine_pair, reverse=True)
-            u_next = sa + sp * c_u + sq * c_v
-            v_next = sw + ss * c_v
-            ratio = _ratio(p_lp, s_lp_n, s_lp_t, p_tlp, s_tlp_n, s_tlp_t, n, o_t, live, ACC)
-            rho = tl.minimum(ratio, rho_bar)
-            c = lam * tl.minimum(ratio, c_bar)
-            rho_pg = tl.minimum(ratio, pg_rho_bar)
-            out1, out2 = vtrace_out(r, v, k, tr, boot, rho, c, rho_pg, gamma, u_next, v_next)
-            if WRITE_CARRY:
-                p0, q0, s0, a0, w0 = vtrace_step(r, v, k, tr, boot, rho, c, gamma)
-                u_in = tl.where(live, a0 + p0 * u_next + q0 * v_next, u_next)
-                v_in = tl.where(live, w0 + s0 * v_next, v_next)
-                z0 += tl.sum(tl.where(o_t == 0, u_in, 0.0), axis=0)
-            c_u = tl.sum(tl.where(lanes == 0, u_next, 0.0), axis=0)
-            c_v = tl.sum(tl.where(lanes == 0, v_next, 0.0), axis=0)
-            if WRITE_CARRY:
-                # V part of the row carry, kept in c_v's lane-0 slot at the last chunk (t = 0)
-                zv = tl.sum(tl.where(o_t == 0, v_in, 0.0), axis=0)
-                c_v = tl.where(start == 0, zv, c_v)
+            cv = b_end
         else:
-            if FAMILY == 0:
-                ea, eb = lambda_step(r_s, v_s, k_s, tr_s, boot_s, gamma, lam)
-            elif FAMILY == 1:
-                ratio_s = _ratio(p_lp, s_lp_n, s_lp_t, p_tlp, s_tlp_n, s_tlp_t, n, o_s, live_s, ACC)
-                q_s = _ld(p_q, n * s_q_n + o_s * s_q_t, live_s, ACC)
-                ea, eb = retrace_step(r_s, v_s, k_s, tr_s, boot_s, q_s, lam * tl.minimum(ratio_s, c_bar), gamma)
-            elif FAMILY == 3:
-                ea, eb = trace_step(r_s, k_s, tr_s, decay)
-            else:
-                ea, eb = r_s, v_s
-            ea = tl.where(live_s, ea, 0.0)
-            eb = tl.where(live_s, eb, 1.0)
-            sa, sb = tl.associative_scan((ea, eb), 0, _combine, reverse=REVERSE)
-            z_next = sa + sb * c_u  # Z_{t+1} (backward) / F_{t-1} (forward)
-            if FAMILY == 3:
-                out1 = trace_out(r, decay, z_next)
-            elif FAMILY == 4:
-                out1 = r + v * z_next
-            else:
-                out1 = lambda_out(r, k, tr, boot, gamma, z_next)
-                if ADV_OUT:
-                    out2 = out1 - v
-            if WRITE_CARRY:
-                # state at the row's first step (backward) / last step (forward: final)
-                if FAMILY == 0:
-                    a0, b0 = lambda_step(r, v, k, tr, boot, gamma, lam)
-                elif FAMILY == 1:
-                    ratio0 = _ratio(p_lp, s_lp_n, s_lp_t, p_tlp, s_tlp_n, s_tlp_t, n, o_t, live, ACC)
-                    q0 = _ld(p_q, n * s_q_n + o_t * s_q_t, live, ACC)
-                    a0, b0 = retrace_step(r, v, k, tr, boot, q0, lam * tl.minimum(ratio0, c_bar), gamma)
-                elif FAMILY == 3:
-                    a0, b0 = trace_step(r, k, tr, decay)
+            cu = b_end
+
+    if SPLIT:
+        if REVERSE:
+            seg = NUM_SEG - 1 - rank
+        else:
+            seg = rank
+        start = seg * BLOCK_T
+        e0, e1, e2, e3, e4 = _scan_chunk(
+            start, n, f, row_ok2, lanes,
+            p_r, s_r_n, s_r_t, p_v, s_v_n, s_v_t, p_k, s_k_n, s_k_t, p_tr, s_tr_n, s_tr_t,
+            p_bv, s_bv_n, s_bv_t, b_bv_row, p_m, s_m_n, s_m_t,
+            p_lp, s_lp_n, s_lp_t, p_tlp, s_tlp_n, s_tlp_t, p_q, s_q_n, s_q_t, p_x, s_x_n, s_x_t, s_x_f,
+            T, gamma, lam, rho_bar, c_bar, decay,
+            FAMILY, HAS_V, HAS_K, HAS_TR, BOOT, HAS_M, ACC, REVERSE)
+        # this chunk's aggregate map (its edge lane)
+        g0 = _edge(e0, lanes, EDGE)
+        g1 = _edge(e1, lanes, EDGE)
+        g2 = _edge(e2, lanes, EDGE)
+        g3 = _edge(e3, lanes, EDGE)
+        g4 = _edge(e4, lanes, EDGE)
+        o_b = tl.arange(0, BLOCK_N)
+        slot = tile * NUM_SEG + rank
+        p_slot = p_ws + slot * (7 * BLOCK_N) + o_b
+        if rank > 0:
+            # publish the aggregate (flag 1), then look back for the carry
+            tl.store(p_slot, g0)
+            tl.store(p_slot + BLOCK_N, g1)
+            tl.store(p_slot + 2 * BLOCK_N, g2)
+            tl.store(p_slot + 3 * BLOCK_N, g3)
+            tl.store(p_slot + 4 * BLOCK_N, g4)
+            tl.debug_barrier()
+            tl.atomic_xchg(p_flag + slot, 1, sem="release")
+            # M = composition of the aggregates between the found inclusive state and this chunk
+            m0 = tl.full([BLOCK_N], 1.0, ACC) if PAIR else tl.zeros([BLOCK_N], dtype=ACC)
+            m1 = tl.zeros([BLOCK_N], dtype=ACC) if PAIR else tl.full([BLOCK_N], 1.0, ACC)
+            m2 = tl.full([BLOCK_N], 1.0, ACC)
+            m3 = tl.zeros([BLOCK_N], dtype=ACC)
+            m4 = tl.zeros([BLOCK_N], dtype=ACC)
+            pr = rank - 1
+            while pr >= 0:
+                p_fl = p_flag + tile * NUM_SEG + pr
+                fl = tl.atomic_add(p_fl, 0, sem="acquire")
+                while fl == 0:
+                    fl = tl.atomic_add(p_fl, 0, sem="acquire")
+                p_pr = p_ws + (tile * NUM_SEG + pr) * (7 * BLOCK_N) + o_b
+                if fl == 2:
+                    su = tl.load(p_pr + 5 * BLOCK_N, volatile=True)
+                    sv = tl.load(p_pr + 6 * BLOCK_N, volatile=True)
+                    cu, cv = _apply(m0, m1, m2, m3, m4, su, sv, PAIR)
+                    pr = pr * 0 - 1  # found: stop
                 else:
-                    a0, b0 = r, v
-                z_in = tl.where(live, a0 + b0 * z_next, z_next)
-                if REVERSE:
-                    z0 += tl.sum(tl.where(o_t == 0, z_in, 0.0), axis=0)
-                else:
-                    z0 += tl.sum(tl.where(o_t == T - 1, z_in, 0.0), axis=0)
+                    a0 = tl.load(p_pr, volatile=True)
+                    a1 = tl.load(p_pr + BLOCK_N, volatile=True)
+                    a2 = tl.load(p_pr + 2 * BLOCK_N, volatile=True)
+                    a3 = tl.load(p_pr + 3 * BLOCK_N, volatile=True)
+                    a4 = tl.load(p_pr + 4 * BLOCK_N, volatile=True)
+                    m0, m1, m2, m3, m4 = _compose_maps(m0, m1, m2, m3, m4, a0, a1, a2, a3, a4, PAIR)
+                    pr -= 1
+        # publish the inclusive state (flag 2)
+        iu, iv = _apply(g0, g1, g2, g3, g4, cu, cv, PAIR)
+        tl.store(p_slot + 5 * BLOCK_N, iu)
+        tl.store(p_slot + 6 * BLOCK_N, iv)
+        tl.debug_barrier()
+        tl.atomic_xchg(p_flag + slot, 2, sem="release")
+        zu, zv = _apply(e0, e1, e2, e3, e4, cu[:, None], cv[:, None], PAIR)
+        _emit_chunk(
+            start, n, f, rows, row_ok2, lanes, zu, zv,
+            p_r, s_r_n, s_r_t, p_v, s_v_n, s_v_t, p_k, s_k_n, s_k_t, p_tr, s_tr_n, s_tr_t,
+            p_bv, s_bv_n, s_bv_t, b_bv_row, p_m, s_m_n, s_m_t,
+            p_lp, s_lp_n, s_lp_t, p_tlp, s_tlp_n, s_tlp_t, p_q, s_q_n, s_q_t, p_x, s_x_n, s_x_t, s_x_f,
+            p_o1, p_o2, s_o_n, s_o_t, s_o_f, p_co,
+            T, gamma, lam, rho_bar, c_bar, pg_rho_bar, decay,
+            FAMILY, HAS_V, HAS_K, HAS_TR, BOOT, HAS_M, ACC, REVERSE, WRITE_CARRY, TWO_OUT, ADV_OUT)
+        # the last program to finish leaves the workspace clean for the next launch
+        tl.debug_barrier()
+        total = tl.cdiv(R, BLOCK_N) * NUM_SEG
+        done = tl.atomic_add(p_cnt + 1, 1, sem="acq_rel")
+        if done == total - 1:
+            for i in range(0, total, 1024):
+                o_i = i + tl.arange(0, 1024)
+                tl.store(p_flag + o_i, 0, mask=o_i < total)
+            tl.store(p_cnt, 0)
+            tl.store(p_cnt + 1, 0)
+    else:
+        num_chunks = (T + BLOCK_T - 1) // BLOCK_T
+        for i in range(0, num_chunks):
             if REVERSE:
-                c_u = tl.sum(tl.where(lanes == 0, z_next, 0.0), axis=0)
+                start = (num_chunks - 1 - i) * BLOCK_T
             else:
-                c_u = tl.sum(tl.where(lanes == BLOCK_T - 1, z_next, 0.0), axis=0)
-
-        # ---- write the outputs once; 0 at masked steps ----------------------------------------
-        o_off = n * s_o_n + f * s_o_f + o_t * s_o_t
-        if ADV_OUT:
-            tl.store(p_o1 + o_off, tl.where(live, out2, 0.0).to(p_o1.dtype.element_ty), mask=ok_t)
-            tl.store(p_o2 + o_off, tl.where(live, out1, 0.0).to(p_o2.dtype.element_ty), mask=ok_t)
-        else:
-            tl.store(p_o1 + o_off, tl.where(live, out1, 0.0).to(p_o1.dtype.element_ty), mask=ok_t)
-            if TWO_OUT:
-                tl.store(p_o2 + o_off, tl.where(live, out2, 0.0).to(p_o2.dtype.element_ty), mask=ok_t)
-
-    if WRITE_CARRY:
-        if PAIR:
-            tl.store(p_co + row * 2, z0.to(p_co.dtype.element_ty))
-            tl.store(p_co + row * 2 + 1, c_v.to(p_co.dtype.element_ty))
-        else:
-            tl.store(p_co + row, z0.to(p_co.dtype.element_ty))
+                start = i * BLOCK_T
+            e0, e1, e2, e3, e4 = _scan_chunk(
+                start, n, f, row_ok2, lanes,
+                p_r, s_r_n, s_r_t, p_v, s_v_n, s_v_t, p_k, s_k_n, s_k_t, p_tr, s_tr_n, s_tr_t,
+                p_bv, s_bv_n, s_bv_t, b_bv_row, p_m, s_m_n, s_m_t,
+                p_lp, s_lp_n, s_lp_t, p_tlp, s_tlp_n, s_tlp_t, p_q, s_q_n, s_q_t, p_x, s_x_n, s_x_t, s_x_f,
+                T, gamma, lam, rho_bar, c_bar, decay,
+                FAMILY, HAS_V, HAS_K, HAS_TR, BOOT, HAS_M, ACC, REVERSE)
+            zu, zv = _apply(e0, e1, e2, e3, e4, cu[:, None], cv[:, None], PAIR)
+            _emit_chunk(
+                start, n, f, rows, row_ok2, lanes, zu, zv,
+                p_r, s_r_n, s_r_t, p_v, s_v_n, s_v_t, p_k, s_k_n, s_k_t, p_tr, s_tr_n, s_tr_t,
+                p_bv, s_bv_n, s_bv_t, b_bv_row, p_m, s_m_n, s_m_t,
+                p_lp, s_lp_n, s_lp_t, p_tlp, s_tlp_n, s_tlp_t, p_q, s_q_n, s_q_t, p_x, s_x_n, s_x_t, s_x_f,
+                p_o1, p_o2, s_o_n, s_o_t, s_o_f, p_co,
+                T, gamma, lam, rho_bar, c_bar, pg_rho_bar, decay,
+                FAMILY, HAS_V, HAS_K, HAS_TR, BOOT, HAS_M, ACC, REVERSE, WRITE_CARRY, TWO_OUT, ADV_OUT)
+            cu = _edge(zu, lanes, EDGE)
+            cv = _edge(zv, lanes, EDGE)

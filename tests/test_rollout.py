@@ -1,0 +1,290 @@
+"""``Rollout``: the TensorDict-backed window (SPEC §3): filling, closing, indexing, estimators."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from rollbuf import Rollout
+from rollbuf import functional as F
+from rollbuf.testing import assert_matches_reference, make_rollout
+
+NAN = float("nan")
+FIELDS = ("rewards", "values", "terminated", "truncated", "log_probs", "bootstrap_values", "mask")
+
+
+def _from_fields(f, **kw):
+    """A Rollout built directly from a dict of :func:`make_rollout` fields."""
+    shape = list(f["rewards"].shape)
+    return Rollout(rewards=f["rewards"], values=f["values"], terminated=f["terminated"],
+                   truncated=f["truncated"], log_probs=f["log_probs"],
+                   bootstrap_values=f["bootstrap_values"], mask=f["mask"], batch_size=shape, **kw)
+
+
+# ---------------------------------------------------------------------------------------------
+# empty / record / bootstrap
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("with_mask", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_empty(dtype, with_mask):
+    ro = Rollout.empty(4, 6, dtype=dtype, with_mask=with_mask)
+    assert tuple(ro.batch_size) == (4, 6)
+    for name in ("rewards", "values", "log_probs", "bootstrap_values"):
+        x = getattr(ro, name)
+        assert x.shape == (4, 6) and x.dtype == dtype and x.isnan().all(), name
+    for name in ("terminated", "truncated"):
+        x = getattr(ro, name)
+        assert x.dtype == torch.bool and not x.any(), name
+    if with_mask:
+        assert ro.mask.dtype == torch.bool and ro.mask.all()
+    else:
+        assert ro.mask is None
+
+
+def test_empty_leading_dims_and_errors():
+    ro = Rollout.empty((2, 3), 5)
+    assert tuple(ro.batch_size) == (2, 3, 5) and ro.rewards.shape == (2, 3, 5)
+    with pytest.raises(ValueError, match="horizon"):
+        Rollout.empty(2, -1)
+    with pytest.raises(ValueError, match="horizon"):
+        Rollout.empty(2, 5.0)
+    with pytest.raises(TypeError, match="dtype"):
+        Rollout.empty(2, 5, dtype=torch.int64)
+
+
+def _filled():
+    """Three envs, T = 3, r = 1 and V = 0 everywhere.
+
+    env 0: terminated at t=1, truncated at t=2 with V(s'_2) = 10 recorded with the step;
+    env 1: no flags;  env 2: terminated at t=2.
+    """
+    ro = Rollout.empty(3, 3)
+    for t in range(3):
+        ro.record(t, rewards=torch.ones(3), values=torch.zeros(3), log_probs=torch.zeros(3),
+                  terminated=torch.tensor([t == 1, False, t == 2]),
+                  truncated=torch.tensor([t == 2, False, False]))
+    ro.record(2, bootstrap_values=torch.tensor([10.0, NAN, NAN]))
+    return ro
+
+
+def test_record_and_bootstrap_hand_checked():
+    ro = _filled().bootstrap(torch.tensor([5.0, 7.0, 9.0]))
+    bv = ro.bootstrap_values
+    # env 0 is truncated at its last step: keeps the 10 recorded with it; env 1 gets 7;
+    # env 2 is terminated at its last step: nothing written (never read)
+    assert bv[:, -1].tolist()[:2] == [10.0, 7.0] and math.isnan(bv[2, -1])
+    assert bv[:, :-1].isnan().all()
+    # GAE with γ = 0.5, λ = 1 (δ = r + γ(1−k)V' − V; V = 0):
+    # env 0: A2 = 1 + .5*10 = 6; A1 = 1 (terminal); A0 = 1 + .5*(V1 + A1) = 1.5
+    # env 1: A2 = 1 + .5*7 = 4.5; A1 = 1 + .5*4.5 = 3.25; A0 = 1 + .5*3.25 = 2.625
+    # env 2: A2 = 1; A1 = 1.5; A0 = 1.75
+    adv, ret = ro.gae(0.5, 1.0, backend="torch")
+    expected = torch.tensor([[1.5, 1.0, 6.0], [2.625, 3.25, 4.5], [1.75, 1.5, 1.0]])
+    torch.testing.assert_close(adv, expected)
+    torch.testing.assert_close(ret, expected)  # V = 0
+
+
+def test_bootstrap_with_mask_goes_to_the_window_end():
+    """With trailing masked steps the window end is the last unmasked step: V(s_T) goes there."""
+    ro = Rollout.empty(2, 4, with_mask=True)
+    for t in range(4):
+        ro.record(t, rewards=torch.ones(2), values=torch.zeros(2), log_probs=torch.zeros(2),
+                  mask=torch.tensor([True, t < 2]))
+    ro.bootstrap(torch.tensor([5.0, 7.0]))
+    assert ro.bootstrap_values[0, 3] == 5.0 and ro.bootstrap_values[1, 1] == 7.0
+    # γ = .5, λ = 1, r = 1, V = 0. env 1: A1 = 1 + .5*7 = 4.5, A0 = 1 + .5*4.5 = 3.25, masked 0;
+    # env 0: A3 = 1 + .5*5 = 3.5, A2 = 2.75, A1 = 2.375, A0 = 2.1875
+    adv = ro.advantages(0.5, 1.0, backend="torch")
+    torch.testing.assert_close(adv[1], torch.tensor([3.25, 4.5, 0.0, 0.0]))
+    torch.testing.assert_close(adv[0], torch.tensor([2.1875, 2.375, 2.75, 3.5]))
+
+
+def test_bootstrap_errors_and_zero_length():
+    ro = Rollout.empty(3, 4)
+    with pytest.raises(ValueError, match=r"last_values.*\(3,\)"):
+        ro.bootstrap(torch.zeros(4))
+    with pytest.raises(TypeError, match="last_values"):
+        ro.bootstrap([0.0, 0.0, 0.0])
+    empty = Rollout.empty(3, 0).bootstrap(torch.zeros(3))
+    assert empty.bootstrap_values.shape == (3, 0)
+
+
+def test_bootstrap_allocates_bootstrap_values():
+    ro = Rollout(rewards=torch.ones(2, 3), values=torch.zeros(2, 3), terminated=torch.zeros(2, 3, dtype=torch.bool),
+                 truncated=torch.zeros(2, 3, dtype=torch.bool), batch_size=[2, 3])
+    assert ro.bootstrap_values is None
+    ro.bootstrap(torch.tensor([2.0, 4.0]))
+    assert ro.bootstrap_values[:, -1].tolist() == [2.0, 4.0] and ro.bootstrap_values[:, :-1].isnan().all()
+    # γ = 1: G = 3 + V(s_T)
+    torch.testing.assert_close(ro.discounted_returns(1.0, backend="torch")[:, 0], torch.tensor([5.0, 7.0]))
+
+
+def test_record_errors():
+    ro = Rollout.empty(3, 4)
+    with pytest.raises(ValueError, match=r"rewards.*\(3,\)"):
+        ro.record(0, rewards=torch.zeros(4))
+    with pytest.raises(ValueError, match=r"values.*\(3,\)"):
+        ro.record(0, values=torch.zeros(3, 1))
+    with pytest.raises(TypeError, match="reward"):
+        ro.record(0, reward=torch.zeros(3))  # unknown field: the typo is named
+    with pytest.raises(IndexError, match="t"):
+        ro.record(4, rewards=torch.zeros(3))
+    with pytest.raises(ValueError, match="mask"):
+        ro.record(0, mask=torch.ones(3, dtype=torch.bool))  # not allocated (with_mask=False)
+    ro.record(-1, rewards=torch.ones(3))  # negative indices count from the end
+    assert ro.rewards[:, 3].tolist() == [1.0, 1.0, 1.0]
+
+
+def test_record_accepts_lists_and_none():
+    ro = Rollout.empty(2, 2)
+    ro.record(0, rewards=[1.0, 2.0], values=None, terminated=[True, False])
+    assert ro.rewards[:, 0].tolist() == [1.0, 2.0] and ro.values[:, 0].isnan().all()
+    assert ro.terminated[:, 0].tolist() == [True, False]
+
+
+# ---------------------------------------------------------------------------------------------
+# construction, indexing, devices, leading dims
+# ---------------------------------------------------------------------------------------------
+
+
+def test_direct_construction_matches_functional():
+    f = make_rollout(4, 33, seed=1, p_terminated=0.1, p_truncated=0.1, p_masked=0.3)
+    ro = _from_fields(f)
+    got = ro.gae(0.99, 0.95, backend="torch")
+    assert_matches_reference("gae", got, f, gamma=0.99, lam=0.95)
+
+
+def test_indexing_rows_and_time():
+    f = make_rollout(4, 30, seed=2, p_terminated=0.1, p_truncated=0.1, p_masked=0.3)
+    ro = _from_fields(f)
+    whole = ro.gae(0.9, 0.8, backend="torch")
+    head = ro[:2]
+    assert tuple(head.batch_size) == (2, 30) and head.mask.shape == (2, 30)
+    adv, _ = head.gae(0.9, 0.8, backend="torch")
+    torch.testing.assert_close(adv, whole.advantages[:2], rtol=0, atol=0)
+    # time slices: the later window's carry closes the earlier one (chained windows)
+    first, second = ro[..., :12], ro[..., 12:]
+    assert tuple(first.batch_size) == (4, 12)
+    later, carry = second.gae(0.9, 0.8, backend="torch", return_carry=True)
+    earlier = first.gae(0.9, 0.8, backend="torch", carry=carry)
+    joined = torch.cat([earlier.advantages, later.advantages], -1)
+    assert_matches_reference("advantages", joined, f, gamma=0.9, lam=0.8)
+
+
+def test_to_device():
+    ro = _filled().bootstrap(torch.zeros(3))
+    moved = ro.to("cpu")
+    assert moved.rewards.device.type == "cpu" and moved.terminated.dtype == torch.bool
+    torch.testing.assert_close(moved.gae(0.5, 1.0, backend="torch").advantages,
+                               ro.gae(0.5, 1.0, backend="torch").advantages)
+    if torch.cuda.is_available():
+        assert ro.to("cuda").rewards.device.type == "cuda"
+
+
+def test_leading_batch_dims():
+    f = make_rollout(batch_shape=(2, 3), t=17, seed=3, p_terminated=0.1, p_truncated=0.1)
+    ro = _from_fields(f)
+    assert tuple(ro.batch_size) == (2, 3, 17)
+    adv, ret = ro.gae(0.9, 0.9, backend="torch")
+    assert adv.shape == (2, 3, 17)
+    flat = {k: (None if v is None else v.reshape(6, 17)) for k, v in f.items()}
+    assert_matches_reference("gae", (adv.reshape(6, 17), ret.reshape(6, 17)), flat, gamma=0.9, lam=0.9)
+    assert tuple(ro[1].batch_size) == (3, 17)
+    torch.testing.assert_close(ro[1].gae(0.9, 0.9, backend="torch").advantages, adv[1], rtol=0, atol=0)
+
+
+def test_stack_and_cat():
+    a, b = _filled(), _filled()
+    assert tuple(torch.stack([a, b]).batch_size) == (2, 3, 3)
+    assert tuple(torch.cat([a, b], dim=-1).batch_size) == (3, 6)
+
+
+# ---------------------------------------------------------------------------------------------
+# every estimator method = the functional call
+# ---------------------------------------------------------------------------------------------
+
+
+def _method_cases():
+    q = torch.randn(3, 21, generator=torch.Generator().manual_seed(7))
+    tlp = torch.randn(3, 21, generator=torch.Generator().manual_seed(8)) * 0.3
+    x = torch.randn(3, 21, 2, generator=torch.Generator().manual_seed(9))
+    return {
+        "gae": (lambda ro: ro.gae(0.9, 0.8), lambda f: F.gae(0.9, 0.8, **f), "gae", dict(gamma=0.9, lam=0.8)),
+        "advantages": (lambda ro: ro.advantages(0.9, 0.8), lambda f: F.advantages(0.9, 0.8, **f),
+                       "advantages", dict(gamma=0.9, lam=0.8)),
+        "lambda_returns": (lambda ro: ro.lambda_returns(0.9, 0.7), lambda f: F.lambda_returns(0.9, 0.7, **f),
+                           "lambda_returns", dict(gamma=0.9, lam=0.7)),
+        "discounted_returns": (lambda ro: ro.discounted_returns(0.9),
+                               lambda f: F.discounted_returns(0.9, **f), "discounted_returns", dict(gamma=0.9)),
+        "monte_carlo_returns": (lambda ro: ro.discounted_returns(0.9, bootstrap=False),
+                                lambda f: F.discounted_returns(0.9, bootstrap=False, **f),
+                                "monte_carlo_returns", dict(gamma=0.9)),
+        "vtrace": (lambda ro: ro.vtrace(tlp, 0.9, rho_bar=1.2, c_bar=0.8, lam=0.9),
+                   lambda f: F.vtrace(tlp, 0.9, 1.2, 0.8, None, 0.9, **f), "vtrace",
+                   dict(target_log_probs=tlp, gamma=0.9, rho_bar=1.2, c_bar=0.8, lam=0.9)),
+        "retrace": (lambda ro: ro.retrace(q, tlp, 0.9, lam=0.8, c_bar=1.0),
+                    lambda f: F.retrace(q, tlp, 0.9, 0.8, 1.0, **f), "retrace",
+                    dict(q_values=q, target_log_probs=tlp, gamma=0.9, lam=0.8, c_bar=1.0)),
+        "eligibility_traces": (lambda ro: ro.eligibility_traces(x, 0.9, 0.8),
+                               lambda f: F.eligibility_traces(x, 0.9, 0.8, **_flags(f)), "eligibility_traces",
+                               dict(gamma=0.9, lam=0.8)),
+        "episodic_sums": (lambda ro: ro.episodic_sums(), lambda f: F.episodic_sums(rewards=f["rewards"], **_flags(f)),
+                          "episodic_sums", {}),
+    }, x
+
+
+def _flags(f):
+    return {k: f[k] for k in ("terminated", "truncated", "mask")}
+
+
+@pytest.mark.parametrize("name", list(_method_cases()[0]))
+def test_estimator_methods_equal_functional(name):
+    cases, x = _method_cases()
+    method, functional, ref_name, ref_params = cases[name]
+    f = make_rollout(3, 21, seed=4, p_terminated=0.1, p_truncated=0.1, p_masked=0.3)
+    ro = _from_fields(f)
+    keys = ("rewards", "values", "terminated", "truncated", "bootstrap_values", "mask")
+    fkw = {k: f[k] for k in keys}
+    if name in ("vtrace", "retrace"):
+        fkw["log_probs"] = f["log_probs"]
+    if name == "monte_carlo_returns":
+        fkw.pop("bootstrap_values")
+    got, want = method(ro), functional(fkw)
+    got_t = (got,) if isinstance(got, torch.Tensor) else tuple(got)
+    want_t = (want,) if isinstance(want, torch.Tensor) else tuple(want)
+    assert type(got) is type(want)
+    for a, b in zip(got_t, want_t):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    # and against the oracle (with the extra inputs the method was given)
+    fields = dict(f)
+    params = dict(ref_params)
+    for k in ("target_log_probs", "q_values"):
+        if k in params:
+            fields[k] = params.pop(k)
+    if name == "eligibility_traces":
+        fields["x"] = x
+    assert_matches_reference(ref_name, got, fields, **params)
+
+
+@pytest.mark.parametrize("call", [lambda ro: ro.vtrace(torch.zeros(2, 3), 0.9),
+                                  lambda ro: ro.retrace(torch.zeros(2, 3), torch.zeros(2, 3), 0.9)],
+                         ids=["vtrace", "retrace"])
+def test_missing_log_probs_is_named(call):
+    ro = Rollout(rewards=torch.ones(2, 3), values=torch.zeros(2, 3), terminated=torch.zeros(2, 3, dtype=torch.bool),
+                 truncated=torch.zeros(2, 3, dtype=torch.bool), bootstrap_values=torch.zeros(2, 3),
+                 batch_size=[2, 3])
+    with pytest.raises(ValueError, match="log_probs"):
+        call(ro)
+
+
+def test_unfilled_rollout_gives_nan_not_silent_zeros():
+    """A step never recorded stays NaN, so forgetting to record shows in the outputs."""
+    ro = Rollout.empty(2, 3)
+    for t in range(2):  # step 2 never recorded
+        ro.record(t, rewards=torch.ones(2), values=torch.zeros(2))
+    ro.bootstrap(torch.zeros(2))
+    assert ro.gae(0.9, 0.9, backend="torch").advantages.isnan().any()

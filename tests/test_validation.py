@@ -1,0 +1,337 @@
+"""Bad input raises ``ValueError``/``TypeError`` whose message names the argument (SPEC §3).
+
+Nothing is broadcast, nothing is silently bootstrapped with 0. Every case is one call with exactly
+one thing wrong, built from a valid call (``test_valid_calls_pass`` checks the base calls work).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rollbuf import functional as F
+
+N, T = 3, 5
+
+
+def _base():
+    g = torch.Generator().manual_seed(0)
+    r = torch.randn(N, T, generator=g)
+    return dict(rewards=r, values=torch.randn(N, T, generator=g),
+                terminated=torch.zeros(N, T, dtype=torch.bool), truncated=torch.zeros(N, T, dtype=torch.bool),
+                bootstrap_values=torch.randn(N, T, generator=g))
+
+
+def _lp():
+    return dict(log_probs=torch.zeros(N, T))
+
+
+# name -> (function taking **overrides, kwargs); each call below is valid as is
+CALLS = {
+    "gae": lambda **kw: F.gae(**{"gamma": 0.99, "lam": 0.95, **_base(), **kw}),
+    "lambda_returns": lambda **kw: F.lambda_returns(**{"gamma": 0.99, "lam": 0.95, **_base(), **kw}),
+    "discounted_returns": lambda **kw: F.discounted_returns(**{"gamma": 0.99, **_base(), **kw}),
+    "vtrace": lambda **kw: F.vtrace(**{"target_log_probs": torch.zeros(N, T), "gamma": 0.99, **_base(),
+                                       **_lp(), **kw}),
+    "retrace": lambda **kw: F.retrace(**{"q_values": torch.zeros(N, T), "target_log_probs": torch.zeros(N, T),
+                                         "gamma": 0.99, **_base(), **_lp(), **kw}),
+}
+BACKWARD = list(CALLS)
+SCALARS = {  # parameters in [0, 1] per estimator
+    "gae": ("gamma", "lam"), "lambda_returns": ("gamma", "lam"), "discounted_returns": ("gamma",),
+    "vtrace": ("gamma", "lam"), "retrace": ("gamma", "lam"),
+}
+
+
+def _raises(exc, *words):
+    """``pytest.raises`` whose message must contain every word (the argument's name first)."""
+    class _Check:
+        def __enter__(self):
+            self.ctx = pytest.raises(exc)
+            self.info = self.ctx.__enter__()
+            return self.info
+
+        def __exit__(self, *a):
+            out = self.ctx.__exit__(*a)
+            msg = str(self.info.value)
+            for w in words:
+                assert w in msg, f"message {msg!r} does not mention {w!r}"
+            return out
+
+    return _Check()
+
+
+@pytest.mark.parametrize("name", BACKWARD)
+def test_valid_calls_pass(name):
+    CALLS[name](backend="torch")
+    CALLS[name](backend="reference")
+
+
+# ---------------------------------------------------------------------------------------------
+# shapes, devices, dtypes
+# ---------------------------------------------------------------------------------------------
+
+BAD_SHAPES = {
+    "T+1": (N, T + 1),
+    "missing-batch-dim": (T,),  # broadcastable: still an error
+    "singleton-time": (N, 1),  # broadcastable
+    "singleton-batch": (1, T),  # broadcastable
+    "extra-dim": (N, T, 1),
+    "transposed": (T, N),
+}
+
+
+@pytest.mark.parametrize("shape", BAD_SHAPES.values(), ids=BAD_SHAPES.keys())
+@pytest.mark.parametrize("field", ["values", "terminated", "truncated", "mask"])
+@pytest.mark.parametrize("name", BACKWARD)
+def test_wrong_shape_is_not_broadcast(name, field, shape):
+    dtype = torch.float32 if field == "values" else torch.bool
+    with _raises(ValueError, field, str((N, T))):
+        CALLS[name](**{field: torch.zeros(shape, dtype=dtype)}, backend="torch")
+
+
+@pytest.mark.parametrize("field", ["log_probs", "target_log_probs", "q_values"])
+def test_wrong_shape_of_policy_fields(field):
+    with _raises(ValueError, field):
+        CALLS["retrace"](**{field: torch.zeros(N, T + 1)}, backend="torch")
+
+
+@pytest.mark.parametrize("shape", [(N, T + 1), (N + 1,), (T,), (N, 1)], ids=str)
+def test_wrong_shape_of_bootstrap_values(shape):
+    with _raises(ValueError, "bootstrap_values"):
+        CALLS["gae"](bootstrap_values=torch.zeros(shape), backend="torch")
+
+
+@pytest.mark.parametrize("field", ["rewards", "values", "terminated", "bootstrap_values", "log_probs"])
+def test_mismatched_devices(field):
+    """A field on another device (``meta`` stands in for a second device) is named."""
+    good = CALLS["vtrace"]
+    base = {**_base(), **_lp()}
+    other = base[field].to("meta")
+    if field == "rewards":  # the rollout's device is the rewards'; every other field mismatches
+        with _raises(ValueError, "is on"):
+            good(rewards=other, backend="torch")
+        return
+    with _raises(ValueError, field, "meta"):
+        good(**{field: other}, backend="torch")
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.bool], ids=str)
+@pytest.mark.parametrize("field", ["rewards", "values", "log_probs", "bootstrap_values"])
+def test_non_float_values_are_rejected(field, dtype):
+    bad = torch.ones(N, T, dtype=dtype)
+    with _raises(TypeError, field, "float"):
+        CALLS["vtrace"](**{field: bad}, backend="torch")
+
+
+def test_integer_x_of_forward_estimators():
+    with _raises(TypeError, "x"):
+        F.eligibility_traces(torch.ones(N, T, dtype=torch.int64), 0.9, 0.9,
+                             terminated=torch.zeros(N, T, dtype=torch.bool))
+    with _raises(TypeError, "x"):
+        F.episodic_sums(torch.ones(N, T, dtype=torch.int64), terminated=torch.zeros(N, T, dtype=torch.bool))
+
+
+def test_flags_of_int64_are_rejected():
+    with _raises(TypeError, "terminated"):
+        CALLS["gae"](terminated=torch.zeros(N, T, dtype=torch.int64), backend="torch")
+
+
+def test_non_tensor_fields():
+    with _raises(TypeError, "rewards", "list"):
+        CALLS["gae"](rewards=[[0.0] * T] * N, backend="torch")
+    with _raises(TypeError, "values"):
+        CALLS["gae"](values=1.0, backend="torch")
+
+
+def test_zero_dim_rewards():
+    with _raises(ValueError, "rewards"):
+        F.discounted_returns(0.9, rewards=torch.tensor(1.0), window_end="terminal")
+
+
+# ---------------------------------------------------------------------------------------------
+# scalar parameters
+# ---------------------------------------------------------------------------------------------
+
+BAD_UNIT = {"above-1": (1.5, ValueError), "negative": (-0.1, ValueError), "nan": (float("nan"), ValueError),
+            "inf": (float("inf"), ValueError), "bool": (True, TypeError), "str": ("0.9", TypeError),
+            "tensor": (torch.tensor(0.9), TypeError), "none": (None, TypeError)}
+
+
+def _unit_cases():
+    for name, params in SCALARS.items():
+        for param in params:
+            for bid, (value, exc) in BAD_UNIT.items():
+                yield pytest.param(name, param, value, exc, id=f"{name}-{param}-{bid}")
+    for name in ("eligibility_traces-gamma", "eligibility_traces-lam"):
+        for bid, (value, exc) in BAD_UNIT.items():
+            yield pytest.param(*name.split("-"), value, exc, id=f"{name}-{bid}")
+
+
+@pytest.mark.parametrize("name, param, value, exc", list(_unit_cases()))
+def test_gamma_lam_outside_unit_interval(name, param, value, exc):
+    if name == "eligibility_traces":
+        kw = dict(gamma=0.9, lam=0.9, terminated=torch.zeros(N, T, dtype=torch.bool))
+        kw[param] = value
+        with _raises(exc, param):
+            F.eligibility_traces(torch.zeros(N, T), **kw)
+        return
+    with _raises(exc, param):
+        CALLS[name](**{param: value}, backend="torch")
+
+
+@pytest.mark.parametrize("value, exc", [(0.0, ValueError), (-1.0, ValueError), (float("nan"), ValueError),
+                                        (False, TypeError), ("1", TypeError)],
+                         ids=["zero", "negative", "nan", "bool", "str"])
+@pytest.mark.parametrize("name, param", [("vtrace", "rho_bar"), ("vtrace", "c_bar"), ("vtrace", "pg_rho_bar"),
+                                         ("retrace", "c_bar")])
+def test_truncation_levels_must_be_positive(name, param, value, exc):
+    with _raises(exc, param):
+        CALLS[name](**{param: value}, backend="torch")
+
+
+def test_bootstrap_flag_must_be_bool():
+    with _raises(TypeError, "bootstrap"):
+        CALLS["discounted_returns"](bootstrap=1, backend="torch")
+
+
+@pytest.mark.parametrize("name", BACKWARD)
+def test_unknown_window_end(name):
+    with _raises(ValueError, "window_end", "'bootstrap'"):
+        CALLS[name](window_end="zero", backend="torch")
+
+
+# ---------------------------------------------------------------------------------------------
+# bootstrap values
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", BACKWARD)
+def test_missing_window_end_bootstrap(name):
+    with _raises(ValueError, "bootstrap_values", "window_end='terminal'"):
+        CALLS[name](bootstrap_values=None, truncated=None, backend="torch")
+
+
+@pytest.mark.parametrize("name", BACKWARD)
+def test_no_bootstrap_needed_when_terminal_or_chained(name):
+    """window_end='terminal' or carry= replace the window-end value: no error, and no NaN."""
+    out = CALLS[name](bootstrap_values=None, truncated=None, window_end="terminal", backend="torch")
+    assert all(torch.isfinite(o).all() for o in ((out,) if isinstance(out, torch.Tensor) else out))
+    carry = torch.zeros(N, 2) if name == "vtrace" else torch.zeros(N)
+    CALLS[name](bootstrap_values=None, truncated=None, carry=carry, backend="torch")
+
+
+def test_monte_carlo_needs_no_bootstrap():
+    F.discounted_returns(0.9, rewards=torch.ones(N, T), truncated=torch.ones(N, T, dtype=torch.bool),
+                         bootstrap=False)
+
+
+@pytest.mark.parametrize("how", ["window_end-terminal", "carry"])
+@pytest.mark.parametrize("name", BACKWARD)
+def test_truncated_without_bootstrap_values(name, how):
+    """Even when the window end needs no value, a truncated step reads V(s'_t) from bootstrap_values."""
+    kw = dict(window_end="terminal") if how == "window_end-terminal" else dict(
+        carry=torch.zeros(N, 2) if name == "vtrace" else torch.zeros(N))
+    with _raises(ValueError, "bootstrap_values", "truncated"):
+        CALLS[name](bootstrap_values=None, **kw, backend="torch")
+
+
+@pytest.mark.parametrize("with_mask", [False, True])
+@pytest.mark.parametrize("name", BACKWARD)
+def test_window_end_column_bootstrap_with_interior_truncation(name, with_mask):
+    tr = torch.zeros(N, T, dtype=torch.bool)
+    tr[1, 2] = True
+    kw = dict(truncated=tr, bootstrap_values=torch.zeros(N))
+    if with_mask:
+        kw["mask"] = torch.ones(N, T, dtype=torch.bool)
+    with _raises(ValueError, "bootstrap_values", "[*B, T]"):
+        CALLS[name](**kw, backend="torch")
+
+
+@pytest.mark.parametrize("name", BACKWARD)
+def test_window_end_column_bootstrap_with_truncation_at_window_end_is_fine(name):
+    tr = torch.zeros(N, T, dtype=torch.bool)
+    tr[:, -1] = True
+    m = torch.ones(N, T, dtype=torch.bool)
+    m[0, 3:] = False  # row 0 ends at step 2; a truncation flag at masked step 4 is ignored
+    tr[0, 2] = True
+    CALLS[name](truncated=tr, mask=m, bootstrap_values=torch.zeros(N), backend="torch")
+
+
+# ---------------------------------------------------------------------------------------------
+# backends, carries, out_dtype
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["cuda", "Torch", "numpy", None, ""])
+def test_unknown_backend(backend):
+    with _raises(ValueError, "backend"):
+        CALLS["gae"](backend=backend)
+
+
+def test_triton_on_cpu_without_interpreter(monkeypatch):
+    pytest.importorskip("triton")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with _raises(ValueError, "backend='triton'", "TRITON_INTERPRET"):
+        CALLS["gae"](backend="triton")
+
+
+@pytest.mark.parametrize("shape", [(N + 1,), (N, 1), (), (N, 2)], ids=str)
+@pytest.mark.parametrize("name", ["gae", "lambda_returns", "discounted_returns", "retrace"])
+def test_wrong_carry_shape(name, shape):
+    with _raises(ValueError, "carry", str((N,))):
+        CALLS[name](carry=torch.zeros(shape), backend="torch")
+
+
+@pytest.mark.parametrize("shape", [(N,), (N, 1), (N, 3), (2, N)], ids=str)
+def test_wrong_vtrace_carry_shape(shape):
+    with _raises(ValueError, "carry", str((N, 2))):
+        CALLS["vtrace"](carry=torch.zeros(shape), backend="torch")
+
+
+def test_carry_dtype_and_device():
+    with _raises(TypeError, "carry"):
+        CALLS["gae"](carry=torch.zeros(N, dtype=torch.int64), backend="torch")
+    with _raises(ValueError, "carry", "meta"):
+        CALLS["gae"](carry=torch.zeros(N, device="meta"), backend="torch")
+
+
+@pytest.mark.parametrize("fn", ["eligibility_traces", "episodic_sums"])
+def test_wrong_initial_shape_names_initial(fn):
+    args = (torch.zeros(N, T), 0.9, 0.9) if fn == "eligibility_traces" else (torch.zeros(N, T),)
+    with _raises(ValueError, "initial", str((N,))):
+        getattr(F, fn)(*args, initial=torch.zeros(N + 1), terminated=torch.zeros(N, T, dtype=torch.bool))
+
+
+def test_forward_estimators_need_a_flag_to_place_time():
+    with _raises(ValueError, "terminated"):
+        F.episodic_sums(torch.zeros(N, T))
+
+
+def test_forward_x_must_match_flags():
+    with _raises(ValueError, "x", str((N, T))):
+        F.episodic_sums(torch.zeros(N, T + 1), terminated=torch.zeros(N, T, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("out_dtype", [torch.int32, torch.bool, torch.complex64, "float32"], ids=str)
+@pytest.mark.parametrize("name", BACKWARD)
+def test_out_dtype_must_be_float(name, out_dtype):
+    with _raises(TypeError, "out_dtype"):
+        CALLS[name](out_dtype=out_dtype, backend="torch")
+
+
+def test_reference_backend_refuses_carry():
+    with _raises(ValueError, "reference", "carry"):
+        CALLS["gae"](carry=torch.zeros(N), backend="reference")
+
+
+def test_affine_scan_validation():
+    a = torch.zeros(N, T)
+    with _raises(ValueError, "beta"):
+        F.affine_scan(a, torch.zeros(N, T + 1))
+    with _raises(TypeError, "reverse"):
+        F.affine_scan(a, a, reverse=1)
+    with _raises(ValueError, "initial"):
+        F.affine_scan(a, a, initial=torch.zeros(N + 1))
+    with _raises(TypeError, "alpha"):
+        F.affine_scan(torch.zeros(N, T, dtype=torch.int64), a)
