@@ -150,84 +150,131 @@ def device_time(fns, reps=20):
     return times[len(times) // 2]
 
 
-def rotated_sets(N, T, dtype, trunc, per_set_bytes):
+def rotated_sets(N, T, dtype, trunc, per_set_bytes, first=0):
+    """Enough input sets that cycling through them streams > 3x the L2 from HBM."""
     n = max(1, min(16, -(-3 * L2_BYTES // max(per_set_bytes, 1))))
-    return [make_inputs(N, T, dtype, trunc, seed) for seed in range(n)]
+    return [make_inputs(N, T, dtype, trunc, seed) for seed in range(first, n)]
+
+
+SHORT = [(n, t) for t in (8, 16, 32, 64, 128) for n in (4096, 8192, 16384, 32768)]
+MEDIUM = [(n, t) for n in (64, 128, 256, 512, 4096, 16384) for t in (128, 512, 1024, 2048, 4096)]
+LONG = [(n, t) for n in (1, 8, 64, 256) for t in (16384, 131072, 1048576)]
+SUBSET = [(32768, 8), (4096, 128), (1024, 1024), (16384, 4096), (256, 131072), (1, 1048576)]
+ALL = ["gae", "lambda_returns", "discounted_returns", "vtrace", "retrace", "eligibility_traces", "episodic_sums"]
+
+
+def cases(quick):
+    """(estimator, N, T, dtype, truncations) in the order they are run."""
+    if quick:
+        yield from (("gae", n, t, torch.float32, True) for n, t in SUBSET)
+        return
+    for n, t in SHORT + MEDIUM + LONG:
+        yield "gae", n, t, torch.float32, True
+    for n, t in SHORT + MEDIUM + LONG:
+        yield "gae", n, t, torch.bfloat16, True
+    for n, t in SUBSET:
+        yield "gae", n, t, torch.float32, False
+        for name in ALL[1:]:
+            yield name, n, t, torch.float32, True
+
+
+def time_case(name, N, T, dtype, trunc, bw, prov, check_it=True):
+    from triton.testing import do_bench
+
+    f0 = make_inputs(N, T, dtype, trunc, 100)
+    err, oracle = check(name, f0) if check_it else (float("nan"), "skipped")
+    outs = as_tuple(estimator_call(name, f0)())
+    nbytes = bytes_moved(name, f0, outs)
+    del outs
+    sets = [f0] + rotated_sets(N, T, dtype, trunc, nbytes, first=1)
+    fns = [estimator_call(name, s) for s in sets]
+    dev = device_time(fns)
+    it = iter(range(10**9))
+    call_ms = do_bench(lambda: fns[next(it) % len(fns)](), warmup=25, rep=100, return_mode="median")
+    return dict(estimator=name, N=N, T=T, dtype=str(dtype).replace("torch.", ""), trunc=trunc,
+                impl="rollbuf-triton", rel_err=err, oracle=oracle, device_us=dev * 1e6,
+                call_us=call_ms * 1e3, bytes=nbytes, gbps=nbytes / dev / 1e9,
+                pct_copy=100 * nbytes / dev / bw, **prov)
+
+
+def time_baselines(N, T, bw, prov):
+    from triton.testing import do_bench
+
+    rows = []
+    f0 = make_inputs(N, T, torch.float32, False, 7)
+    ref = as_tuple(estimator_call("gae", f0)())
+    args_ = (f0["rewards"], f0["values"], f0["terminated"], f0["bootstrap_values"][:, -1], 0.99, 0.95)
+    impls = [("eager-loop", baselines.gae_loop)] if T <= 256 else []
+    impls.append(("compiled-doubling", torch.compile(baselines.gae_doubling, dynamic=False)))
+    for impl, fn in impls:
+        t0 = time.perf_counter()
+        out = fn(*args_)
+        torch.cuda.synchronize()
+        first_s = time.perf_counter() - t0
+        err = max(rel_err(a, b) for a, b in zip(out, ref))
+        nbytes = bytes_moved("gae", f0, out)
+        sets = rotated_sets(N, T, torch.float32, False, nbytes)
+        fns = [(lambda s=s: fn(s["rewards"], s["values"], s["terminated"], s["bootstrap_values"][:, -1], 0.99, 0.95)) for s in sets]
+        dev = device_time(fns) if impl != "eager-loop" else float("nan")
+        it = iter(range(10**9))
+        call_ms = do_bench(lambda: fns[next(it) % len(fns)](), warmup=5, rep=100, return_mode="median")
+        t_ = dev if dev == dev else call_ms * 1e-3
+        rows.append(dict(estimator="gae", N=N, T=T, dtype="float32", trunc=False, impl=impl, rel_err=err,
+                         oracle="rollbuf", device_us=dev * 1e6, call_us=call_ms * 1e3, bytes=nbytes,
+                         gbps=nbytes / t_ / 1e9, pct_copy=100 * nbytes / t_ / bw, first_call_s=first_s, **prov))
+    return rows
 
 
 def main():
-    from triton.testing import do_bench
-
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--baselines", action="store_true")
+    ap.add_argument("--budget-s", type=float, default=1e9, help="stop starting new cases after this")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
+    t_start = time.time()
     prov = provenance()
     bw = copy_bandwidth()
     print(f"# {prov} copy bandwidth {bw / 1e9:.0f} GB/s", flush=True)
-    shapes = [(32768, 8), (4096, 128), (1024, 1024), (256, 4096), (64, 16384), (8, 131072), (1, 1048576)]
-    names = ["gae", "lambda_returns", "discounted_returns", "vtrace", "retrace", "eligibility_traces", "episodic_sums"]
-    if args.quick:
-        shapes, names = shapes[:2], names[:2]
-    rows = []
-    for (N, T) in shapes:
-        for dtype in (torch.float32, torch.bfloat16):
-            for name in names if dtype == torch.float32 else ["gae"]:
-                f0 = make_inputs(N, T, dtype, True, 100)
-                err, oracle = check(name, f0)
-                outs = as_tuple(estimator_call(name, f0)())
-                nbytes = bytes_moved(name, f0, outs)
-                sets = rotated_sets(N, T, dtype, True, nbytes)
-                fns = [estimator_call(name, s) for s in sets]
-                dev = device_time(fns)
-                it = iter(range(10**9))
-                call_ms = do_bench(lambda: fns[next(it) % len(fns)](), warmup=25, rep=200, return_mode="median")
-                rows.append(dict(estimator=name, N=N, T=T, dtype=str(dtype).replace("torch.", ""),
-                                 impl="rollbuf-triton", rel_err=err, oracle=oracle, device_us=dev * 1e6,
-                                 call_us=call_ms * 1e3, bytes=nbytes, gbps=nbytes / dev / 1e9,
-                                 pct_copy=100 * nbytes / dev / bw, **prov))
-                print(_fmt(rows[-1]), flush=True)
-        # baselines on GAE (terminations, bootstrapped window end: what they compute), fp32
-        f0 = make_inputs(N, T, torch.float32, False, 7)
-        ref = as_tuple(estimator_call("gae", f0, backend="torch" if N * T > 2**17 else "triton")())
-        last = f0["bootstrap_values"][:, -1]
-        args_ = (f0["rewards"], f0["values"], f0["terminated"], last, 0.99, 0.95)
-        impls = [("eager-loop", baselines.gae_loop)] if T <= 2048 else []
-        impls.append(("compiled-doubling", torch.compile(baselines.gae_doubling, dynamic=False)))
-        for impl, fn in impls:
-            t0 = time.perf_counter()
-            out = fn(*args_)
-            torch.cuda.synchronize()
-            first_s = time.perf_counter() - t0
-            err = max(rel_err(a, b) for a, b in zip(out, ref))
-            nbytes = bytes_moved("gae", f0, out)
-            sets = rotated_sets(N, T, torch.float32, False, nbytes)
-            fns = [(lambda s=s: fn(s["rewards"], s["values"], s["terminated"], s["bootstrap_values"][:, -1], 0.99, 0.95)) for s in sets]
-            dev = device_time(fns, reps=3 if impl == "eager-loop" else 20) if impl != "eager-loop" else float("nan")
-            it = iter(range(10**9))
-            call_ms = do_bench(lambda: fns[next(it) % len(fns)](), warmup=5, rep=100, return_mode="median")
-            rows.append(dict(estimator="gae", N=N, T=T, dtype="float32", impl=impl, rel_err=err,
-                             oracle="rollbuf", device_us=dev * 1e6, call_us=call_ms * 1e3, bytes=nbytes,
-                             gbps=nbytes / (dev if dev == dev else call_ms * 1e-3) / 1e9,
-                             pct_copy=100 * nbytes / (dev if dev == dev else call_ms * 1e-3) / bw,
-                             first_call_s=first_s, **prov))
-            print(_fmt(rows[-1]), flush=True)
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "gpu_kernels.csv")
-    keys = sorted({k for r in rows for k in r})
+    keys = ["estimator", "N", "T", "dtype", "trunc", "impl", "rel_err", "oracle", "device_us", "call_us",
+            "bytes", "gbps", "pct_copy", "first_call_s", "gpu", "torch", "triton", "commit", "date"]
+    rows = []
     with open(path, "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=keys)
         w.writeheader()
-        w.writerows(rows)
-    print("\n| estimator | N×T | dtype | impl | rel err | device µs | call µs | GB/s | % copy |")
+        todo = list(cases(args.quick))
+        for name, N, T, dtype, trunc in todo:
+            if time.time() - t_start > args.budget_s:
+                print("# budget reached: stopping", flush=True)
+                break
+            row = time_case(name, N, T, dtype, trunc, bw, prov, check_it=N * T <= 2**26)
+            rows.append(row)
+            w.writerow(row)
+            fh.flush()
+            print(_fmt(row), flush=True)
+            torch.cuda.empty_cache()
+        if args.baselines:
+            for N, T in [(32768, 8), (4096, 128), (1024, 1024), (256, 131072)]:
+                for row in time_baselines(N, T, bw, prov):
+                    rows.append(row)
+                    w.writerow(row)
+                    fh.flush()
+                    print(_fmt(row), flush=True)
+    below = [r for r in rows if r["impl"] == "rollbuf-triton" and r["pct_copy"] < 85]
+    print(f"\n# {len(rows)} rows; rollbuf cases below 85% of copy bandwidth: {len(below)}")
+    print("| estimator | N×T | dtype | trunc | impl | rel err | device µs | call µs | % copy |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['estimator']} | {r['N']}×{r['T']} | {r['dtype']} | {r['impl']} | {r['rel_err']:.1e} | "
-              f"{r['device_us']:.1f} | {r['call_us']:.1f} | {r['gbps']:.0f} | {r['pct_copy']:.0f} |")
+        if r["impl"] != "rollbuf-triton" or r["estimator"] != "gae" or r["dtype"] != "float32":
+            continue
+        print(f"| {r['estimator']} | {r['N']}×{r['T']} | {r['dtype']} | {r['trunc']} | {r['impl']} | "
+              f"{r['rel_err']:.1e} | {r['device_us']:.1f} | {r['call_us']:.1f} | {r['pct_copy']:.0f} |")
 
 
 def _fmt(r):
-    return (f"{r['impl']:18s} {r['estimator']:18s} {r['N']:>6}x{r['T']:<8} {r['dtype']:9s} err={r['rel_err']:.1e} "
+    return (f"{r['impl']:18s} tr={int(r['trunc'])} {r['estimator']:18s} {r['N']:>6}x{r['T']:<8} {r['dtype']:9s} err={r['rel_err']:.1e} "
             f"dev={r['device_us']:9.1f}us call={r['call_us']:9.1f}us {r['pct_copy']:5.1f}% copy")
 
 
