@@ -133,15 +133,12 @@ def _scan_chunk(
     FAMILY: tl.constexpr, HAS_V: tl.constexpr, HAS_K: tl.constexpr, HAS_TR: tl.constexpr,
     BOOT: tl.constexpr, HAS_M: tl.constexpr, ACC: tl.constexpr, REVERSE: tl.constexpr,
 ):
-    """Inclusive scan, over one chunk, of the coefficients of the neighbouring steps
-    ``s = t ± 1``: five map components ``(e0..e4)`` per lane (scalar families use e0 = α, e1 = β)."""
+    """Inclusive scan, over one chunk, of the steps' own coefficients: five map components
+    ``(e0..e4)`` per lane (scalar families use e0 = α, e1 = β); identity past the row and where
+    masked."""
     IS_TRACE: tl.constexpr = FAMILY >= 3
-    o_t = start + lanes
-    if REVERSE:
-        o_s = o_t + 1
-    else:
-        o_s = o_t - 1
-    ok_s = row_ok & (o_s >= 0) & (o_s < T)
+    o_s = start + lanes
+    ok_s = row_ok & (o_s < T)
     r_s, v_s, k_s, tr_s, boot_s, live_s = _step_fields(
         o_s, ok_s, n, f, p_r, s_r_n, s_r_t, p_v, s_v_n, s_v_t, p_k, s_k_n, s_k_t,
         p_tr, s_tr_n, s_tr_t, p_bv, s_bv_n, s_bv_t, b_bv_row, p_m, s_m_n, s_m_t,
@@ -176,7 +173,7 @@ def _scan_chunk(
 
 @triton.jit
 def _emit_chunk(
-    start, n, f, rows, row_ok, lanes, zu, zv,
+    start, n, f, rows, row_ok, lanes, zu, zv, iu, iv,
     p_r, s_r_n, s_r_t, p_v, s_v_n, s_v_t, p_k, s_k_n, s_k_t, p_tr, s_tr_n, s_tr_t,
     p_bv, s_bv_n, s_bv_t, b_bv_row, p_m, s_m_n, s_m_t,
     p_lp, s_lp_n, s_lp_t, p_tlp, s_tlp_n, s_tlp_t, p_q, s_q_n, s_q_t, p_x, s_x_n, s_x_t, s_x_f,
@@ -188,8 +185,8 @@ def _emit_chunk(
 ):
     """Outputs of one chunk from the steps' own fields and the exclusive state ``(zu, zv)``
     (``Z_{t+1}`` backward, ``F_{t−1}`` forward); writes them once, 0 at masked steps. With
-    ``WRITE_CARRY`` the row's carry out (state at t = 0, or ``final`` at t = T−1) is stored by the
-    chunk that holds that step."""
+    ``WRITE_CARRY`` the row's carry out (the inclusive state ``(iu, iv)`` at t = 0, or ``final`` at
+    t = T−1) is stored by the chunk that holds that step."""
     IS_TRACE: tl.constexpr = FAMILY >= 3
     o_t = start + lanes
     ok_t = row_ok & (o_t < T)
@@ -208,32 +205,18 @@ def _emit_chunk(
         c = lam * tl.minimum(ratio, c_bar)
         out1, out2 = vtrace_out(r, v, k, tr, boot, rho, c, tl.minimum(ratio, pg_rho_bar), gamma, zu, zv)
         if WRITE_CARRY:
-            p0, q0, s0, a0, w0 = vtrace_step(r, v, k, tr, boot, rho, c, gamma)
-            u_in = tl.where(live, a0 + p0 * zu + q0 * zv, zu)
-            v_in = tl.where(live, w0 + s0 * zv, zv)
-            tl.store(p_co + rows * 2, tl.sum(tl.where(edge, u_in, 0.0), axis=1).to(p_co.dtype.element_ty), mask=has)
-            tl.store(p_co + rows * 2 + 1, tl.sum(tl.where(edge, v_in, 0.0), axis=1).to(p_co.dtype.element_ty), mask=has)
+            tl.store(p_co + rows * 2, tl.sum(tl.where(edge, iu, 0.0), axis=1).to(p_co.dtype.element_ty), mask=has)
+            tl.store(p_co + rows * 2 + 1, tl.sum(tl.where(edge, iv, 0.0), axis=1).to(p_co.dtype.element_ty), mask=has)
     else:
         if FAMILY == 3:
             out1 = trace_out(r, decay, zu)
         elif FAMILY == 4:
-            out1 = r + v * zu
+            out1 = iu
         else:
             out1 = lambda_out(r, k, tr, boot, gamma, zu)
         out2 = out1 - v
         if WRITE_CARRY:
-            if FAMILY == 0:
-                a0, b0 = lambda_step(r, v, k, tr, boot, gamma, lam)
-            elif FAMILY == 1:
-                ratio0 = _ratio(p_lp, s_lp_n, s_lp_t, p_tlp, s_tlp_n, s_tlp_t, n, o_t, live, ACC)
-                q0 = _ld(p_q, n * s_q_n + o_t * s_q_t, live, ACC)
-                a0, b0 = retrace_step(r, v, k, tr, boot, q0, lam * tl.minimum(ratio0, c_bar), gamma)
-            elif FAMILY == 3:
-                a0, b0 = trace_step(r, k, tr, decay)
-            else:
-                a0, b0 = r, v
-            z_in = tl.where(live, a0 + b0 * zu, zu)
-            tl.store(p_co + rows, tl.sum(tl.where(edge, z_in, 0.0), axis=1).to(p_co.dtype.element_ty), mask=has)
+            tl.store(p_co + rows, tl.sum(tl.where(edge, iu, 0.0), axis=1).to(p_co.dtype.element_ty), mask=has)
     o_off = n * s_o_n + f * s_o_f + o_t * s_o_t
     if ADV_OUT:  # GAE: advantages = G − V first, returns = G second
         tl.store(p_o1 + o_off, tl.where(live, out2, 0.0).to(p_o1.dtype.element_ty), mask=ok_t)
@@ -261,6 +244,20 @@ def _compose_maps(o0, o1, o2, o3, o4, i0, i1, i2, i3, i4, PAIR: tl.constexpr):
     else:
         a, b = compose(o0, o1, i0, i1)
         return a, b, a, a, a
+
+
+@triton.jit
+def _shift(x, c, lanes, REVERSE: tl.constexpr, BLOCK_T: tl.constexpr):
+    """The state one step further along the scan: lane t takes lane t+1 (backward) or t−1
+    (forward) of ``x``; the lane at the chunk's far edge takes the carry ``c`` ([BLOCK_N, 1])."""
+    if REVERSE:
+        idx = tl.minimum(lanes + 1, BLOCK_T - 1)
+        far = lanes == BLOCK_T - 1
+    else:
+        idx = tl.maximum(lanes - 1, 0)
+        far = lanes == 0
+    idx = idx + tl.zeros_like(x).to(tl.int32)
+    return tl.where(far, c, tl.gather(x, idx, 1))
 
 
 @triton.jit
@@ -409,9 +406,11 @@ def scan_kernel(
         tl.store(p_slot + 6 * BLOCK_N, iv)
         tl.debug_barrier()
         tl.atomic_xchg(p_flag + slot, 2, sem="release")
-        zu, zv = _apply(e0, e1, e2, e3, e4, cu[:, None], cv[:, None], PAIR)
+        iu, iv = _apply(e0, e1, e2, e3, e4, cu[:, None], cv[:, None], PAIR)
+        zu = _shift(iu, cu[:, None], lanes, REVERSE, BLOCK_T)
+        zv = _shift(iv, cv[:, None], lanes, REVERSE, BLOCK_T)
         _emit_chunk(
-            start, n, f, rows, row_ok2, lanes, zu, zv,
+            start, n, f, rows, row_ok2, lanes, zu, zv, iu, iv,
             p_r, s_r_n, s_r_t, p_v, s_v_n, s_v_t, p_k, s_k_n, s_k_t, p_tr, s_tr_n, s_tr_t,
             p_bv, s_bv_n, s_bv_t, b_bv_row, p_m, s_m_n, s_m_t,
             p_lp, s_lp_n, s_lp_t, p_tlp, s_tlp_n, s_tlp_t, p_q, s_q_n, s_q_t, p_x, s_x_n, s_x_t, s_x_f,
@@ -442,14 +441,16 @@ def scan_kernel(
                 p_lp, s_lp_n, s_lp_t, p_tlp, s_tlp_n, s_tlp_t, p_q, s_q_n, s_q_t, p_x, s_x_n, s_x_t, s_x_f,
                 T, gamma, lam, rho_bar, c_bar, decay,
                 FAMILY, HAS_V, HAS_K, HAS_TR, BOOT, HAS_M, ACC, REVERSE)
-            zu, zv = _apply(e0, e1, e2, e3, e4, cu[:, None], cv[:, None], PAIR)
+            iu, iv = _apply(e0, e1, e2, e3, e4, cu[:, None], cv[:, None], PAIR)
+            zu = _shift(iu, cu[:, None], lanes, REVERSE, BLOCK_T)
+            zv = _shift(iv, cv[:, None], lanes, REVERSE, BLOCK_T)
             _emit_chunk(
-                start, n, f, rows, row_ok2, lanes, zu, zv,
+                start, n, f, rows, row_ok2, lanes, zu, zv, iu, iv,
                 p_r, s_r_n, s_r_t, p_v, s_v_n, s_v_t, p_k, s_k_n, s_k_t, p_tr, s_tr_n, s_tr_t,
                 p_bv, s_bv_n, s_bv_t, b_bv_row, p_m, s_m_n, s_m_t,
                 p_lp, s_lp_n, s_lp_t, p_tlp, s_tlp_n, s_tlp_t, p_q, s_q_n, s_q_t, p_x, s_x_n, s_x_t, s_x_f,
                 p_o1, p_o2, s_o_n, s_o_t, s_o_f, p_co,
                 T, gamma, lam, rho_bar, c_bar, pg_rho_bar, decay,
                 FAMILY, HAS_V, HAS_K, HAS_TR, BOOT, HAS_M, ACC, REVERSE, WRITE_CARRY, TWO_OUT, ADV_OUT)
-            cu = _edge(zu, lanes, EDGE)
-            cv = _edge(zv, lanes, EDGE)
+            cu = _edge(iu, lanes, EDGE)
+            cv = _edge(iv, lanes, EDGE)
