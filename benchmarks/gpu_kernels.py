@@ -164,22 +164,42 @@ ALL = ["gae", "lambda_returns", "discounted_returns", "vtrace", "retrace", "elig
 
 
 def cases(quick):
-    """(estimator, N, T, dtype, truncations) in the order they are run."""
+    """(estimator, N, T, dtype, truncations, variant) in the order they are run."""
     if quick:
-        yield from (("gae", n, t, torch.float32, True) for n, t in SUBSET)
+        yield from (("gae", n, t, torch.float32, True, "default") for n, t in SUBSET)
         return
     for n, t in SHORT + MEDIUM + LONG:
-        yield "gae", n, t, torch.float32, True
+        variants = ["gather-c1024", "reload-c1024"] if t <= 256 else list(VARIANTS)
+        for var in variants:
+            yield "gae", n, t, torch.float32, True, var
     for n, t in SHORT + MEDIUM + LONG:
-        yield "gae", n, t, torch.bfloat16, True
+        yield "gae", n, t, torch.bfloat16, True, "default"
     for n, t in SUBSET:
-        yield "gae", n, t, torch.float32, False
+        yield "gae", n, t, torch.float32, False, "default"
         for name in ALL[1:]:
-            yield name, n, t, torch.float32, True
+            yield name, n, t, torch.float32, True, "default"
 
 
-def time_case(name, N, T, dtype, trunc, bw, prov, check_it=True):
+VARIANTS = {  # kernel strategy overrides compared on the GAE fp32 grid
+    "gather-c1024": dict(SHIFT_LOAD_OVERRIDE=False, MAX_CHUNK_OVERRIDE=1024),
+    "reload-c1024": dict(SHIFT_LOAD_OVERRIDE=True, MAX_CHUNK_OVERRIDE=1024),
+    "reload-c2048": dict(SHIFT_LOAD_OVERRIDE=True, MAX_CHUNK_OVERRIDE=2048),
+    "gather-c2048": dict(SHIFT_LOAD_OVERRIDE=False, MAX_CHUNK_OVERRIDE=2048),
+}
+
+
+def set_variant(variant):
+    import rollbuf.kernels as K
+
+    K.SHIFT_LOAD_OVERRIDE = K.MAX_CHUNK_OVERRIDE = None
+    for k, v in VARIANTS.get(variant, {}).items():
+        setattr(K, k, v)
+
+
+def time_case(name, N, T, dtype, trunc, bw, prov, check_it=True, variant="default"):
     from triton.testing import do_bench
+
+    set_variant(variant)
 
     f0 = make_inputs(N, T, dtype, trunc, 100)
     err, oracle = check(name, f0) if check_it else (float("nan"), "skipped")
@@ -191,8 +211,9 @@ def time_case(name, N, T, dtype, trunc, bw, prov, check_it=True):
     dev = device_time(fns)
     it = iter(range(10**9))
     call_ms = do_bench(lambda: fns[next(it) % len(fns)](), warmup=25, rep=100, return_mode="median")
+    set_variant("default")
     return dict(estimator=name, N=N, T=T, dtype=str(dtype).replace("torch.", ""), trunc=trunc,
-                impl="rollbuf-triton", rel_err=err, oracle=oracle, device_us=dev * 1e6,
+                impl="rollbuf-triton" if variant == "default" else f"rollbuf-triton[{variant}]", rel_err=err, oracle=oracle, device_us=dev * 1e6,
                 call_us=call_ms * 1e3, bytes=nbytes, gbps=nbytes / dev / 1e9,
                 pct_copy=100 * nbytes / dev / bw, **prov)
 
@@ -245,11 +266,15 @@ def main():
         w = csv.DictWriter(fh, fieldnames=keys)
         w.writeheader()
         todo = list(cases(args.quick))
-        for name, N, T, dtype, trunc in todo:
+        checked = set()
+        for name, N, T, dtype, trunc, var in todo:
             if time.time() - t_start > args.budget_s:
                 print("# budget reached: stopping", flush=True)
                 break
-            row = time_case(name, N, T, dtype, trunc, bw, prov, check_it=N * T <= 2**26)
+            key = (name, N, T, dtype, trunc)
+            row = time_case(name, N, T, dtype, trunc, bw, prov, variant=var,
+                            check_it=N * T <= 2**26 and (key not in checked or var != "default"))
+            checked.add(key)
             rows.append(row)
             w.writerow(row)
             fh.flush()

@@ -29,12 +29,15 @@ def _poison_and_chunk(request):
     K.POISON_OUTPUTS = False
     K.BLOCK_T_OVERRIDE = None
     K.SPLIT_OVERRIDE = None
+    K.SHIFT_LOAD_OVERRIDE = None
 
 
-@pytest.fixture(params=[False, True], ids=["walk", "split"])
+@pytest.fixture(params=[(False, False), (False, True), (True, False), (True, True)],
+                ids=["walk-gather", "walk-reload", "split-gather", "split-reload"])
 def split(request):
-    """Rows walked in chunks by one program, or split across programs (decoupled look-back)."""
-    K.SPLIT_OVERRIDE = request.param
+    """Rows walked in chunks by one program, or split across programs (decoupled look-back); the
+    exclusive state from an in-register shift, or from re-loading the neighbouring step."""
+    K.SPLIT_OVERRIDE, K.SHIFT_LOAD_OVERRIDE = request.param
     return request.param
 
 

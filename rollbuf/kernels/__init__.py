@@ -28,10 +28,19 @@ _WORKSPACE: dict[tuple, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 POISON_OUTPUTS = False
 BLOCK_T_OVERRIDE: int | None = None
 SPLIT_OVERRIDE: bool | None = None
+SHIFT_LOAD_OVERRIDE: bool | None = None
+MAX_CHUNK_OVERRIDE: int | None = None
 
 MAX_CHUNK = 1024  # steps per chunk (registers: ~8 per thread per field at 4 warps)
 TILE = 2048  # elements per program for tiles of short rows
 FILL_PROGRAMS = 132 * 8  # programs below which long rows are split (132 SMs on an H200)
+
+
+# The exclusive state comes from an in-register shift (tl.gather) up to this chunk length, and from
+# re-loading the neighbouring step (an L1 hit) beyond it: H200, GAE fp32, commit 993f38e vs 1f05ddf:
+# gather 5.1 vs 7.3 µs at 32768x8, 6.5 vs 7.6 µs at 4096x128; reload 11.8 vs 20.5 µs at 1024x1024,
+# 579 vs 1249 µs at 16384x4096 (docs/benchmarks.md).
+GATHER_MAX_T = 256
 
 
 @attrs.frozen
@@ -41,6 +50,7 @@ class Strategy:
     split: bool
     num_seg: int
     num_warps: int
+    shift_load: bool
 
 
 def _pow2(x: int) -> int:
@@ -48,15 +58,18 @@ def _pow2(x: int) -> int:
 
 
 def strategy(R: int, T: int, time_contiguous: bool = True, block_t: int | None = None,
-             split: bool | None = None) -> Strategy:
+             split: bool | None = None, shift_load: bool | None = None,
+             max_chunk: int | None = None) -> Strategy:
     """Tile sizes, split and warps for ``R`` rows of ``T`` steps (see docs/benchmarks.md)."""
-    bt = block_t or (min(_pow2(T), MAX_CHUNK) if time_contiguous else min(_pow2(T), 32))
+    mc = max_chunk or MAX_CHUNK
+    bt = block_t or (min(_pow2(T), mc) if time_contiguous else min(_pow2(T), 32))
     bt = max(bt, 2)
     chunks = -(-T // bt)
+    sl = bt > GATHER_MAX_T if shift_load is None else shift_load
     if split is None:
         split = chunks > 1 and R < FILL_PROGRAMS
     if split:
-        return Strategy(1, bt, True, chunks, 4 if bt >= 512 else 2 if bt >= 128 else 1)
+        return Strategy(1, bt, True, chunks, max(1, min(8, bt // 256)), sl)
     bn = max(1, min(TILE // bt, _pow2(R)))
     if not time_contiguous:
         bn = max(bn, min(64, _pow2(R)))
@@ -64,7 +77,7 @@ def strategy(R: int, T: int, time_contiguous: bool = True, block_t: int | None =
     while bn > 1 and -(-R // bn) < FILL_PROGRAMS // 2 and bn * bt > 256:
         bn //= 2
     warps = max(1, min(8, bn * bt // 256))
-    return Strategy(bn, bt, False, 1, warps)
+    return Strategy(bn, bt, False, 1, warps, sl)
 
 
 def _dummy(device):
@@ -171,7 +184,8 @@ def run(p: Problem):
     s_o_n, s_o_t, s_o_f = T * Fn, Fn, 1
     boot_mode = 0 if boot is None or p.no_bootstrap else (1 if boot.dim() == 1 else 2)
     R = N * Fn
-    st = strategy(R, T, time_contiguous, BLOCK_T_OVERRIDE, SPLIT_OVERRIDE)
+    st = strategy(R, T, time_contiguous, BLOCK_T_OVERRIDE, SPLIT_OVERRIDE, SHIFT_LOAD_OVERRIDE,
+                  MAX_CHUNK_OVERRIDE)
     tiles = -(-R // st.block_n)
     if st.split:
         ws, flags, cnt = _workspace(dev, p.compute_dtype, tiles * st.num_seg, st.block_n)
@@ -195,7 +209,8 @@ def run(p: Problem):
         WRITE_CARRY=write_carry, TWO_OUT=n_out > 1, ADV_OUT=p.outputs == ("advantages", "returns"),
         ACC=acc, BLOCK_N=st.block_n, BLOCK_T=st.block_t,
         REVERSE=p.family != "trace" and not (p.family == "affine" and not p.reverse),
-        SPLIT=st.split, num_warps=st.num_warps,
+        SPLIT=st.split, SHIFT_LOAD=st.shift_load, SINGLE=not st.split and T <= st.block_t,
+        num_warps=st.num_warps,
     )
     if is_trace:
         return tuple(outs) + (carry_out,), None

@@ -132,13 +132,15 @@ def _scan_chunk(
     T, gamma, lam, rho_bar, c_bar, decay,
     FAMILY: tl.constexpr, HAS_V: tl.constexpr, HAS_K: tl.constexpr, HAS_TR: tl.constexpr,
     BOOT: tl.constexpr, HAS_M: tl.constexpr, ACC: tl.constexpr, REVERSE: tl.constexpr,
+    D: tl.constexpr,
 ):
-    """Inclusive scan, over one chunk, of the steps' own coefficients: five map components
-    ``(e0..e4)`` per lane (scalar families use e0 = α, e1 = β); identity past the row and where
-    masked."""
+    """Inclusive scan, over one chunk, of the coefficients of steps ``t + D`` (``D = 0``: the
+    steps' own; ``D = ±1``: the neighbours', whose scan is the exclusive state directly): five map
+    components ``(e0..e4)`` per lane (scalar families use e0 = α, e1 = β); identity past the row and
+    where masked."""
     IS_TRACE: tl.constexpr = FAMILY >= 3
-    o_s = start + lanes
-    ok_s = row_ok & (o_s < T)
+    o_s = start + lanes + D
+    ok_s = row_ok & (o_s >= 0) & (o_s < T)
     r_s, v_s, k_s, tr_s, boot_s, live_s = _step_fields(
         o_s, ok_s, n, f, p_r, s_r_n, s_r_t, p_v, s_v_n, s_v_t, p_k, s_k_n, s_k_t,
         p_tr, s_tr_n, s_tr_t, p_bv, s_bv_n, s_bv_t, b_bv_row, p_m, s_m_n, s_m_t,
@@ -181,7 +183,7 @@ def _emit_chunk(
     T, gamma, lam, rho_bar, c_bar, pg_rho_bar, decay,
     FAMILY: tl.constexpr, HAS_V: tl.constexpr, HAS_K: tl.constexpr, HAS_TR: tl.constexpr,
     BOOT: tl.constexpr, HAS_M: tl.constexpr, ACC: tl.constexpr, REVERSE: tl.constexpr,
-    WRITE_CARRY: tl.constexpr, TWO_OUT: tl.constexpr, ADV_OUT: tl.constexpr,
+    WRITE_CARRY: tl.constexpr, TWO_OUT: tl.constexpr, ADV_OUT: tl.constexpr, OWN_INCL: tl.constexpr,
 ):
     """Outputs of one chunk from the steps' own fields and the exclusive state ``(zu, zv)``
     (``Z_{t+1}`` backward, ``F_{t−1}`` forward); writes them once, 0 at masked steps. With
@@ -198,24 +200,41 @@ def _emit_chunk(
         edge = o_t == 0
     else:
         edge = o_t == T - 1
-    has = (tl.max(edge.to(tl.int32), axis=1) > 0) & (tl.max(row_ok.to(tl.int32), axis=1) > 0)  # [BLOCK_N]
+    if WRITE_CARRY:
+        has = (tl.max(edge.to(tl.int32), axis=1) > 0) & (tl.max(row_ok.to(tl.int32), axis=1) > 0)
     if FAMILY == 2:
         ratio = _ratio(p_lp, s_lp_n, s_lp_t, p_tlp, s_tlp_n, s_tlp_t, n, o_t, live, ACC)
         rho = tl.minimum(ratio, rho_bar)
         c = lam * tl.minimum(ratio, c_bar)
         out1, out2 = vtrace_out(r, v, k, tr, boot, rho, c, tl.minimum(ratio, pg_rho_bar), gamma, zu, zv)
         if WRITE_CARRY:
+            if not OWN_INCL:  # the inclusive state from the step's own map and the exclusive one
+                p0, q0, s0, a0, w0 = vtrace_step(r, v, k, tr, boot, rho, c, gamma)
+                iu = tl.where(live, a0 + p0 * zu + q0 * zv, zu)
+                iv = tl.where(live, w0 + s0 * zv, zv)
             tl.store(p_co + rows * 2, tl.sum(tl.where(edge, iu, 0.0), axis=1).to(p_co.dtype.element_ty), mask=has)
             tl.store(p_co + rows * 2 + 1, tl.sum(tl.where(edge, iv, 0.0), axis=1).to(p_co.dtype.element_ty), mask=has)
     else:
         if FAMILY == 3:
             out1 = trace_out(r, decay, zu)
         elif FAMILY == 4:
-            out1 = iu
+            out1 = r + v * zu
         else:
             out1 = lambda_out(r, k, tr, boot, gamma, zu)
         out2 = out1 - v
         if WRITE_CARRY:
+            if not OWN_INCL:
+                if FAMILY == 0:
+                    a0, b0 = lambda_step(r, v, k, tr, boot, gamma, lam)
+                elif FAMILY == 1:
+                    ratio0 = _ratio(p_lp, s_lp_n, s_lp_t, p_tlp, s_tlp_n, s_tlp_t, n, o_t, live, ACC)
+                    q0 = _ld(p_q, n * s_q_n + o_t * s_q_t, live, ACC)
+                    a0, b0 = retrace_step(r, v, k, tr, boot, q0, lam * tl.minimum(ratio0, c_bar), gamma)
+                elif FAMILY == 3:
+                    a0, b0 = trace_step(r, k, tr, decay)
+                else:
+                    a0, b0 = r, v
+                iu = tl.where(live, a0 + b0 * zu, zu)
             tl.store(p_co + rows, tl.sum(tl.where(edge, iu, 0.0), axis=1).to(p_co.dtype.element_ty), mask=has)
     o_off = n * s_o_n + f * s_o_f + o_t * s_o_t
     if ADV_OUT:  # GAE: advantages = G − V first, returns = G second
@@ -279,6 +298,7 @@ def scan_kernel(
     BOOT: tl.constexpr, HAS_M: tl.constexpr, CARRY_IN: tl.constexpr, WRITE_CARRY: tl.constexpr,
     TWO_OUT: tl.constexpr, ADV_OUT: tl.constexpr, ACC: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, REVERSE: tl.constexpr, SPLIT: tl.constexpr,
+    SHIFT_LOAD: tl.constexpr, SINGLE: tl.constexpr,
 ):
     """One program = a tile of ``BLOCK_N`` rows (``R = N·F`` rows in all) and either the whole row,
     walked in ``BLOCK_T`` chunks with the carry in registers (``SPLIT`` off), or one chunk of it
@@ -299,6 +319,15 @@ def scan_kernel(
         EDGE: tl.constexpr = 0
     else:
         EDGE: tl.constexpr = BLOCK_T - 1
+    # SHIFT_LOAD: scan the neighbours' coefficients (reloaded one step over: the scan *is* the
+    # exclusive state); otherwise scan the own coefficients and shift the state in registers.
+    if SHIFT_LOAD:
+        if REVERSE:
+            D: tl.constexpr = 1
+        else:
+            D: tl.constexpr = -1
+    else:
+        D: tl.constexpr = 0
 
     if SPLIT:
         # programs take tickets in the order they start: a program only ever waits for programs
@@ -355,7 +384,7 @@ def scan_kernel(
             p_bv, s_bv_n, s_bv_t, b_bv_row, p_m, s_m_n, s_m_t,
             p_lp, s_lp_n, s_lp_t, p_tlp, s_tlp_n, s_tlp_t, p_q, s_q_n, s_q_t, p_x, s_x_n, s_x_t, s_x_f,
             T, gamma, lam, rho_bar, c_bar, decay,
-            FAMILY, HAS_V, HAS_K, HAS_TR, BOOT, HAS_M, ACC, REVERSE)
+            FAMILY, HAS_V, HAS_K, HAS_TR, BOOT, HAS_M, ACC, REVERSE, D)
         # this chunk's aggregate map (its edge lane)
         g0 = _edge(e0, lanes, EDGE)
         g1 = _edge(e1, lanes, EDGE)
@@ -407,8 +436,14 @@ def scan_kernel(
         tl.debug_barrier()
         tl.atomic_xchg(p_flag + slot, 2, sem="release")
         iu, iv = _apply(e0, e1, e2, e3, e4, cu[:, None], cv[:, None], PAIR)
-        zu = _shift(iu, cu[:, None], lanes, REVERSE, BLOCK_T)
-        zv = _shift(iv, cv[:, None], lanes, REVERSE, BLOCK_T)
+        if SHIFT_LOAD:
+            zu, zv = iu, iv
+        else:
+            zu = _shift(iu, cu[:, None], lanes, REVERSE, BLOCK_T)
+            if PAIR:
+                zv = _shift(iv, cv[:, None], lanes, REVERSE, BLOCK_T)
+            else:
+                zv = zu
         _emit_chunk(
             start, n, f, rows, row_ok2, lanes, zu, zv, iu, iv,
             p_r, s_r_n, s_r_t, p_v, s_v_n, s_v_t, p_k, s_k_n, s_k_t, p_tr, s_tr_n, s_tr_t,
@@ -416,7 +451,8 @@ def scan_kernel(
             p_lp, s_lp_n, s_lp_t, p_tlp, s_tlp_n, s_tlp_t, p_q, s_q_n, s_q_t, p_x, s_x_n, s_x_t, s_x_f,
             p_o1, p_o2, s_o_n, s_o_t, s_o_f, p_co,
             T, gamma, lam, rho_bar, c_bar, pg_rho_bar, decay,
-            FAMILY, HAS_V, HAS_K, HAS_TR, BOOT, HAS_M, ACC, REVERSE, WRITE_CARRY, TWO_OUT, ADV_OUT)
+            FAMILY, HAS_V, HAS_K, HAS_TR, BOOT, HAS_M, ACC, REVERSE, WRITE_CARRY, TWO_OUT, ADV_OUT,
+            not SHIFT_LOAD)
         # the last program to finish leaves the workspace clean for the next launch
         tl.debug_barrier()
         total = tl.cdiv(R, BLOCK_N) * NUM_SEG
@@ -440,10 +476,16 @@ def scan_kernel(
                 p_bv, s_bv_n, s_bv_t, b_bv_row, p_m, s_m_n, s_m_t,
                 p_lp, s_lp_n, s_lp_t, p_tlp, s_tlp_n, s_tlp_t, p_q, s_q_n, s_q_t, p_x, s_x_n, s_x_t, s_x_f,
                 T, gamma, lam, rho_bar, c_bar, decay,
-                FAMILY, HAS_V, HAS_K, HAS_TR, BOOT, HAS_M, ACC, REVERSE)
+                FAMILY, HAS_V, HAS_K, HAS_TR, BOOT, HAS_M, ACC, REVERSE, D)
             iu, iv = _apply(e0, e1, e2, e3, e4, cu[:, None], cv[:, None], PAIR)
-            zu = _shift(iu, cu[:, None], lanes, REVERSE, BLOCK_T)
-            zv = _shift(iv, cv[:, None], lanes, REVERSE, BLOCK_T)
+            if SHIFT_LOAD:
+                zu, zv = iu, iv
+            else:
+                zu = _shift(iu, cu[:, None], lanes, REVERSE, BLOCK_T)
+                if PAIR:
+                    zv = _shift(iv, cv[:, None], lanes, REVERSE, BLOCK_T)
+                else:
+                    zv = zu
             _emit_chunk(
                 start, n, f, rows, row_ok2, lanes, zu, zv, iu, iv,
                 p_r, s_r_n, s_r_t, p_v, s_v_n, s_v_t, p_k, s_k_n, s_k_t, p_tr, s_tr_n, s_tr_t,
@@ -451,6 +493,9 @@ def scan_kernel(
                 p_lp, s_lp_n, s_lp_t, p_tlp, s_tlp_n, s_tlp_t, p_q, s_q_n, s_q_t, p_x, s_x_n, s_x_t, s_x_f,
                 p_o1, p_o2, s_o_n, s_o_t, s_o_f, p_co,
                 T, gamma, lam, rho_bar, c_bar, pg_rho_bar, decay,
-                FAMILY, HAS_V, HAS_K, HAS_TR, BOOT, HAS_M, ACC, REVERSE, WRITE_CARRY, TWO_OUT, ADV_OUT)
-            cu = _edge(iu, lanes, EDGE)
-            cv = _edge(iv, lanes, EDGE)
+                FAMILY, HAS_V, HAS_K, HAS_TR, BOOT, HAS_M, ACC, REVERSE, WRITE_CARRY, TWO_OUT, ADV_OUT,
+            not SHIFT_LOAD)
+            if not SINGLE:  # the state at the chunk's edge carries into the next chunk
+                cu = _edge(iu, lanes, EDGE)
+                if PAIR:
+                    cv = _edge(iv, lanes, EDGE)
