@@ -32,15 +32,21 @@ Example: unit-test your own GAE against the oracle at every kind of boundary::
                      f["bootstrap_values"], f["mask"])
         assert_matches_reference("gae", out, f, gamma=gamma, lam=lam)
 
-``out`` may be one tensor (compared with the estimator's first output: advantages, ``vs``,
-traces, ...) or a tuple in the order of the estimator's result. A failure reads like::
+``rollouts(masks=False)`` if your estimator takes no mask. ``out`` may be one tensor (compared
+with the estimator's first output: advantages, ``vs``, traces, ...) or a tuple in the order of the
+estimator's result. Tolerances default to :func:`default_tolerance` of the output dtype, relative to
+each row's magnitude. The strategies need ``hypothesis`` (the ``test`` extra); the rest does not.
+A failure reads like::
 
-    AssertionError: gae.advantages: 1 of 140 elements differ (max abs err 0.61, rtol 1e-4, atol 1e-4)
-    first at row 1, step 17: actual 0.25, expected 0.86 (abs err 0.61, allowed 0.00019)
-      step 16: terminated=0 truncated=0 mask=1
-      step 17: terminated=0 truncated=1 mask=1   <- t, reads bootstrap_values[17] = -0.93
-      step 18: terminated=1 truncated=0 mask=1
-      t is not the window end (window end of this row: step 69)
+    AssertionError: gae.advantages: 6 of 24 elements differ (max abs err 3.19792, rtol 0.0001, atol 5e-05 x row scale)
+    first at row 1, step 5: actual 1.1095, expected 4.30742 (abs err 3.19792, allowed 0.000646113)
+      step 4: terminated=0 truncated=0, bootstrap_values[4] = nan
+      step 5: terminated=0 truncated=1   <- t, bootstrap_values[5] = 3
+      step 6: terminated=0 truncated=0, bootstrap_values[6] = nan
+      t is not the window end (window end of this row: step 11)
+
+(here ``my_gae`` ignored the truncation at step 5; for a backward recursion the reported step is
+the latest differing one, where the error starts, not step 0 where it has spread to).
 
 Estimator names are those of :mod:`rollbuf.functional` (``gae``, ``advantages``, ``lambda_returns``,
 ``discounted_returns``, ``vtrace``, ``retrace``, ``eligibility_traces``, ``episodic_sums``) plus
@@ -429,10 +435,28 @@ def _layout(fields: Mapping | None):
     return None
 
 
+def _first_bad(bad: torch.Tensor, lead: int, per_step: bool, direction: str) -> tuple:
+    """Index of the first mismatch: first row, then the step met first by the recursion."""
+    if not per_step or direction == "forward":
+        flat = int(bad.reshape(-1).nonzero()[0, 0])
+        return tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), bad.shape))
+    rows = bad.reshape(*bad.shape[:lead + 1], -1).any(-1)  # [*B, T]
+    if lead == 0:
+        row = ()
+    else:
+        r = int(rows.reshape(-1, rows.shape[-1]).any(-1).nonzero()[0, 0])
+        row = tuple(int(i) for i in torch.unravel_index(torch.tensor(r), rows.shape[:-1]))
+    t = int(rows[row].nonzero()[-1, 0])  # backward: the latest step differs first
+    feat = bad[row + (t,)]
+    rest = () if feat.dim() == 0 else tuple(
+        int(i) for i in torch.unravel_index(feat.reshape(-1).nonzero()[0, 0], feat.shape))
+    return row + (t,) + rest
+
+
 def assert_close_to_reference(actual: torch.Tensor, expected: torch.Tensor,
                               context_fields: Mapping | None = None, *, rtol: float | None = None,
                               atol: float | None = None, name: str = "output",
-                              equal_nan: bool = False) -> None:
+                              equal_nan: bool = False, direction: str = "forward") -> None:
     """Assert ``actual`` matches the float64 ``expected``, explaining the first mismatch.
 
     ``actual`` is ``[*B, T, *F]`` (a per-step output) or ``[*B, *F]`` (a per-row output such as
@@ -442,6 +466,9 @@ def assert_close_to_reference(actual: torch.Tensor, expected: torch.Tensor,
     the row's largest ``|e|`` (at least 1); ``rtol``/``atol`` default to
     :func:`default_tolerance` of ``actual.dtype``. ±inf matches the same inf; NaN matches NaN only
     with ``equal_nan=True`` (a NaN in the reference means a NaN input was read: usually a broken test).
+    The reported mismatch is in the first differing row, at the step the recursion meets first:
+    the earliest with ``direction="forward"``, the latest with ``"backward"`` (an error at a
+    boundary spreads to every earlier step of a backward recursion; the latest one is its origin).
     """
     __tracebackhide__ = True
     if not isinstance(actual, torch.Tensor):
@@ -473,8 +500,7 @@ def assert_close_to_reference(actual: torch.Tensor, expected: torch.Tensor,
     if not bool(bad.any()):
         return
     count = int(bad.sum())
-    flat = int(bad.reshape(-1).nonzero()[0, 0])
-    index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), e.shape))
+    index = _first_bad(bad, lead, per_step and layout is not None, direction)
     finite = err[bad & ~err.isnan()]
     max_err = float(finite.max()) if finite.numel() else float("nan")
     n_nan = int((bad & err.isnan()).sum())
@@ -507,7 +533,9 @@ def assert_matches_reference(estimator_name: str, outputs, fields: Mapping, *, r
     :func:`make_rollout`; extra entries are ignored); ``params`` are the estimator's parameters as
     keywords (``gamma=``, ``lam=``, ``rho_bar=``, ``window_end=``, ``initial=``, ...).
     ``outputs`` is a tensor (compared with the estimator's first output) or a tuple/named tuple in
-    the estimator's output order (a prefix is fine). Tolerances: :func:`assert_close_to_reference`.
+    the estimator's output order (a prefix is fine). Tolerances: :func:`assert_close_to_reference`;
+    the reported step is the first mismatch in the recursion's order (the latest differing step of
+    the row for the backward estimators).
     """
     __tracebackhide__ = True
     expected = reference_outputs(estimator_name, fields, **params)
@@ -515,6 +543,8 @@ def assert_matches_reference(estimator_name: str, outputs, fields: Mapping, *, r
     if len(actual) > len(expected):
         raise AssertionError(f"{estimator_name}: got {len(actual)} outputs, the estimator has {len(expected)}")
     names = _OUTPUT_NAMES.get(estimator_name, ())
+    direction = "forward" if _lookup(estimator_name)[1][0] == "x" else "backward"
     for i, (a, e) in enumerate(zip(actual, expected)):
         label = f"{estimator_name}.{names[i] if i < len(names) else i}"
-        assert_close_to_reference(a, e, fields, rtol=rtol, atol=atol, name=label, equal_nan=equal_nan)
+        assert_close_to_reference(a, e, fields, rtol=rtol, atol=atol, name=label, equal_nan=equal_nan,
+                                  direction=direction)

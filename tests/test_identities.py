@@ -365,9 +365,10 @@ def test_all_masked_row_carry_reads_nothing_masked_or_unread(backend, name):
 
 _ALL_MASKED_CHAIN = pytest.mark.xfail(
     strict=True,
-    reason="spec gap/BUG: the carry of a window whose row has no unmasked step is not that window's "
-           "V(s_T) (bootstrap_values[..., -1], where the [N] form and Rollout.bootstrap put it): "
-           "torch reads column 0, triton returns 0, so chaining over such a window breaks")
+    reason="spec gap/BUG: a row with no unmasked step returns carry 0 on both backends "
+           "(vectorized._window_end_carry: torch.where(last_unmasked_index(m) >= 0, bv, 0); the kernel "
+           "likewise), even when the caller gave that window's V(s_T) (last column, or the [N] form): "
+           "chaining over an all-masked window bootstraps the earlier window's end with 0 (SPEC §1)")
 
 
 @pytest.mark.parametrize("name", [n for n in BACKWARD if n != "monte_carlo_returns"])
