@@ -31,16 +31,17 @@ SPLIT_OVERRIDE: bool | None = None
 SHIFT_LOAD_OVERRIDE: bool | None = None
 MAX_CHUNK_OVERRIDE: int | None = None
 
-MAX_CHUNK = 1024  # steps per chunk (registers: ~8 per thread per field at 4 warps)
 TILE = 2048  # elements per program for tiles of short rows
 FILL_PROGRAMS = 132 * 8  # programs below which long rows are split (132 SMs on an H200)
 
 
-# The exclusive state comes from an in-register shift (tl.gather) up to this chunk length, and from
-# re-loading the neighbouring step (an L1 hit) beyond it: H200, GAE fp32, commit 993f38e vs 1f05ddf:
-# gather 5.1 vs 7.3 µs at 32768x8, 6.5 vs 7.6 µs at 4096x128; reload 11.8 vs 20.5 µs at 1024x1024,
-# 579 vs 1249 µs at 16384x4096 (docs/benchmarks.md).
-GATHER_MAX_T = 256
+# Measured on the H200 (GAE fp32 with truncations, every grid shape, commit ae1b2ce, four variants
+# side by side; docs/benchmarks.md): the in-register shift (tl.gather) wins for chunks up to 512
+# steps (e.g. 39.2 vs 45.6 µs at 32768x128, 74.3 vs 81.0 µs at 16384x512), re-loading the neighbour
+# wins from 1024 on (143 vs 183 µs at 16384x1024), and 2048-step chunks beat 1024 from T = 2048 on
+# (265 vs 299 µs at 16384x2048; 5.33 vs 5.83 ms at 256x1048576).
+GATHER_MAX_T = 512
+MAX_CHUNK = 2048
 
 
 @attrs.frozen

@@ -332,9 +332,12 @@ def scan_kernel(
     if SPLIT:
         # programs take tickets in the order they start: a program only ever waits for programs
         # that started before it, so the look-back cannot deadlock
+        # consecutive tickets go to different row tiles at the same rank, so that the programs in
+        # flight advance many rows' chains at once instead of queueing along one row
         vid = tl.atomic_add(p_cnt, 1).to(tl.int64)
-        tile = vid // NUM_SEG
-        rank = vid % NUM_SEG  # 0 = first in scan order
+        tiles = tl.cdiv(R, BLOCK_N)
+        tile = vid % tiles
+        rank = vid // tiles  # 0 = first in scan order
     else:
         tile = tl.program_id(0).to(tl.int64)
         rank = tile * 0
