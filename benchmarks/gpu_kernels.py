@@ -163,13 +163,13 @@ SUBSET = [(32768, 8), (4096, 128), (1024, 1024), (16384, 4096), (256, 131072), (
 ALL = ["gae", "lambda_returns", "discounted_returns", "vtrace", "retrace", "eligibility_traces", "episodic_sums"]
 
 
-def cases(quick):
+def cases(quick, sweep=False):
     """(estimator, N, T, dtype, truncations, variant) in the order they are run."""
     if quick:
         yield from (("gae", n, t, torch.float32, True, "default") for n, t in SUBSET)
         return
     for n, t in SHORT + MEDIUM + LONG:
-        variants = ["gather-c1024", "reload-c1024"] if t <= 256 else list(VARIANTS)
+        variants = (["gather-c1024", "reload-c1024"] if t <= 256 else list(VARIANTS)) if sweep else ["default"]
         for var in variants:
             yield "gae", n, t, torch.float32, True, var
     for n, t in SHORT + MEDIUM + LONG:
@@ -203,7 +203,13 @@ def time_case(name, N, T, dtype, trunc, bw, prov, check_it=True, variant="defaul
 
     f0 = make_inputs(N, T, dtype, trunc, 100)
     err, oracle = check(name, f0) if check_it else (float("nan"), "skipped")
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
     outs = as_tuple(estimator_call(name, f0)())
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - base  # peak extra memory of one call
+    out_bytes = sum(o.numel() * o.element_size() for o in outs)
     nbytes = bytes_moved(name, f0, outs)
     del outs
     sets = [f0] + rotated_sets(N, T, dtype, trunc, nbytes, first=1)
@@ -215,7 +221,7 @@ def time_case(name, N, T, dtype, trunc, bw, prov, check_it=True, variant="defaul
     return dict(estimator=name, N=N, T=T, dtype=str(dtype).replace("torch.", ""), trunc=trunc,
                 impl="rollbuf-triton" if variant == "default" else f"rollbuf-triton[{variant}]", rel_err=err, oracle=oracle, device_us=dev * 1e6,
                 call_us=call_ms * 1e3, bytes=nbytes, gbps=nbytes / dev / 1e9,
-                pct_copy=100 * nbytes / dev / bw, **prov)
+                pct_copy=100 * nbytes / dev / bw, peak_extra_bytes=extra, output_bytes=out_bytes, **prov)
 
 
 def time_baselines(N, T, bw, prov):
@@ -250,6 +256,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--baselines", action="store_true")
+    ap.add_argument("--sweep", action="store_true", help="compare the strategy variants on the GAE grid")
     ap.add_argument("--budget-s", type=float, default=1e9, help="stop starting new cases after this")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
@@ -260,12 +267,12 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "gpu_kernels.csv")
     keys = ["estimator", "N", "T", "dtype", "trunc", "impl", "rel_err", "oracle", "device_us", "call_us",
-            "bytes", "gbps", "pct_copy", "first_call_s", "gpu", "torch", "triton", "commit", "date"]
+            "bytes", "gbps", "pct_copy", "peak_extra_bytes", "output_bytes", "first_call_s", "gpu", "torch", "triton", "commit", "date"]
     rows = []
     with open(path, "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=keys)
         w.writeheader()
-        todo = list(cases(args.quick))
+        todo = list(cases(args.quick, args.sweep))
         checked = set()
         for name, N, T, dtype, trunc, var in todo:
             if time.time() - t_start > args.budget_s:

@@ -245,9 +245,9 @@ class _Call:
             elif name == "x":
                 flat[name] = x.reshape(N, T, *x.shape[len(self.shape):])
             elif name == "bootstrap_values" and x.dim() == len(B):
-                flat[name] = x.reshape(N)
+                flat[name] = x if x.dim() == 1 else x.reshape(N)
             else:
-                flat[name] = x.reshape(N, T)
+                flat[name] = x if x.dim() == 2 else x.reshape(N, T)
         if carry is not None:
             _tensor(carry_name, carry, _FLOATS, "a floating-point tensor")
             if tuple(carry.shape) != tuple(carry_shape):

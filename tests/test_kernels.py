@@ -117,7 +117,7 @@ def _call(name, f, backend, **kw):
 ESTIMATORS = ["gae", "lambda_returns", "discounted_returns", "monte_carlo", "vtrace", "retrace",
               "eligibility_traces", "episodic_sums"]
 MIXES = ["none", "term", "term+trunc", "mask", "term+trunc+mask"]
-SHAPES = [(3, 1), (2, 37), (2, 65)] if not CUDA else [(3, 1), (64, 1000), (4, 4097), (1, 131072)]
+SHAPES = [(3, 1), (2, 37), (2, 65)] if not CUDA else [(3, 1), (64, 1000), (4, 4097)]
 
 
 def rel_err(a, b):
@@ -242,3 +242,32 @@ def test_empty_rollouts():
         assert adv.shape == (N, T) and ret.shape == (N, T)
         traces, final = call("eligibility_traces", f, "triton")
         assert traces.shape == (N, T) and final.shape == (N,)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-5), (torch.bfloat16, 2e-2)], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("name", ESTIMATORS)
+def test_full_size_rows_on_gpu(name, dtype, tol):
+    """One row of 131072 steps and 8 rows of 65537, every boundary kind, the shipped strategy."""
+    for shape in [(1, 131072), (8, 65537)]:
+        f = make(*shape, "term+trunc+mask", dtype=dtype, seed=zlib.crc32(f"{name}-{shape}".encode()))
+        assert_ref(call(name, f, "triton"), call(name, f, "reference"), tol)
+
+
+@pytest.mark.gpu
+def test_more_than_2_31_elements():
+    """64-bit offsets: 2^31 + 2^14 elements in one call; the rows past the 2^31-th element are
+    checked against the reference."""
+    N, T = 2**17 + 1, 2**14
+    g = torch.Generator(device="cuda").manual_seed(0)
+    r = torch.randn(N, T, device="cuda", generator=g, dtype=torch.bfloat16)
+    v = torch.randn(N, T, device="cuda", generator=g, dtype=torch.bfloat16)
+    k = torch.rand(N, T, device="cuda", generator=g) < 0.01
+    bv = torch.randn(N, device="cuda", generator=g, dtype=torch.bfloat16)
+    assert r.numel() > 2**31
+    adv, ret = F.gae(0.99, 0.95, rewards=r, values=v, terminated=k, bootstrap_values=bv, backend="triton")
+    rows = slice(N - 3, N)
+    ref = F.gae(0.99, 0.95, rewards=r[rows].cpu(), values=v[rows].cpu(), terminated=k[rows].cpu(),
+                bootstrap_values=bv[rows].cpu(), backend="reference")
+    assert rel_err(adv[rows], ref.advantages) < 2e-2
+    assert rel_err(ret[rows], ref.returns) < 2e-2

@@ -13,6 +13,7 @@ decoupled look-back.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import attrs
@@ -58,6 +59,7 @@ def _pow2(x: int) -> int:
     return 1 << max(0, (int(x) - 1).bit_length())
 
 
+@functools.lru_cache(maxsize=4096)
 def strategy(R: int, T: int, time_contiguous: bool = True, block_t: int | None = None,
              split: bool | None = None, shift_load: bool | None = None,
              max_chunk: int | None = None) -> Strategy:
@@ -102,11 +104,9 @@ def _workspace(device, dtype, slots: int, block_n: int):
 
 
 def _ptr(x, device):
-    """(tensor, row stride, time stride); bool tensors are read as uint8 (same bytes, a view)."""
+    """(tensor, row stride, time stride); bool tensors are read as bytes (Triton's i1 pointers)."""
     if x is None:
         return _dummy(device), 0, 0
-    if x.dtype == torch.bool:
-        x = x.view(torch.uint8)
     if x.dim() == 1:
         return x, x.stride(0), 0
     return x, x.stride(0), x.stride(1)
