@@ -240,16 +240,18 @@ def _window_end_carry(p: Problem, dt, m):
     k = _flag(p, "terminated")
     T = r.shape[-1]
     if bv.dim() == 2 or k is not None or m is not None:
-        if m is None:
-            j = torch.full((N,), T - 1, device=r.device, dtype=torch.long)
-        else:
-            j = last_unmasked_index(m).clamp(min=0)
+        # the window end: the last unmasked step; a row with none passes V(s_T) of its last
+        # column straight through (its carry is what the window before it bootstraps from)
+        j = torch.full((N,), T - 1, device=r.device, dtype=torch.long)
+        live_end = torch.ones(N, dtype=torch.bool, device=r.device)
+        if m is not None:
+            last = last_unmasked_index(m)
+            live_end = last >= 0
+            j = torch.where(live_end, last, j).clamp(min=0)
         if bv.dim() == 2:
             bv = bv.gather(-1, j.unsqueeze(-1)).squeeze(-1) if T else zero[..., 0] if pair else zero
-        if m is not None:  # a row with no live step has no window end: nothing is read
-            bv = torch.where(last_unmasked_index(m) >= 0, bv, 0)
         if k is not None and T:
-            k_end = k.gather(-1, j.unsqueeze(-1)).squeeze(-1)
+            k_end = k.gather(-1, j.unsqueeze(-1)).squeeze(-1) & live_end  # masked flags are ignored
             bv = torch.where(k_end, 0, bv)  # a terminated window end never reads V(s_T)
     if pair:
         return torch.stack([torch.zeros_like(bv), bv], -1)

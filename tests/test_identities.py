@@ -346,33 +346,30 @@ def test_nan_in_unread_bootstrap_slot_leaks_nowhere(backend, name, mix):
 @backends
 @pytest.mark.parametrize("name", [n for n in BACKWARD if n != "monte_carlo_returns"])
 def test_all_masked_row_carry_reads_nothing_masked_or_unread(backend, name):
-    """A row with no unmasked step: outputs 0, and its carry depends on no masked flag and no unread slot."""
+    """A row with no unmasked step: outputs 0, and its carry is V(s_T) of its last column passed
+    straight through (what the window before it bootstraps from): no masked flag and no other slot
+    is read."""
     f = _rollout("term+trunc+mask", seed=11)
     carries = []
     for flag, fill in ((False, NAN), (True, 0.0)):
         g = dict(f, mask=f["mask"].clone(), terminated=f["terminated"].clone(),
                  bootstrap_values=f["bootstrap_values"].clone())
-        g["mask"][1] = False  # row 1 has no unmasked step: nothing of it may be read
+        g["mask"][1] = False  # row 1 has no unmasked step: nothing of it may be read but V(s_T)
         g["terminated"][1] = flag
         g["bootstrap_values"][1] = fill
+        g["bootstrap_values"][1, -1] = 0.375
         out, carry = run_estimator(name, g, backend=backend, return_carry=True, **PARAMS[name])
         for o in _t(out):
             assert torch.equal(o[1], torch.zeros_like(o[1]))
         carries.append(carry[1])
     assert torch.isfinite(carries[0]).all(), f"carry of the all-masked row: {carries[0].tolist()}"
     assert torch.equal(carries[0], carries[1]), "the carry read a masked flag or an unread slot"
-
-
-_ALL_MASKED_CHAIN = pytest.mark.xfail(
-    strict=True,
-    reason="spec gap/BUG: a row with no unmasked step returns carry 0 on both backends "
-           "(vectorized._window_end_carry: torch.where(last_unmasked_index(m) >= 0, bv, 0); the kernel "
-           "likewise), even when the caller gave that window's V(s_T) (last column, or the [N] form): "
-           "chaining over an all-masked window bootstraps the earlier window's end with 0 (SPEC §1)")
+    expected = 0.0 if name == "monte_carlo_returns" else 0.375
+    assert float(carries[0].reshape(-1)[-1]) == expected  # V-trace: (u, V) = (0, V(s_T))
 
 
 @pytest.mark.parametrize("name", [n for n in BACKWARD if n != "monte_carlo_returns"])
-@pytest.mark.parametrize("backend", [pytest.param(b, marks=_ALL_MASKED_CHAIN) for b in BACKENDS])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_chaining_over_an_all_masked_window(backend, name):
     """Row 1 of the later window is all masked (e.g. padding): chaining must still equal the row."""
     f = _chain_rollout(seed=13)
