@@ -1,0 +1,69 @@
+"""The fused kernel as a PyTorch custom op, for ``torch.compile`` and CUDA graphs.
+
+The eager path launches the kernel directly (a custom op's dispatcher costs tens of µs per call);
+under ``torch.compile`` the call goes through ``rollbuf::scan`` instead, which Dynamo treats as one
+opaque node with a fake (meta) implementation for shapes, so a training step that calls
+``rollout.gae()`` compiles with ``fullgraph=True`` and no graph break.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from rollbuf.problem import Problem
+
+_FIELDS = ("rewards", "values", "terminated", "truncated", "bootstrap_values", "mask", "log_probs",
+           "target_log_probs", "q_values", "x")
+
+
+@torch.library.custom_op("rollbuf::scan", mutates_args=())
+def scan(
+    rewards: Optional[torch.Tensor], values: Optional[torch.Tensor],
+    terminated: Optional[torch.Tensor], truncated: Optional[torch.Tensor],
+    bootstrap_values: Optional[torch.Tensor], mask: Optional[torch.Tensor],
+    log_probs: Optional[torch.Tensor], target_log_probs: Optional[torch.Tensor],
+    q_values: Optional[torch.Tensor], x: Optional[torch.Tensor], carry: Optional[torch.Tensor],
+    family: str, outputs: str, gamma: float, lam: float, rho_bar: float, c_bar: float,
+    pg_rho_bar: float, decay: float, window_end: str, no_bootstrap: bool, want_carry: bool,
+    compute_dtype: torch.dtype, out_dtype: torch.dtype, feature_shape: list[int], reverse: bool,
+) -> list[torch.Tensor]:
+    from rollbuf import kernels
+
+    fields = dict(zip(_FIELDS, (rewards, values, terminated, truncated, bootstrap_values, mask,
+                                log_probs, target_log_probs, q_values, x)))
+    p = Problem(family=family, outputs=tuple(outputs.split(",")), fields=fields, gamma=gamma, lam=lam,
+                rho_bar=rho_bar, c_bar=c_bar, pg_rho_bar=pg_rho_bar, decay=decay,
+                window_end=window_end, no_bootstrap=no_bootstrap, carry=carry,
+                compute_dtype=compute_dtype, out_dtype=out_dtype, feature_shape=tuple(feature_shape),
+                reverse=reverse, want_carry=want_carry)
+    outs, c = kernels.run(p)
+    return list(outs) + ([c] if c is not None else [])
+
+
+@scan.register_fake
+def _(rewards, values, terminated, truncated, bootstrap_values, mask, log_probs, target_log_probs,
+      q_values, x, carry, family, outputs, gamma, lam, rho_bar, c_bar, pg_rho_bar, decay, window_end,
+      no_bootstrap, want_carry, compute_dtype, out_dtype, feature_shape, reverse):
+    main = x if family in ("trace", "affine") else rewards
+    N, T = main.shape[0], main.shape[1]
+    F = tuple(feature_shape)
+    res = [main.new_empty((N, T, *F), dtype=out_dtype) for o in outputs.split(",") if o != "final"]
+    if family in ("trace", "affine"):
+        res.append(main.new_empty((N, *F), dtype=compute_dtype))
+    elif want_carry:
+        res.append(main.new_empty((N, 2) if family == "vtrace" else (N,), dtype=compute_dtype))
+    return res
+
+
+def run(p: Problem):
+    """:func:`rollbuf.kernels.run` through the custom op (same return convention)."""
+    f = p.fields
+    res = scan(*(f.get(name) for name in _FIELDS), p.carry, p.family, ",".join(p.outputs), p.gamma, p.lam,
+               p.rho_bar, p.c_bar, p.pg_rho_bar, p.decay, p.window_end, p.no_bootstrap, p.want_carry,
+               p.compute_dtype, p.out_dtype, list(p.feature_shape), p.reverse)
+    if p.family in ("trace", "affine"):
+        return tuple(res), None
+    n_out = len(p.outputs)
+    return tuple(res[:n_out]), (res[n_out] if p.want_carry else None)
