@@ -1,0 +1,152 @@
+"""``python -m rollbuf.bench``: check, time and score rollbuf against what users run today.
+
+    python -m rollbuf.bench --grid cpu-smoke --out bench-out          # any machine, seconds
+    python -m rollbuf.bench --grid gpu --out $OUT                      # the H200 scoreboard
+    python -m rollbuf.bench --grid gpu --out $OUT --compare old.csv   # regression check
+
+Writes ``results.csv`` (one row per case and competitor, with provenance), ``scoreboard.md`` and,
+when matplotlib is installed, ``speedup.png`` (and ``bandwidth.png`` on a GPU) under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import os
+import sys
+
+import torch
+
+from rollbuf.bench.competitors import COMPETITORS
+from rollbuf.bench.suite import GRIDS, compare, run_cases, scoreboard
+
+_COLUMNS = ["estimator", "n", "t", "dtype", "mix", "impl", "status", "rel_err", "call_us", "device_us", "spread",
+            "bytes", "pct_copy", "first_call_s", "note", "device", "torch", "triton", "commit", "date", "threads"]
+
+
+def _copy_bandwidth():
+    from triton.testing import do_bench
+
+    a = torch.empty(2**28, device="cuda").uniform_()
+    b = torch.empty_like(a)
+    ms = do_bench(lambda: b.copy_(a), warmup=25, rep=200, return_mode="median")
+    return 2 * a.numel() * 4 / (ms * 1e-3)
+
+
+def _fmt(x, spec="{:.2f}"):
+    return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else spec.format(x)
+
+
+def _markdown(board, rows, ours, prov):
+    lines = [f"Scoreboard ({prov}); speedups are of `{ours}` over each competitor on the cases both passed.", "",
+             "| implementation | cases | passed | pass rate | ours faster | geomean speedup of ours | median % of copy |",
+             "|---|---|---|---|---|---|---|"]
+    for b in board:
+        lines.append(f"| {b['impl']} | {b['cases']} | {b['passed']} | {_fmt(b['pass_rate'], '{:.0%}')} | "
+                     f"{_fmt(b['ours_faster_share'], '{:.0%}')} | {_fmt(b['geomean_speedup'], '{:.1f}×')} | "
+                     f"{_fmt(b['median_pct_copy'], '{:.0f}')} |")
+    bad = [r for r in rows if r.get("status") in ("wrong", "error")]
+    if bad:
+        lines += ["", "Wrong or failing (not timed):", ""]
+        lines += [f"* {r['impl']} on {r['estimator']} {r['n']}×{r['t']} {r['dtype']} {r['mix']}: {r.get('note')}"
+                  for r in bad]
+    return "\n".join(lines) + "\n"
+
+
+def _plots(rows, ours, out, gpu):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    files = []
+    mine = {(r["estimator"], r["n"], r["t"], r["dtype"], r["mix"]): r for r in rows
+            if r["impl"] == ours and r.get("status") == "ok"}
+    key = "device_us" if gpu else "call_us"
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for impl in sorted({r["impl"] for r in rows} - {ours}):
+        pts = sorted((r["t"], r["n"], r[key] / mine[k][key]) for r in rows
+                     if r["impl"] == impl and r.get("status") == "ok" and r.get(key) == r.get(key)
+                     and (k := (r["estimator"], r["n"], r["t"], r["dtype"], r["mix"])) in mine)
+        if pts:
+            ax.scatter([p[0] for p in pts], [p[2] for p in pts], label=impl, s=14)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xlabel("T (steps per row)")
+    ax.set_ylabel(f"speedup of {ours}")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    files.append(os.path.join(out, "speedup.png"))
+    fig.savefig(files[-1], dpi=120)
+    if gpu:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        pts = [(r["n"] * r["t"], r["pct_copy"]) for r in mine.values() if r.get("pct_copy") is not None]
+        ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=14)
+        ax.axhline(85, color="grey", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("elements (N·T)")
+        ax.set_ylabel("% of copy bandwidth")
+        fig.tight_layout()
+        files.append(os.path.join(out, "bandwidth.png"))
+        fig.savefig(files[-1], dpi=120)
+    return files
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m rollbuf.bench", description=__doc__.splitlines()[0])
+    ap.add_argument("--grid", default="cpu-smoke", choices=sorted(GRIDS))
+    ap.add_argument("--competitors", default=None, help="comma-separated (default: all that apply here)")
+    ap.add_argument("--out", default="bench-out")
+    ap.add_argument("--compare", default=None, help="baseline results.csv from the same GPU")
+    ap.add_argument("--estimators", default=None, help="comma-separated subset")
+    args = ap.parse_args(argv)
+    gpu = torch.cuda.is_available()
+    device = "cuda" if gpu else "cpu"
+    ours = "rollbuf-triton" if gpu else "rollbuf-torch"
+    names = args.competitors.split(",") if args.competitors else [
+        n for n in COMPETITORS if gpu or n != "rollbuf-triton"]
+    cases = GRIDS[args.grid]
+    if args.estimators:
+        keep = set(args.estimators.split(","))
+        cases = [c for c in cases if c.estimator in keep]
+    os.makedirs(args.out, exist_ok=True)
+    bw = _copy_bandwidth() if gpu else None
+    try:
+        from tqdm import tqdm
+
+        progress = tqdm(total=len(cases), desc=f"rollbuf.bench {args.grid}", file=sys.stderr)
+    except ImportError:
+        progress = None
+    rows = run_cases(cases, names, device, copy_bw=bw, progress=progress)
+    if progress is not None:
+        progress.close()
+    with open(os.path.join(args.out, "results.csv"), "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=_COLUMNS, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+    board = scoreboard(rows, ours)
+    prov = {k: rows[0][k] for k in ("device", "torch", "triton", "commit", "date")} if rows else {}
+    if bw:
+        prov["copy_GBps"] = round(bw / 1e9)
+    md = _markdown(board, rows, ours, prov)
+    with open(os.path.join(args.out, "scoreboard.md"), "w") as fh:
+        fh.write(md)
+    print(md)
+    for f in _plots(rows, ours, args.out, gpu):
+        print("wrote", f)
+    if args.compare:
+        with open(args.compare) as fh:
+            base = list(csv.DictReader(fh))
+        slower = compare(rows, base, ours)
+        print(f"{len(slower)} case(s) of {ours} slower than {args.compare} beyond the measured spread")
+        for s in slower:
+            print(f"  {s['case']}: {s['old_us']:.1f} -> {s['new_us']:.1f} µs ({s['ratio']:.2f}x, spread {s['spread']:.0%})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

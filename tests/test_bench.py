@@ -1,0 +1,49 @@
+"""The benchmark suite's CPU smoke run (what CI runs), its correctness gate and its regression check."""
+
+from __future__ import annotations
+
+import csv
+
+import torch
+
+from rollbuf.bench import GRIDS, Case, compare, run_cases, scoreboard
+from rollbuf.bench import __main__ as cli
+from rollbuf.bench import competitors as C
+
+
+def test_cpu_smoke_run_writes_scoreboard_and_csv(tmp_path):
+    rc = cli.main(["--grid", "cpu-smoke", "--competitors", "rollbuf-torch,loop", "--out", str(tmp_path)])
+    assert rc == 0
+    rows = list(csv.DictReader(open(tmp_path / "results.csv")))
+    assert len(rows) == 2 * len(GRIDS["cpu-smoke"])
+    ours = [r for r in rows if r["impl"] == "rollbuf-torch"]
+    assert all(r["status"] == "ok" and float(r["rel_err"]) < 1e-4 for r in ours)
+    loop = [r for r in rows if r["impl"] == "loop"]
+    assert {r["status"] for r in loop} == {"ok", "unsupported"}  # GAE without masks only
+    assert all(r["commit"] and r["torch"] == torch.__version__ for r in rows)  # provenance
+    board = (tmp_path / "scoreboard.md").read_text()
+    assert "| loop |" in board and "geomean" in board
+
+
+def test_a_wrong_competitor_is_reported_wrong_not_timed(monkeypatch):
+    def broken(name, f, params):  # forgets truncations: bootstraps nothing, cuts nothing
+        g = dict(f, truncated=None)
+        return C.rollbuf_backend("torch")(name, g, params)
+
+    monkeypatch.setitem(C.COMPETITORS, "broken", broken)
+    rows = run_cases([Case("gae", 4, 200, mix="term+trunc")], ["rollbuf-torch", "broken"], "cpu", reps=1)
+    status = {r["impl"]: r["status"] for r in rows}
+    assert status == {"rollbuf-torch": "ok", "broken": "wrong"}
+    assert "call_us" not in [r for r in rows if r["impl"] == "broken"][0]
+    board = {b["impl"]: b for b in scoreboard(rows, "rollbuf-torch")}
+    assert board["broken"]["pass_rate"] == 0.0
+
+
+def test_compare_lists_cases_slower_than_the_spread():
+    base = [dict(estimator="gae", n=8, t=64, dtype="float32", mix="none", impl="x", status="ok",
+                 call_us=100.0, spread=0.02),
+            dict(estimator="gae", n=8, t=128, dtype="float32", mix="none", impl="x", status="ok",
+                 call_us=100.0, spread=0.02)]
+    new = [dict(base[0], call_us=104.0), dict(base[1], call_us=130.0)]
+    slower = compare(new, base, "x")
+    assert [s["case"][2] for s in slower] == [128]
