@@ -22,6 +22,7 @@ Boundary keywords shared by the backward estimators:
 
 from __future__ import annotations
 
+import contextvars
 import math
 import os
 from typing import NamedTuple
@@ -285,7 +286,15 @@ def _triton_available() -> bool:
     return True
 
 
+# Set by rollbuf.distributed for the duration of one call: receives the validated Problem of the
+# rank's time shard, exchanges the shards' carries, and runs it through _run with the hook unset.
+_RUN_HOOK: contextvars.ContextVar = contextvars.ContextVar("rollbuf_run_hook", default=None)
+
+
 def _run(p: Problem, backend: str, reference_call, return_carry: bool):
+    hook = None if _compiling() else _RUN_HOOK.get()
+    if hook is not None:
+        return hook(p, backend, reference_call, return_carry)
     B = p.batch_shape
     p.want_carry = return_carry
     if backend == "reference":

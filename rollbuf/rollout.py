@@ -161,3 +161,60 @@ class Rollout:
         if self.log_probs is None:
             raise ValueError("log_probs (the behaviour policy's log-probabilities) is required by this estimator")
         return self.log_probs
+
+    # -- TorchRL interop ------------------------------------------------------------------------
+    # Not named from_tensordict/to_tensordict: those are tensorclass's own API (the decorator
+    # overwrites a from_tensordict defined here, and Rollout.from_dict and nested assignment call
+    # it; to_tensordict returns the field-keyed TensorDict).
+
+    @classmethod
+    def from_torchrl(cls, td, *, log_prob_key=None, mask_key=("collector", "mask")):
+        """A rollout from a TorchRL TensorDict (``td.batch_size = [*B, T]``, time last).
+
+        Keys as in :func:`rollbuf.boundary.conventions.fields_from_torchrl`: ``("next", "reward")``,
+        ``"state_value"``, ``("next", "state_value")`` (→ ``bootstrap_values``),
+        ``("next", "terminated")``, ``("next", "truncated")``, the behaviour log-probability
+        (``log_prob_key``, default the first of ``"action_log_prob"``/``"sample_log_prob"``
+        present) and, when ``mask_key`` is present (``split_trajectories``' padding mask), ``mask``.
+        Trailing singleton feature dims are squeezed; the fields are views of ``td``'s entries
+        where the dtypes allow.
+        """
+        from rollbuf.boundary import conventions as C
+
+        f = C.fields_from_torchrl(td, log_prob_key=log_prob_key)
+        mask = None
+        if mask_key is not None:
+            m = C._td_entry(td, mask_key)
+            if m is not None:
+                mask = C._flags(m, f"td[{mask_key!r}]")
+        return cls(**f, mask=mask, batch_size=list(td.batch_size), device=td.device)
+
+    def to_torchrl(self, *, log_prob_key="action_log_prob", mask_key=("collector", "mask")):
+        """This rollout as a TorchRL TensorDict (``batch_size = [*B, T]``, time last, per-step
+        scalars ``[*B, T, 1]``): :func:`rollbuf.boundary.conventions.torchrl_from_fields`, plus
+        ``mask`` under ``mask_key`` when the rollout has one.
+
+        ``("next", "state_value")`` (written when ``bootstrap_values`` is not ``None``) holds
+        ``V(s'_t)`` at *every* step, as TorchRL's estimators read it: ``bootstrap_values`` where
+        rollbuf reads it (truncations and the window end, i.e. the last unmasked step), the value of
+        the next (unmasked) step inside an episode, and 0 after a termination and on masked steps
+        (TorchRL multiplies it by ``1 - terminated``; a NaN would survive that).
+        """
+        from rollbuf.boundary import conventions as C
+
+        bv = self.bootstrap_values
+        if bv is not None:
+            T = self.values.shape[-1]
+            mask = torch.ones_like(self.terminated, dtype=torch.bool) if self.mask is None else self.mask != 0
+            steps = torch.arange(T, device=self.values.device).expand(mask.shape)
+            first_at_or_after = torch.where(mask, steps, T).flip(-1).cummin(-1).values.flip(-1)
+            nxt = torch.cat([first_at_or_after[..., 1:], torch.full_like(steps[..., :1], T)], -1)
+            inside = self.values.gather(-1, nxt.clamp(max=T - 1))
+            boundary = (nxt >= T) | (self.truncated != 0)
+            bv = torch.where(boundary, bv, inside.to(bv.dtype))
+            bv = torch.where((self.terminated != 0) | ~mask, torch.zeros_like(bv), bv)
+        td = C.torchrl_from_fields(self.rewards, self.values, self.terminated, self.truncated,
+                                   bv, self.log_probs, log_prob_key=log_prob_key)
+        if self.mask is not None:
+            td.set(mask_key, C._flags(self.mask, "mask"))
+        return td

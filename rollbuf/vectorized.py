@@ -105,11 +105,18 @@ def _flag(p: Problem, name):
     return f != 0
 
 
-def run(p: Problem):
-    """Run one prepared problem. Returns ``(outputs, carry)``, outputs at masked steps are 0."""
+_PAIR_IDENTITY = (1.0, 0.0, 1.0, 0.0, 0.0)  # (p, q, s, a, w) of the identity map on (u, V)
+
+
+def _steps(p: Problem):
+    """The per-step maps of ``p``'s scan (masked steps the identity) and the fields the epilogue reads.
+
+    Returns ``(elems, compose, identity, reverse, env)``: ``elems`` a tuple of ``[N, T]`` tensors
+    (the trace family: ``α`` ``[N, *F, T]`` and ``β`` ``[N, 1.., T]``, broadcastable), ``env`` a dict
+    of the loaded fields (``r, k, tr, boot, v, ...``). Shared by :func:`run` and :func:`window_map`.
+    """
     dt = p.compute_dtype
     m = _flag(p, "mask")
-    mf = None if m is None else m.to(dt)
 
     def load(name):
         x = p.fields.get(name)
@@ -125,15 +132,101 @@ def run(p: Problem):
         f = f if m is None else f & m
         return f.to(dt)
 
+    env = {"m": m}
     if p.family == "trace":
         x = load("x").movedim(1, -1)  # [N, T, *F] -> [N, *F, T]
         lift = (x.shape[0],) + (1,) * (x.dim() - 2) + (x.shape[-1],)  # flags [N, T] -> [N, 1.., T]
         k, tr = flag("terminated", x), flag("truncated", x)
         k, tr = (f if f.dim() == 0 else f.reshape(lift) for f in (k, tr))
-        alpha, beta = torch.broadcast_tensors(*C.trace_step(x, k, tr, p.decay))
+        alpha, beta = C.trace_step(x, k, tr, p.decay)
+        beta = torch.as_tensor(beta, dtype=dt, device=x.device).expand(lift)  # flags only: no *F
         if m is not None:
             alpha = torch.where(m.reshape(lift), alpha, 0)
             beta = torch.where(m.reshape(lift), beta, 1)
+        env.update(x=x, lift=lift)
+        return (alpha, beta), C.compose, (0.0, 1.0), False, env
+
+    r = load("rewards")
+    k = flag("terminated", r)
+    tr = flag("truncated", r)
+    boot = _read_bootstrap(p, dt, m)
+    env.update(r=r, k=k, tr=tr, boot=boot)
+    if p.family == "lambda":
+        v = load("values") if p.fields.get("values") is not None else torch.zeros_like(r)
+        env.update(v=v)
+        elems = C.lambda_step(r, v, k, tr, boot, p.gamma, p.lam)
+    else:
+        v = load("values")
+        ratio = torch.exp(load("target_log_probs") - load("log_probs"))
+        c = p.lam * torch.clamp(ratio, max=p.c_bar)
+        env.update(v=v, c=c)
+        if p.family == "retrace":
+            elems = C.retrace_step(r, v, k, tr, boot, load("q_values"), c, p.gamma)
+        else:
+            assert p.family == "vtrace"
+            rho = torch.clamp(ratio, max=p.rho_bar)
+            env.update(rho=rho, rho_pg=torch.clamp(ratio, max=p.pg_rho_bar))
+            elems = C.vtrace_step(r, v, k, tr, boot, rho, c, p.gamma)
+            elems = [torch.as_tensor(e, dtype=dt, device=r.device) for e in elems]
+            elems = torch.broadcast_tensors(*elems)
+            if m is not None:
+                elems = tuple(torch.where(m, e, i) for e, i in zip(elems, _PAIR_IDENTITY))
+            return tuple(elems), C.compose_pair, _PAIR_IDENTITY, True, env
+    alpha, beta = torch.broadcast_tensors(*elems)
+    if m is not None:
+        alpha = torch.where(m, alpha, 0)
+        beta = torch.where(m, beta, 1)
+    return (alpha, beta), C.compose, (0.0, 1.0), True, env
+
+
+def compose_all(elems, compose, identity, reverse):
+    """The composition of all the maps along the last dim: the inclusive scan at the row's first
+    element in scan order (``reverse=True``: step 0, the map from ``Z_T`` to ``Z_0``; forward: step
+    ``T−1``, the map from ``F_{−1}`` to ``F_{T−1}``), without the scan's per-step outputs.
+
+    A pairwise tree reduction (``ceil(log2 T)`` halvings, ``O(N·T)`` work); elements may have
+    broadcastable leading shapes. ``T = 0`` gives the identity.
+    """
+    while elems[0].shape[-1] > 1:
+        if elems[0].shape[-1] % 2:  # identity past the row's end: applied innermost / outermost
+            elems = tuple(torch.cat([e, e.new_full((*e.shape[:-1], 1), i)], dim=-1)
+                          for e, i in zip(elems, identity))
+        even = [e[..., 0::2] for e in elems]
+        odd = [e[..., 1::2] for e in elems]
+        # backward: step t is applied after step t+1 (t outer); forward: t+1 outer
+        elems = compose(*even, *odd) if reverse else compose(*odd, *even)
+    if elems[0].shape[-1] == 0:
+        return tuple(e.new_full(e.shape[:-1], i) for e, i in zip(elems, identity))
+    return tuple(e[..., 0] for e in elems)
+
+
+def window_map(p: Problem):
+    """The affine map of a whole window ``p`` (its carry ignored), for chaining windows without
+    running them: what :func:`run` would compose, as :func:`compose_all` of the same step maps.
+
+    * ``lambda`` / ``retrace``: ``(a, b)``, each ``[N]``: ``Z_0 = a + b·Z_T``;
+    * ``vtrace``: ``(p, q, s, a, w)``, each ``[N]``: ``(u_0, V_0) = (a + p·u_T + q·V_T, w + s·V_T)``;
+    * ``trace``: ``(a, b)``, ``a`` ``[N, *F]``, ``b`` ``[N]``: ``final = F_{T−1} = a + b·initial``.
+
+    Used by :mod:`rollbuf.distributed` (on any device: it is plain torch).
+    """
+    elems, compose, identity, reverse, _ = _steps(p)
+    out = compose_all(elems, compose, identity, reverse)
+    if p.family == "trace":
+        a, b = out
+        return a, b.reshape(b.shape[0])
+    return out
+
+
+def run(p: Problem):
+    """Run one prepared problem. Returns ``(outputs, carry)``, outputs at masked steps are 0."""
+    dt = p.compute_dtype
+    elems, _, _, _, env = _steps(p)
+    m = env["m"]
+
+    if p.family == "trace":
+        alpha, beta = elems
+        x, lift = env["x"], env["lift"]
         init = torch.zeros(x.shape[:-1], dtype=dt, device=x.device) if p.carry is None else p.carry.to(dt)
         incl = affine_scan(alpha, beta, reverse=False, initial=init)
         out = C.trace_out(x, p.decay, _exclusive(incl, init, reverse=False))
@@ -142,53 +235,34 @@ def run(p: Problem):
         final = incl[..., -1] if incl.shape[-1] else init
         return (out.movedim(-1, 1), final), None
 
-    r = load("rewards")
-    k = flag("terminated", r)
-    tr = flag("truncated", r)
-    boot = _read_bootstrap(p, dt, m)
+    r, k, tr, boot, v = (env[n] for n in ("r", "k", "tr", "boot", "v"))
     carry = _window_end_carry(p, dt, m)
 
     if p.family == "lambda":
-        v = load("values") if p.fields.get("values") is not None else torch.zeros_like(r)
-        alpha, beta = C.lambda_step(r, v, k, tr, boot, p.gamma, p.lam)
-        z_next, z0 = _scalar_scan(alpha, beta, mf, carry)
+        z_next, z0 = _scalar_scan(*elems, carry)
         g = C.lambda_out(r, k, tr, boot, p.gamma, z_next)
         outs = (g - v, g) if p.outputs == ("advantages", "returns") else (g,)
         return _masked(outs, m), z0
 
-    v = load("values")
-    ratio = torch.exp(load("target_log_probs") - load("log_probs"))
-    c = p.lam * torch.clamp(ratio, max=p.c_bar)
     if p.family == "retrace":
-        q = load("q_values")
-        alpha, beta = C.retrace_step(r, v, k, tr, boot, q, c, p.gamma)
-        z_next, z0 = _scalar_scan(alpha, beta, mf, carry)
+        z_next, z0 = _scalar_scan(*elems, carry)
         return _masked((C.lambda_out(r, k, tr, boot, p.gamma, z_next),), m), z0
 
     assert p.family == "vtrace"
-    rho = torch.clamp(ratio, max=p.rho_bar)
-    rho_pg = torch.clamp(ratio, max=p.pg_rho_bar)
-    elems = C.vtrace_step(r, v, k, tr, boot, rho, c, p.gamma)
-    elems = torch.broadcast_tensors(*[torch.as_tensor(e, dtype=dt, device=r.device) for e in elems])
-    if mf is not None:
-        ident = (1.0, 0.0, 1.0, 0.0, 0.0)
-        elems = tuple(torch.where(m, e, i) for e, i in zip(elems, ident))
-    P, Q, S, A, W = blocked_scan(elems, C.compose_pair, (1.0, 0.0, 1.0, 0.0, 0.0), reverse=True)
+    P, Q, S, A, W = blocked_scan(elems, C.compose_pair, _PAIR_IDENTITY, reverse=True)
     cu, cv = carry[..., 0], carry[..., 1]
     u_incl = A + P * cu.unsqueeze(-1) + Q * cv.unsqueeze(-1)
     v_incl = W + S * cv.unsqueeze(-1)
     u_next = _exclusive(u_incl, cu, reverse=True)
     v_next = _exclusive(v_incl, cv, reverse=True)
-    vs, pg = C.vtrace_out(r, v, k, tr, boot, rho, c, rho_pg, p.gamma, u_next, v_next)
+    vs, pg = C.vtrace_out(r, v, k, tr, boot, env["rho"], env["c"], env["rho_pg"], p.gamma, u_next,
+                          v_next)
     carry_out = torch.stack([u_incl[..., 0], v_incl[..., 0]], -1) if r.shape[-1] else carry
     return _masked((vs, pg), m), carry_out
 
 
-def _scalar_scan(alpha, beta, mf, carry):
-    alpha, beta = torch.broadcast_tensors(alpha, beta)
-    if mf is not None:
-        alpha = torch.where(mf != 0, alpha, 0)
-        beta = torch.where(mf != 0, beta, 1)
+def _scalar_scan(alpha, beta, carry):
+    """Backward scan of already masked ``(α, β)``: ``(Z_{t+1} for every t, Z_0)``."""
     incl = affine_scan(alpha, beta, reverse=True, initial=carry)
     z0 = incl[..., 0] if incl.shape[-1] else carry
     return _exclusive(incl, carry, reverse=True), z0
