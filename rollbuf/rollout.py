@@ -27,7 +27,7 @@ class Rollout:
     rewards: torch.Tensor
     values: torch.Tensor
     terminated: torch.Tensor
-    truncated: torch.Tensor
+    truncated: torch.Tensor | None = None  # None: no step was truncated (e.g. verl's rows)
     log_probs: torch.Tensor | None = None
     bootstrap_values: torch.Tensor | None = None
     mask: torch.Tensor | None = None
@@ -106,7 +106,10 @@ class Rollout:
             j = last_unmasked_index(self.mask != 0)
             j = torch.where(j < 0, T - 1, j)
         j = j.unsqueeze(-1)
-        done = ((self.terminated != 0) | (self.truncated != 0)).gather(-1, j)
+        done = self.terminated != 0
+        if self.truncated is not None:
+            done = done | (self.truncated != 0)
+        done = done.gather(-1, j)
         col = self.bootstrap_values.gather(-1, j)
         new = torch.where(done, col, last_values.unsqueeze(-1).to(col.dtype))
         self.bootstrap_values.scatter_(-1, j, new)
@@ -210,10 +213,11 @@ class Rollout:
             first_at_or_after = torch.where(mask, steps, T).flip(-1).cummin(-1).values.flip(-1)
             nxt = torch.cat([first_at_or_after[..., 1:], torch.full_like(steps[..., :1], T)], -1)
             inside = self.values.gather(-1, nxt.clamp(max=T - 1))
-            boundary = (nxt >= T) | (self.truncated != 0)
+            boundary = (nxt >= T) if self.truncated is None else (nxt >= T) | (self.truncated != 0)
             bv = torch.where(boundary, bv, inside.to(bv.dtype))
             bv = torch.where((self.terminated != 0) | ~mask, torch.zeros_like(bv), bv)
-        td = C.torchrl_from_fields(self.rewards, self.values, self.terminated, self.truncated,
+        truncated = torch.zeros_like(self.terminated, dtype=torch.bool) if self.truncated is None else self.truncated
+        td = C.torchrl_from_fields(self.rewards, self.values, self.terminated, truncated,
                                    bv, self.log_probs, log_prob_key=log_prob_key)
         if self.mask is not None:
             td.set(mask_key, C._flags(self.mask, "mask"))

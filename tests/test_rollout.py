@@ -288,3 +288,19 @@ def test_unfilled_rollout_gives_nan_not_silent_zeros():
         ro.record(t, rewards=torch.ones(2), values=torch.zeros(2))
     ro.bootstrap(torch.zeros(2))
     assert ro.gae(0.9, 0.9, backend="torch").advantages.isnan().any()
+
+
+def test_truncated_is_optional_for_rows_that_never_truncate():
+    """verl-style rows: terminal response ends, masks, no truncation flags and no bootstrap values."""
+    from rollbuf import functional as F
+
+    g = torch.Generator().manual_seed(0)
+    r, v = torch.randn(3, 17, generator=g), torch.randn(3, 17, generator=g)
+    k = torch.zeros(3, 17, dtype=torch.bool)
+    m = torch.rand(3, 17, generator=g) < 0.7
+    ro = Rollout(rewards=r, values=v, terminated=k, mask=m, batch_size=[3, 17])
+    assert ro.truncated is None
+    adv, ret = ro.gae(0.9, 0.8, window_end="terminal", backend="torch")
+    ref = F.gae(0.9, 0.8, rewards=r, values=v, terminated=k, mask=m, window_end="terminal", backend="reference")
+    torch.testing.assert_close(adv, ref.advantages.float())
+    torch.testing.assert_close(ret, ref.returns.float())

@@ -1,0 +1,604 @@
+"""rollbuf.llm against plain loops that follow verl's multi-turn semantics.
+
+The oracles are written here from verl's loop (``verl/trainer/ppo/core_algos.py``,
+``compute_gae_advantage_return``): t from T−1 down, ``delta = r_t + γ·nextvalues − V_t``,
+``lastgaelam_ = delta + γλ·lastgaelam``, and across ``response_mask = 0`` positions ``nextvalues``
+and ``lastgaelam`` are carried unchanged; ``returns = advantages + values``. The row end is
+terminal (``nextvalues = 0`` at the start), or bootstraps (``nextvalues = V(s')``) for a truncated
+row. They compute in float64 and select with ``torch.where`` so that NaN at masked positions stays
+out (verl's literal ``x * mask`` arithmetic is checked to agree on finite inputs).
+
+``python tests/test_llm.py`` prints the worked-example block of docs/llm.md.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+import rollbuf.functional as F
+from rollbuf import llm
+
+ROOT = Path(__file__).resolve().parents[1]
+NAN = float("nan")
+
+
+# ----------------------------------------------------------------------------------- oracles
+
+
+def verl_gae_loop(rewards, values, mask, gamma, lam, bootstrap=None):
+    """verl's multi-turn GAE, float64, NaN-safe; ``bootstrap`` [B] (None: terminal row ends)."""
+    r, v = rewards.double(), values.double()
+    m = mask != 0
+    B, T = r.shape
+    nextvalues = torch.zeros(B, dtype=torch.float64) if bootstrap is None else bootstrap.double().clone()
+    lastgaelam = torch.zeros(B, dtype=torch.float64)
+    adv = torch.zeros(B, T, dtype=torch.float64)
+    for t in reversed(range(T)):
+        delta = r[:, t] + gamma * nextvalues - v[:, t]
+        lastgaelam_ = delta + gamma * lam * lastgaelam
+        nextvalues = torch.where(m[:, t], v[:, t], nextvalues)
+        lastgaelam = torch.where(m[:, t], lastgaelam_, lastgaelam)
+        adv[:, t] = lastgaelam
+    return adv, adv + v
+
+
+def verl_gae_literal(token_level_rewards, values, response_mask, gamma, lam):
+    """verl's code as written (mask arithmetic, no bootstrap); finite inputs only."""
+    nextvalues = 0
+    lastgaelam = 0
+    advantages_reversed = []
+    gen_len = token_level_rewards.shape[-1]
+    for t in reversed(range(gen_len)):
+        delta = token_level_rewards[:, t] + gamma * nextvalues - values[:, t]
+        lastgaelam_ = delta + gamma * lam * lastgaelam
+        nextvalues = values[:, t] * response_mask[:, t] + (1 - response_mask[:, t]) * nextvalues
+        lastgaelam = lastgaelam_ * response_mask[:, t] + (1 - response_mask[:, t]) * lastgaelam
+        advantages_reversed.append(lastgaelam)
+    advantages = torch.stack(advantages_reversed[::-1], dim=1)
+    return advantages, advantages + values
+
+
+def returns_loop(rewards, mask, gamma, bootstrap=None):
+    """Discounted returns with masked tokens skipped; masked tokens hold the carried return of the
+    next model token (0 if none)."""
+    r = rewards.double()
+    m = mask != 0
+    B, T = r.shape
+    running = torch.zeros(B, dtype=torch.float64) if bootstrap is None else bootstrap.double().clone()
+    seen = torch.zeros(B, dtype=torch.bool)
+    out = torch.zeros(B, T, dtype=torch.float64)
+    for t in reversed(range(T)):
+        running = torch.where(m[:, t], r[:, t] + gamma * running, running)
+        seen = seen | m[:, t]
+        out[:, t] = torch.where(seen, running, 0.0)
+    return out
+
+
+def reinforce_pp_literal(token_level_rewards, response_mask, gamma):
+    """verl's REINFORCE++ returns loop as written (reset at masked tokens)."""
+    returns = torch.zeros_like(token_level_rewards)
+    running_return = 0
+    for t in reversed(range(token_level_rewards.shape[1])):
+        running_return = token_level_rewards[:, t] + gamma * running_return
+        returns[:, t] = running_return
+        running_return = running_return * response_mask[:, t]
+    return returns
+
+
+def whiten_by_hand(x, mask):
+    sel = x.double()[mask != 0]
+    mean = sel.mean()
+    var = sel.var(correction=1)
+    return (x.double() - mean) / torch.sqrt(var + 1e-8)
+
+
+def zero_masked(x, mask):
+    return torch.where(mask != 0, x, torch.zeros((), dtype=x.dtype))
+
+
+# ----------------------------------------------------------------------------------- data
+
+
+def multi_turn_batch(B=6, T=97, seed=0, garbage=NAN, dtype=torch.float32):
+    """Rows of model turns and tool spans, trailing padding, one all-masked row, one row with no
+    padding; ``garbage`` at every masked position of rewards and values."""
+    g = torch.Generator().manual_seed(seed)
+    mask = torch.zeros(B, T, dtype=torch.bool)
+    for b in range(B):
+        if b == 1:
+            continue  # all masked
+        length = T if b == 2 else int(torch.randint(T // 2, T, (1,), generator=g))
+        t = 0
+        model = True
+        while t < length:
+            span = int(torch.randint(1, 12, (1,), generator=g))
+            if model:
+                mask[b, t:min(t + span, length)] = True
+            t += span
+            model = not model
+    rewards = torch.randn(B, T, generator=g) * 0.1
+    values = torch.randn(B, T, generator=g)
+    rewards = torch.where(mask, rewards, torch.full((), garbage))
+    values = torch.where(mask, values, torch.full((), garbage))
+    return rewards.to(dtype), values.to(dtype), mask
+
+
+def assert_close(actual, expected, rtol=1e-5, atol=1e-5):
+    torch.testing.assert_close(actual.double(), expected.double(), rtol=rtol, atol=atol, equal_nan=True)
+
+
+# ------------------------------------------------------------------------- verl drop-in (padded)
+
+
+@pytest.mark.parametrize("gamma,lam", [(1.0, 1.0), (1.0, 0.95), (0.99, 0.9), (0.5, 0.0)])
+@pytest.mark.parametrize("mask_dtype", [torch.bool, torch.int64, torch.float32])
+def test_gae_matches_verl_loop(gamma, lam, mask_dtype):
+    r, v, m = multi_turn_batch(seed=1)
+    adv, ret = llm.compute_gae_advantage_return(r, v, m.to(mask_dtype), gamma, lam)
+    e_adv, e_ret = verl_gae_loop(r, v, m, gamma, lam)
+    assert adv.dtype == torch.float32 and adv.shape == r.shape
+    assert_close(adv, zero_masked(e_adv, m))
+    assert_close(ret, zero_masked(e_ret, m))
+    assert torch.isfinite(adv).all() and torch.isfinite(ret).all()  # NaN garbage never leaks
+    assert (adv[1] == 0).all() and (ret[1] == 0).all()  # the all-masked row
+
+
+def test_fill_masked_carry_is_verls_full_output():
+    r, v, m = multi_turn_batch(seed=2, garbage=3.0)  # finite garbage: verl's returns read it
+    adv, ret = llm.compute_gae_advantage_return(r, v, m, 0.99, 0.95, fill_masked="carry")
+    e_adv, e_ret = verl_gae_loop(r, v, m, 0.99, 0.95)
+    assert_close(adv, e_adv)
+    assert_close(ret, e_ret)
+    # NaN garbage: advantages stay finite; returns = A + V read the masked V, as verl's do
+    r, v, m = multi_turn_batch(seed=2)
+    adv, ret = llm.compute_gae_advantage_return(r, v, m, 0.99, 0.95, fill_masked="carry")
+    e_adv, e_ret = verl_gae_loop(r, v, m, 0.99, 0.95)
+    assert_close(adv, e_adv)
+    assert_close(ret, e_ret)
+
+
+def test_nan_safe_loop_is_verls_literal_code():
+    r, v, m = multi_turn_batch(B=4, T=40, seed=3, garbage=-7.0, dtype=torch.float64)
+    a1, r1 = verl_gae_loop(r, v, m, 0.97, 0.9)
+    a2, r2 = verl_gae_literal(r, v, m.double(), 0.97, 0.9)
+    torch.testing.assert_close(a1, a2)
+    torch.testing.assert_close(r1, r2)
+    adv, ret = llm.compute_gae_advantage_return(r, v, m, 0.97, 0.9, fill_masked="carry")
+    torch.testing.assert_close(adv, a2, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(ret, r2, rtol=1e-6, atol=1e-6)
+
+
+def test_trailing_padding_does_not_move_the_end():
+    r, v, m = multi_turn_batch(B=3, T=50, seed=4)
+    pad = torch.zeros(3, 30, dtype=torch.bool)
+    r2 = torch.cat([r, torch.full((3, 30), NAN)], 1)
+    v2 = torch.cat([v, torch.full((3, 30), NAN)], 1)
+    m2 = torch.cat([m, pad], 1)
+    a1, g1 = llm.compute_gae_advantage_return(r, v, m, 1.0, 0.9)
+    a2, g2 = llm.compute_gae_advantage_return(r2, v2, m2, 1.0, 0.9)
+    assert_close(a2[:, :50], a1, rtol=0, atol=0)
+    assert_close(g2[:, :50], g1, rtol=0, atol=0)
+    assert (a2[:, 50:] == 0).all()
+
+
+def test_truncated_rows_bootstrap():
+    r, v, m = multi_turn_batch(seed=5)
+    tr = torch.tensor([True, True, False, True, False, True])
+    boot = torch.tensor([0.7, -1.0, NAN, 2.5, NAN, 0.3])  # NaN where not truncated: never read
+    for fill in ("zero", "carry"):
+        adv, ret = llm.compute_gae_advantage_return(r, v, m, 0.99, 0.95, truncated=tr, bootstrap_values=boot,
+                                                    fill_masked=fill)
+        e_adv, e_ret = verl_gae_loop(r, v, m, 0.99, 0.95, bootstrap=torch.where(tr, boot, 0.0))
+        if fill == "zero":
+            e_adv, e_ret = zero_masked(e_adv, m), zero_masked(e_ret, m)
+        assert_close(adv, e_adv)
+        assert_close(ret, e_ret)
+        assert torch.isfinite(adv).all()
+    # the truncated rows differ from the terminal version exactly by the bootstrap term
+    a_term, _ = llm.compute_gae_advantage_return(r, v, m, 0.99, 0.95)
+    adv, _ = llm.compute_gae_advantage_return(r, v, m, 0.99, 0.95, truncated=tr, bootstrap_values=boot)
+    assert not torch.allclose(adv[0], a_term[0]) and torch.equal(adv[2], a_term[2])
+    assert (adv[1] == 0).all()  # truncated but all masked: no row end, nothing to bootstrap
+
+
+def test_gae_accepts_tensor_hyperparameters_and_uint8_flags():
+    r, v, m = multi_turn_batch(B=2, T=30, seed=6)
+    a1, _ = llm.compute_gae_advantage_return(r, v, m, torch.tensor(0.99, dtype=torch.float64),
+                                             torch.tensor(0.95, dtype=torch.float64))
+    a2, _ = llm.compute_gae_advantage_return(r, v, m.to(torch.uint8), 0.99, 0.95,
+                                             truncated=torch.tensor([0, 0], dtype=torch.uint8),
+                                             bootstrap_values=torch.tensor([NAN, NAN]))
+    assert_close(a1, a2, rtol=0, atol=0)
+
+
+def test_whiten_matches_hand_written_masked_whitening():
+    r, v, m = multi_turn_batch(seed=7, garbage=4.0)
+    adv_raw, ret_raw = llm.compute_gae_advantage_return(r, v, m, 1.0, 0.95, fill_masked="carry")
+    for fill in ("zero", "carry"):
+        adv, ret = llm.compute_gae_advantage_return(r, v, m, 1.0, 0.95, whiten=True, fill_masked=fill)
+        expected = whiten_by_hand(adv_raw, m)  # statistics over model tokens only
+        if fill == "zero":
+            expected = zero_masked(expected, m)
+        assert_close(adv, expected, rtol=1e-5, atol=1e-5)
+        sel = adv.double()[m]
+        assert abs(sel.mean().item()) < 1e-5 and abs(sel.std().item() - 1) < 1e-4
+        # returns are taken before whitening
+        assert_close(ret, ret_raw if fill == "carry" else zero_masked(ret_raw, m), rtol=0, atol=0)
+
+
+def test_masked_whiten_ignores_nan_and_shift_mean():
+    x = torch.tensor([[1.0, 2.0, NAN], [3.0, NAN, 5.0]])
+    m = torch.tensor([[1, 1, 0], [1, 0, 1]])
+    w = llm.masked_whiten(x, m)
+    e = whiten_by_hand(torch.nan_to_num(x), m)
+    assert_close(w[m != 0], e[m != 0])
+    w2 = llm.masked_whiten(x, m, shift_mean=False)
+    assert_close(w2[m != 0], e[m != 0] + 2.75)
+    with pytest.raises(ValueError, match="at least two"):
+        llm.masked_whiten(x, torch.tensor([[1, 0, 0], [0, 0, 0]]))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_inputs_accumulate_in_fp32(dtype):
+    r, v, m = multi_turn_batch(B=4, T=300, seed=8, dtype=dtype)
+    e_adv, e_ret = verl_gae_loop(r, v, m, 1.0, 0.99)  # float64 on the same (rounded) inputs
+    adv, ret = llm.compute_gae_advantage_return(r, v, m, 1.0, 0.99)
+    assert adv.dtype == dtype and ret.dtype == dtype
+    tol = 2 ** -7 if dtype == torch.bfloat16 else 2 ** -10
+    assert_close(adv, zero_masked(e_adv, m), rtol=tol, atol=tol * 4)
+    adv32, ret32 = llm.compute_gae_advantage_return(r, v, m, 1.0, 0.99, out_dtype=torch.float32)
+    assert adv32.dtype == torch.float32
+    assert_close(adv32, zero_masked(e_adv, m), rtol=1e-5, atol=1e-5)  # fp32 accumulation, not bf16
+    assert_close(ret32, zero_masked(e_ret, m), rtol=1e-5, atol=1e-5)
+
+
+def test_leading_batch_dims_and_empty_rows():
+    r, v, m = multi_turn_batch(B=6, T=20, seed=9)
+    a1, _ = llm.compute_gae_advantage_return(r, v, m, 0.9, 0.8)
+    a2, _ = llm.compute_gae_advantage_return(r.reshape(2, 3, 20), v.reshape(2, 3, 20), m.reshape(2, 3, 20), 0.9, 0.8)
+    assert_close(a2.reshape(6, 20), a1, rtol=0, atol=0)
+    a0, g0 = llm.compute_gae_advantage_return(torch.zeros(0, 5), torch.zeros(0, 5), torch.zeros(0, 5), 1.0, 1.0)
+    assert a0.shape == (0, 5) and g0.shape == (0, 5)
+
+
+def test_validation_errors():
+    r, v, m = multi_turn_batch(B=2, T=10, seed=10)
+    with pytest.raises(ValueError, match="bootstrap_values"):
+        llm.compute_gae_advantage_return(r, v, m, 1.0, 1.0, truncated=torch.tensor([True, False]))
+    with pytest.raises(ValueError, match="without truncated"):
+        llm.compute_gae_advantage_return(r, v, m, 1.0, 1.0, bootstrap_values=torch.zeros(2))
+    with pytest.raises(ValueError, match="truncated must have shape"):
+        llm.compute_gae_advantage_return(r, v, m, 1.0, 1.0, truncated=torch.zeros(2, 10, dtype=torch.bool),
+                                         bootstrap_values=torch.zeros(2))
+    with pytest.raises(ValueError, match="fill_masked"):
+        llm.compute_gae_advantage_return(r, v, m, 1.0, 1.0, fill_masked="nan")
+    with pytest.raises(ValueError, match="values must have shape"):
+        llm.compute_gae_advantage_return(r, v[:, :5], m, 1.0, 1.0)
+    with pytest.raises(TypeError, match="token_level_rewards"):
+        llm.compute_gae_advantage_return(r.long(), v, m, 1.0, 1.0)
+    with pytest.raises(ValueError, match="gamma"):
+        llm.compute_gae_advantage_return(r, v, m, 1.5, 1.0)
+
+
+def test_same_through_rollout_with_a_mask():
+    from rollbuf import Rollout
+
+    r, v, m = multi_turn_batch(B=4, T=33, seed=18)
+    zeros = torch.zeros(4, 33, dtype=torch.bool)
+    # Rollout always carries a truncated tensor, so rollbuf.functional asks for bootstrap_values
+    # even when none is read: NaN everywhere (nothing is read with window_end="terminal")
+    ro = Rollout(rewards=r, values=v, terminated=zeros, truncated=zeros, mask=m,
+                 bootstrap_values=torch.full((4, 33), NAN), batch_size=[4, 33])
+    adv, ret = ro.gae(0.99, 0.95, window_end="terminal")
+    e_adv, e_ret = llm.compute_gae_advantage_return(r, v, m, 0.99, 0.95)
+    assert_close(adv, e_adv, rtol=0, atol=0)
+    assert_close(ret, e_ret, rtol=0, atol=0)
+    g = ro.discounted_returns(0.99, bootstrap=False)
+    assert_close(g, llm.discounted_returns(r, m, 0.99))
+
+
+# --------------------------------------------------------------------------- discounted returns
+
+
+@pytest.mark.parametrize("gamma", [1.0, 0.99, 0.0])
+def test_discounted_returns_across_masked_spans(gamma):
+    r, _, m = multi_turn_batch(seed=11)
+    e = returns_loop(r, m, gamma)
+    assert_close(llm.discounted_returns(r, m, gamma), zero_masked(e, m))
+    assert_close(llm.discounted_returns(r, m, gamma, fill_masked="carry"), e)
+    tr = torch.tensor([True, False, True, False, True, False])
+    boot = torch.tensor([0.5, NAN, -2.0, NAN, 1.0, NAN])
+    e = returns_loop(r, m, gamma, bootstrap=torch.where(tr, boot, 0.0))
+    g = llm.discounted_returns(r, m, gamma, truncated=tr, bootstrap_values=boot)
+    assert_close(g, zero_masked(e, m))
+
+
+def test_discounted_returns_agree_with_reinforce_pp_on_trailing_padding():
+    g = torch.Generator().manual_seed(12)
+    B, T = 5, 40
+    lengths = torch.tensor([40, 1, 17, 33, 0])
+    m = torch.arange(T) < lengths[:, None]
+    r = torch.randn(B, T, generator=g)
+    r = torch.where(m, r, torch.randn(B, T, generator=g))  # finite garbage in the padding
+    ours = llm.discounted_returns(r, m, 0.97)
+    verl = reinforce_pp_literal(r.double(), m.double(), 0.97)
+    assert_close(ours, zero_masked(verl, m))
+    # a tool span inside a row: verl's loop resets there, rollbuf carries across (documented)
+    m2 = m.clone()
+    m2[0, 10:15] = False
+    ours = llm.discounted_returns(r, m2, 0.97)
+    verl = reinforce_pp_literal(r.double(), m2.double(), 0.97)
+    assert not torch.allclose(ours[0, :10].double(), verl[0, :10])
+    assert_close(ours[0, 15:], verl[0, 15:])
+
+
+# -------------------------------------------------------------------------------- packed rows
+
+
+def pack(rewards, values, mask, lengths, extra=0):
+    """Padded rows [S, L] → one packed row (each row's first ``lengths[s]`` tokens), plus
+    ``extra`` trailing tokens of no sequence (garbage)."""
+    parts_r = [rewards[s, :n] for s, n in enumerate(lengths.tolist())]
+    parts_v = [values[s, :n] for s, n in enumerate(lengths.tolist())]
+    parts_m = [mask[s, :n] for s, n in enumerate(lengths.tolist())]
+    if extra:
+        parts_r.append(torch.full((extra,), 9.0, dtype=rewards.dtype))
+        parts_v.append(torch.full((extra,), 9.0, dtype=values.dtype))
+        parts_m.append(torch.ones(extra, dtype=torch.bool))  # marked, but past cu_seqlens[-1]
+    cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+    cu[1:] = torch.cumsum(lengths, 0)
+    return torch.cat(parts_r), torch.cat(parts_v), torch.cat(parts_m), cu
+
+
+def unpack(x, lengths, L):
+    out = torch.zeros(len(lengths), L, dtype=x.dtype)
+    pos = 0
+    for s, n in enumerate(lengths.tolist()):
+        out[s, :n] = x[pos:pos + n]
+        pos += n
+    return out
+
+
+def packed_case(seed=13):
+    r, v, m = multi_turn_batch(B=8, T=60, seed=seed)
+    # sequence lengths: full, short, zero, one whose tail is masked (the end is not the last token)
+    lengths = torch.tensor([60, 25, 0, 60, 1, 44, 60, 7])
+    m[3, 50:] = False  # trailing masked tokens inside the sequence
+    m[4, 0] = True
+    return r, v, m, lengths
+
+
+@pytest.mark.parametrize("shape", ["1d", "2d"])
+@pytest.mark.parametrize("fill", ["zero", "carry"])
+def test_packed_equals_padded(shape, fill):
+    r, v, m, lengths = packed_case()
+    L = r.shape[1]
+    mpad = m & (torch.arange(L) < lengths[:, None])
+    tr = torch.tensor([False, True, True, True, False, False, True, False])
+    boot = torch.tensor([NAN, 0.4, 1.0, -0.6, NAN, NAN, 2.0, NAN])
+    pr, pv, pm, cu = pack(r, v, mpad, lengths, extra=5)
+    if shape == "2d":
+        pr, pv, pm = pr[None], pv[None], pm[None]
+    for truncated, bootstrap in ((None, None), (tr, boot)):
+        adv, ret = llm.packed_gae(pr, pv, pm, cu, 0.99, 0.95, truncated, bootstrap, fill_masked=fill)
+        assert adv.shape == pr.shape
+        pad_adv, pad_ret = llm.compute_gae_advantage_return(
+            torch.nan_to_num(r, 0.0), torch.nan_to_num(v, 0.0), mpad, 0.99, 0.95,
+            truncated=truncated, bootstrap_values=bootstrap, fill_masked=fill)
+        flat_adv = adv.reshape(-1)
+        flat_ret = ret.reshape(-1)
+        total = int(cu[-1])
+        assert_close(unpack(flat_adv[:total], lengths, L), zero_masked(pad_adv, torch.arange(L) < lengths[:, None]))
+        if fill == "zero":
+            assert_close(unpack(flat_ret[:total], lengths, L), pad_ret)
+        else:  # masked returns read the masked values: compare on the finite ones
+            ok = torch.isfinite(unpack(flat_ret[:total], lengths, L)) & (torch.arange(L) < lengths[:, None])
+            assert_close(unpack(flat_ret[:total], lengths, L)[ok], pad_ret[ok])
+        assert (flat_adv[total:] == 0).all()  # tokens past cu_seqlens[-1]: no sequence
+        e_adv, _ = verl_gae_loop(r, v, mpad, 0.99, 0.95,
+                                 bootstrap=None if truncated is None else torch.where(tr, boot, 0.0))
+        assert_close(unpack(flat_adv[:total], lengths, L)[mpad], e_adv[mpad])
+
+
+def test_packed_sequences_do_not_leak_into_each_other():
+    # two sequences: the first ends with two masked tokens; its end is its last model token
+    r = torch.tensor([0.0, 1.0, NAN, NAN, 0.0, 5.0])
+    v = torch.tensor([0.5, 0.5, NAN, NAN, 3.0, 3.0])
+    m = torch.tensor([1, 1, 0, 0, 1, 1])
+    cu = torch.tensor([0, 4, 6], dtype=torch.int32)
+    adv, ret = llm.packed_gae(r, v, m, cu, 1.0, 1.0)
+    # seq 0: A_1 = 1 − 0.5 = 0.5 (terminal), A_0 = 0 + 0.5 − 0.5 + A_1 = 0.5
+    # seq 1: A_5 = 5 − 3 = 2, A_4 = 0 + 3 − 3 + 2 = 2
+    assert_close(adv, torch.tensor([0.5, 0.5, 0.0, 0.0, 2.0, 2.0]), rtol=0, atol=1e-7)
+    adv, _ = llm.packed_gae(r, v, m, cu, 1.0, 1.0, fill_masked="carry")
+    assert_close(adv, torch.tensor([0.5, 0.5, 0.0, 0.0, 2.0, 2.0]), rtol=0, atol=1e-7)  # no carry across seqs
+    adv, _ = llm.packed_gae(r, v, m, cu, 1.0, 1.0, torch.tensor([True, False]), torch.tensor([10.0, NAN]))
+    assert_close(adv, torch.tensor([10.5, 10.5, 0.0, 0.0, 2.0, 2.0]), rtol=0, atol=1e-6)
+
+
+def test_packed_discounted_returns_equal_padded():
+    r, v, m, lengths = packed_case(seed=14)
+    L = r.shape[1]
+    mpad = m & (torch.arange(L) < lengths[:, None])
+    tr = torch.tensor([True, False, False, True, False, True, False, False])
+    boot = torch.tensor([1.0, NAN, NAN, -1.0, NAN, 0.5, NAN, NAN])
+    pr, _, pm, cu = pack(r, v, mpad, lengths)
+    for fill in ("zero", "carry"):
+        g = llm.packed_discounted_returns(pr, pm, cu, 0.95, tr, boot, fill_masked=fill)
+        e = llm.discounted_returns(torch.nan_to_num(r, 0.0), mpad, 0.95, truncated=tr, bootstrap_values=boot,
+                                   fill_masked=fill)
+        assert_close(unpack(g, lengths, L), zero_masked(e, torch.arange(L) < lengths[:, None]))
+
+
+def test_packed_whiten_and_bf16():
+    r, v, m, lengths = packed_case(seed=15)
+    L = r.shape[1]
+    mpad = m & (torch.arange(L) < lengths[:, None])
+    pr, pv, pm, cu = pack(r, v, mpad, lengths)
+    adv, _ = llm.packed_gae(pr, pv, pm, cu, 1.0, 0.95, whiten=True)
+    pad_adv, _ = llm.compute_gae_advantage_return(r, v, mpad, 1.0, 0.95, whiten=True)
+    assert_close(unpack(adv, lengths, L), pad_adv, rtol=1e-5, atol=1e-5)  # same statistics
+    adv16, _ = llm.packed_gae(pr.bfloat16(), pv.bfloat16(), pm, cu, 1.0, 0.95, out_dtype=torch.float32)
+    e_adv, _ = verl_gae_loop(r.bfloat16(), v.bfloat16(), mpad, 1.0, 0.95)
+    assert_close(unpack(adv16, lengths, L)[mpad], e_adv[mpad])
+
+
+def test_packed_is_one_functional_call(monkeypatch):
+    calls = []
+    real = F.gae
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs["rewards"].shape)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(llm.F, "gae", spy)
+    r, v, m, lengths = packed_case(seed=16)
+    pr, pv, pm, cu = pack(r, v, m & (torch.arange(60) < lengths[:, None]), lengths)
+    llm.packed_gae(pr[None], pv[None], pm[None], cu, 1.0, 1.0)
+    assert calls == [pr[None].shape]
+
+
+def test_packed_validation():
+    r = torch.zeros(6)
+    m = torch.ones(6, dtype=torch.bool)
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        llm.packed_gae(r, r, m, torch.tensor([1, 6], dtype=torch.int32), 1.0, 1.0)
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        llm.packed_gae(r, r, m, torch.tensor([0, 4, 2], dtype=torch.int32), 1.0, 1.0)
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        llm.packed_gae(r, r, m, torch.tensor([0, 7], dtype=torch.int32), 1.0, 1.0)
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        llm.packed_gae(r, r, m, torch.tensor([0.0, 6.0]), 1.0, 1.0)
+    with pytest.raises(ValueError, match=r"\[1, total\]"):
+        llm.packed_gae(torch.zeros(2, 3), torch.zeros(2, 3), torch.ones(2, 3), torch.tensor([0, 3], dtype=torch.int32),
+                       1.0, 1.0)
+    with pytest.raises(ValueError, match="both truncated"):
+        llm.packed_gae(r, r, m, torch.tensor([0, 6], dtype=torch.int32), 1.0, 1.0, torch.tensor([True]))
+    adv, _ = llm.packed_gae(r, r, m, torch.tensor([0], dtype=torch.int32), 1.0, 1.0)  # no sequence
+    assert (adv == 0).all()
+
+
+# ------------------------------------------------------------------- the GPU path, interpreted
+
+
+@pytest.mark.skipif(not F._triton_available(), reason="triton not importable")
+def test_triton_backend_matches(monkeypatch):
+    """The fused-kernel path (CUDA in production; Triton's interpreter on a CPU machine)."""
+    import os
+
+    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("no CUDA and TRITON_INTERPRET is not set")
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    r, v, m = multi_turn_batch(B=3, T=40, seed=17)
+    tr = torch.tensor([True, False, False])
+    boot = torch.tensor([0.5, NAN, NAN])
+    r, v, m, tr, boot = (x.to(dev) for x in (r, v, m, tr, boot))
+    adv, ret = llm.compute_gae_advantage_return(r, v, m, 0.99, 0.95, truncated=tr, bootstrap_values=boot,
+                                                backend="triton")
+    e_adv, e_ret = verl_gae_loop(r.cpu(), v.cpu(), m.cpu(), 0.99, 0.95,
+                                 bootstrap=torch.where(tr, boot, 0.0).cpu())
+    assert_close(adv.cpu(), zero_masked(e_adv, m.cpu()))
+    assert_close(ret.cpu(), zero_masked(e_ret, m.cpu()))
+    lengths = torch.tensor([40, 12, 30])
+    pr, pv, pm, cu = pack(r.cpu(), v.cpu(), m.cpu() & (torch.arange(40) < lengths[:, None]), lengths)
+    padv, _ = llm.packed_gae(pr.to(dev), pv.to(dev), pm.to(dev), cu.to(dev), 0.99, 0.95, backend="triton")
+    tadv, _ = llm.packed_gae(pr, pv, pm, cu, 0.99, 0.95, backend="torch")
+    assert_close(padv.cpu(), tadv)
+
+
+# ---------------------------------------------------------------------------- docs/llm.md
+
+
+WORKED = dict(
+    role=["model", "model", "model", "tool", "tool", "tool", "model", "model", "model", "model"],
+    mask=[1, 1, 1, 0, 0, 0, 1, 1, 1, 1],
+    rewards=[0.0, 0.0, 0.5, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
+    values=[0.4, 0.5, 0.6, 0.3, 0.3, 0.3, 0.7, 0.6, 0.8, 0.9],
+    bootstrap=1.0,
+    gamma=1.0,
+    lam=0.9,
+)
+
+
+def render_worked_example() -> str:
+    """The tables of docs/llm.md's worked example, computed by rollbuf.llm."""
+    w = WORKED
+    r = torch.tensor([w["rewards"]], dtype=torch.float64)
+    v = torch.tensor([w["values"]], dtype=torch.float64)
+    m = torch.tensor([w["mask"]])
+    T = r.shape[1]
+    kw = dict(truncated=torch.tensor([True]), bootstrap_values=torch.tensor([w["bootstrap"]], dtype=torch.float64))
+    g, lam = w["gamma"], w["lam"]
+    adv_tr, ret_tr = llm.compute_gae_advantage_return(r, v, m, g, lam, **kw)
+    adv_tr_c, ret_tr_c = llm.compute_gae_advantage_return(r, v, m, g, lam, fill_masked="carry", **kw)
+    adv_eos, ret_eos = llm.compute_gae_advantage_return(r, v, m, g, lam)
+    adv_eos_c, _ = llm.compute_gae_advantage_return(r, v, m, g, lam, fill_masked="carry")
+    adv_w, _ = llm.compute_gae_advantage_return(r, v, m, g, lam, whiten=True, **kw)
+
+    def num(x):
+        s = f"{x:.4f}"
+        return "0" if s in ("0.0000", "-0.0000") else s
+
+    head = "|  | " + " | ".join(f"t={t}" for t in range(T)) + " |"
+    sep = "|---" * (T + 1) + "|"
+    lines = [
+        f"Inputs (one row, `[1, {T}]`; γ = {g}, λ = {lam}; the row is cut by the token limit after t={T - 1}, "
+        f"`bootstrap_values = [{w['bootstrap']}]`):",
+        "",
+        head,
+        sep,
+        "| token | " + " | ".join(w["role"]) + " |",
+        "| `response_mask` | " + " | ".join(str(x) for x in w["mask"]) + " |",
+        "| `token_level_rewards` | " + " | ".join(f"{x:g}" for x in w["rewards"]) + " |",
+        "| `values` | " + " | ".join(f"{x:g}" for x in w["values"]) + " |",
+        "",
+        "Outputs (`rollbuf.llm.compute_gae_advantage_return`, float64):",
+        "",
+        head,
+        sep,
+    ]
+    rows = [
+        ("advantages, truncated row", adv_tr),
+        ("returns, truncated row", ret_tr),
+        ("advantages, truncated, `fill_masked=\"carry\"`", adv_tr_c),
+        ("returns, truncated, `fill_masked=\"carry\"`", ret_tr_c),
+        ("advantages, truncated, `whiten=True`", adv_w),
+        ("advantages, if it had ended with EOS (terminal)", adv_eos),
+        ("returns, if it had ended with EOS", ret_eos),
+        ("verl's loop (terminal) = EOS, `fill_masked=\"carry\"`", adv_eos_c),
+    ]
+    for name, x in rows:
+        lines.append(f"| {name} | " + " | ".join(num(float(x[0, t])) for t in range(T)) + " |")
+    return "\n".join(lines)
+
+
+def test_worked_example_in_docs():
+    text = (ROOT / "docs" / "llm.md").read_text(encoding="utf-8")
+    begin, end = "<!-- BEGIN LLM WORKED EXAMPLE -->", "<!-- END LLM WORKED EXAMPLE -->"
+    assert text.count(begin) == 1 and text.count(end) == 1
+    pasted = text[text.index(begin) + len(begin):text.index(end)].strip()
+    assert pasted == render_worked_example().strip(), (
+        "docs/llm.md's worked example is out of date: paste the output of `python tests/test_llm.py`"
+    )
+
+
+def test_worked_example_by_hand():
+    w = WORKED
+    r = torch.tensor([w["rewards"]], dtype=torch.float64)
+    v = torch.tensor([w["values"]], dtype=torch.float64)
+    m = torch.tensor([w["mask"]])
+    adv, _ = llm.compute_gae_advantage_return(r, v, m, 1.0, 0.9, truncated=torch.tensor([True]),
+                                              bootstrap_values=torch.tensor([1.0], dtype=torch.float64))
+    e, _ = verl_gae_loop(r, v, m, 1.0, 0.9, bootstrap=torch.tensor([1.0]))
+    assert_close(adv, zero_masked(e, m), rtol=0, atol=1e-12)
+    assert math.isclose(float(adv[0, 9]), 0.0 + 1.0 * 1.0 - 0.9, abs_tol=1e-12)
+    # t=2 reaches across the tool span to V_6: δ_2 = 0.5 + 0.7 − 0.6
+    assert math.isclose(float(adv[0, 2]), 0.6 + 0.9 * float(adv[0, 6]), abs_tol=1e-12)
+
+
+if __name__ == "__main__":
+    print(render_worked_example())
