@@ -289,10 +289,7 @@ def test_same_through_rollout_with_a_mask():
 
     r, v, m = multi_turn_batch(B=4, T=33, seed=18)
     zeros = torch.zeros(4, 33, dtype=torch.bool)
-    # Rollout always carries a truncated tensor, so rollbuf.functional asks for bootstrap_values
-    # even when none is read: NaN everywhere (nothing is read with window_end="terminal")
-    ro = Rollout(rewards=r, values=v, terminated=zeros, truncated=zeros, mask=m,
-                 bootstrap_values=torch.full((4, 33), NAN), batch_size=[4, 33])
+    ro = Rollout(rewards=r, values=v, terminated=zeros, mask=m, batch_size=[4, 33])  # no truncation
     adv, ret = ro.gae(0.99, 0.95, window_end="terminal")
     e_adv, e_ret = llm.compute_gae_advantage_return(r, v, m, 0.99, 0.95)
     assert_close(adv, e_adv, rtol=0, atol=0)
