@@ -35,8 +35,12 @@ def main():
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--t", type=int, default=32768)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--threads", type=int, default=None)
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     f = make_rollout(args.n, args.t, seed=0, p_terminated=0.01, p_truncated=0.01, p_masked=0.0)
+    f["mask"] = None  # no mask, as most trainers call it
     rows = []
     for name in ESTIMATORS:
         p = PARAMS[name]

@@ -208,6 +208,9 @@ class _Call:
         from rollbuf.vectorized import last_unmasked_index
 
         t = tr != 0
+        k = self.fields.get("terminated")
+        if k is not None:
+            t = t & (k == 0)  # terminated wins: nothing is read there
         T = self.shape[-1]
         m = self.fields.get("mask")
         if m is not None:

@@ -24,12 +24,15 @@ if not _cuda:
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``gpu`` (full-size rows, > 2^31 elements) run in the GPU session
-    (``python -m pytest tests/test_kernels.py`` on a CUDA machine); elsewhere they are deselected,
-    not skipped: the interpreter tests cover the same code paths at small sizes."""
-    if _cuda:
-        return
-    keep = [it for it in items if it.get_closest_marker("gpu") is None]
-    if len(keep) != len(items):
-        config.hook.pytest_deselected(items=[it for it in items if it.get_closest_marker("gpu") is not None])
-        items[:] = keep
+    """Tests marked ``gpu`` (full-size rows, > 2^31 elements) or ``multigpu`` (NCCL over two GPUs)
+    run in the GPU sessions (``python -m pytest tests`` on a machine with the devices); elsewhere they
+    are deselected, not skipped: the CPU tests cover the same code paths at small sizes (the
+    kernels under Triton's interpreter, the time-sharded estimators over gloo)."""
+    n_gpu = torch.cuda.device_count() if _cuda else 0
+    drop = {"gpu"} if n_gpu == 0 else set()
+    if n_gpu < 2:
+        drop.add("multigpu")
+    gone = [it for it in items if any(it.get_closest_marker(m) is not None for m in drop)]
+    if gone:
+        config.hook.pytest_deselected(items=gone)
+        items[:] = [it for it in items if it not in gone]

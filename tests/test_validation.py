@@ -335,3 +335,19 @@ def test_affine_scan_validation():
         F.affine_scan(a, a, initial=torch.zeros(N + 1))
     with _raises(TypeError, "alpha"):
         F.affine_scan(torch.zeros(N, T, dtype=torch.int64), a)
+
+
+def test_row_bootstrap_with_a_terminated_and_truncated_interior_step_is_accepted():
+    """Terminated wins: an interior step flagged both reads no bootstrap value, so a [*B]
+    bootstrap_values (window-end column only) is enough."""
+    r, v = torch.randn(2, 9), torch.randn(2, 9)
+    k = torch.zeros(2, 9, dtype=torch.bool)
+    tr = torch.zeros(2, 9, dtype=torch.bool)
+    k[0, 3] = tr[0, 3] = True
+    bv = torch.randn(2)
+    got = F.gae(0.9, 0.8, rewards=r, values=v, terminated=k, truncated=tr, bootstrap_values=bv, backend="torch")
+    ref = F.gae(0.9, 0.8, rewards=r, values=v, terminated=k, truncated=tr, bootstrap_values=bv, backend="reference")
+    torch.testing.assert_close(got.advantages, ref.advantages.float())
+    tr[1, 4] = True  # a truncation that does read: still an error
+    with pytest.raises(ValueError, match="bootstrap_values"):
+        F.gae(0.9, 0.8, rewards=r, values=v, terminated=k, truncated=tr, bootstrap_values=bv, backend="torch")

@@ -1,0 +1,252 @@
+"""The estimators on rows sharded in time across ranks (context parallelism over ``torch.distributed``).
+
+Each rank of ``group`` holds a contiguous time shard ``[*B, T_r]`` of the same rows, rank order =
+time order (rank 0 holds the first steps); shards may be uneven and empty (``T_r = 0``). Every
+function here takes the arguments of its :mod:`rollbuf.functional` namesake plus ``group=`` and
+returns on each rank exactly that rank's slice of what the functional estimator returns on the
+unsharded rows. The ranks exchange one ``all_gather`` of ``O(N)`` numbers per call, never the data
+(``docs/distributed.md``: the communication model and the expected scaling).
+
+**How.** Every estimator is an affine scan over a state ``Z`` with own-step coefficients
+(:mod:`rollbuf.boundary.coefficients`), so a whole shard is one affine map from the state past its
+end in scan order to the state at its start (backward: ``Z_start = a + b·Z_after``; V-trace: a 2×2
+upper-triangular map on ``(u, V)``; forward: ``F_end = a + b·F_before``). Each rank
+
+1. validates its call like the functional one and computes its shard's map
+   (:func:`rollbuf.vectorized.window_map`, a tree reduction of the same step maps the scan uses);
+2. all-gathers, per row: the map, and for the backward estimators the window-end state it would
+   supply if the row's window end (its last unmasked step) were on this rank, with a priority
+   saying whether it is (live step in the row) — an *owner* is needed because masks can leave the
+   last shards of a row without a live step, so that a row's window end (and the
+   ``bootstrap_values`` column it reads) is on an earlier rank;
+3. composes, locally, the gathered maps of the later shards (backward) with the owner's window-end
+   state, or of the earlier shards (forward) with rank 0's ``initial``, which gives its own carry;
+4. runs the local estimator on its shard with that carry (``carry=`` / ``initial=``), with the
+   requested backend.
+
+The shard map is computed by the plain-torch helper on every backend (also for ``triton``), not by
+running the kernel with two carries and differencing: the difference ``f(1) − f(0)`` loses the
+relative precision of ``b`` when ``|a| ≫ |b|`` (its error, ``≈ ε·|a|``, is then multiplied by the
+carry), and V-trace's pair map would need three runs. The helper composes the step maps exactly as
+the scan does, costs one extra elementwise pass over the shard, and runs on the input's device.
+
+**Window-level arguments** (``gamma``, ``lam``, ..., ``window_end``, ``carry``, ``initial``, a
+``[*B]`` ``bootstrap_values``) are passed identically on every rank; each rank's call is validated
+like a functional call on its shard (so ``bootstrap_values`` is required on every rank unless
+``carry=`` or ``window_end="terminal"`` is given: any rank may hold a row's window end). ``carry=``
+is read from the last rank, ``initial=`` from rank 0. ``bootstrap_values[..., -1]`` of a rank that
+does not hold the row's window end is not read (unless that step is truncated). ``return_carry=True``
+returns the carry of the *whole* window (the state at rank 0's first step) on every rank, and the
+forward estimators' ``final`` is the whole window's ``final`` on every rank: both chain the next
+window without further communication.
+
+Validation happens before the exchange: a rank that raises leaves the others waiting in the
+collective (as with any collective). ``backend="reference"`` is rejected (it computes whole rows).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+
+import torch
+
+from rollbuf import functional as F
+from rollbuf.boundary import coefficients as C
+from rollbuf.problem import Problem
+
+__all__ = [
+    "gae",
+    "advantages",
+    "lambda_returns",
+    "discounted_returns",
+    "vtrace",
+    "retrace",
+    "eligibility_traces",
+    "episodic_sums",
+]
+
+_PAIR = 5  # coefficients (p, q, s, a, w) of a V-trace map
+
+
+def _group_info(group):
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError(
+            "rollbuf.distributed needs an initialised torch.distributed process group "
+            "(torch.distributed.init_process_group); for one process use rollbuf.functional"
+        )
+    return dist, dist.get_rank(group), dist.get_world_size(group)
+
+
+def _all_gather(dist, payload, world, group):
+    """``[N, k]`` on every rank -> ``[N, k, world]`` (gloo and NCCL both have list all_gather)."""
+    payload = payload.contiguous()
+    out = [torch.empty_like(payload) for _ in range(world)]
+    dist.all_gather(out, payload, group=group)
+    return torch.stack(out, dim=-1)
+
+
+def _apply(maps, z, pair):
+    """Apply the (batched) map ``maps`` to the state ``z`` (``[N]``, or ``[N, 2]`` for V-trace)."""
+    if pair:
+        P, Q, S, A, W = maps
+        u, v = z[:, 0], z[:, 1]
+        return torch.stack([A + P * u + Q * v, W + S * v], -1)
+    a, b = maps
+    return a + b * z
+
+
+def _exchange(p: Problem, backend, reference_call, return_carry, group):
+    """The hook :func:`rollbuf.functional._run` calls with this rank's validated shard problem."""
+    from rollbuf import vectorized
+
+    if backend == "reference":
+        raise ValueError(
+            "rollbuf.distributed runs the torch or triton backend on each shard; backend='reference' "
+            "computes whole rows only (gather the shards and call rollbuf.functional)"
+        )
+    dist, rank, world = _group_info(group)
+    dt = p.compute_dtype
+    main = p.main
+    N, T = main.shape[0], main.shape[1]
+    forward = p.family == "trace"
+    pair = p.pair
+
+    # 1. this shard's map, and (backward) its window-end candidate with its priority
+    maps = tuple(torch.as_tensor(x, dtype=dt, device=main.device) for x in vectorized.window_map(p))
+    if forward:
+        a, b = maps
+        a = a.reshape(N, math.prod(p.feature_shape))
+        if rank == 0:  # fold `initial` in: rank 0's map becomes a constant
+            if p.carry is not None:
+                a = a + b.unsqueeze(-1) * p.carry.reshape(a.shape).to(dt)
+            b = torch.zeros_like(b)
+        payload = torch.cat([a, b.unsqueeze(-1)], -1)
+    else:
+        m = p.fields.get("mask")
+        if p.carry is not None:
+            cand = p.carry.to(dt)
+        else:
+            cand = vectorized._window_end_carry(p, dt, None if m is None else m != 0)
+        # priority of this rank as the row's window end: a live step (2) beats a non-empty shard
+        # (1, only used by rows with no live step at all: their carry is V(s_T) of the last column)
+        if m is None:
+            prio = torch.full((N,), 2.0 if T else 0.0, dtype=dt, device=main.device)
+        else:
+            prio = (m != 0).any(-1).to(dt) + (1.0 if T else 0.0)
+        if p.carry is not None and rank == world - 1:
+            prio = torch.full_like(prio, 3.0)  # a chained window: the state past it is `carry`
+        cand = cand.reshape(N, 2 if pair else 1)
+        payload = torch.cat([torch.stack(maps, -1), cand, prio.unsqueeze(-1)], -1)
+
+    # 2. the exchange: one all_gather of O(N) numbers per rank
+    g = _all_gather(dist, payload, world, group)  # [N, k, R]
+
+    # 3. this shard's carry, and the whole window's carry / final, from the gathered maps
+    ranks = torch.arange(world, device=main.device)
+    if forward:
+        Fn = g.shape[1] - 1
+        elems = (g[:, :Fn, :], g[:, Fn:, :])  # a [N, Fn, R], b [N, 1, R]
+        prefix = vectorized.doubling_scan(elems, C.compose, reverse=False)[0]  # b = 0: constant
+        feat = p.feature_shape
+        initial = p.carry if rank == 0 else prefix[..., rank - 1].reshape(N, *feat)
+        final = prefix[..., -1].reshape(N, *feat)
+        p.carry = None if initial is None else initial.to(dt)
+    else:
+        k = _PAIR if pair else 2
+        nc = 2 if pair else 1
+        elems = tuple(g[:, i, :] for i in range(k))  # each [N, R]
+        cands = g[:, k:k + nc, :]  # [N, nc, R]
+        score = g[:, -1, :].round().long() * world + ranks  # last rank of the highest priority
+        owner = score.amax(-1) % world  # [N]
+        z_end = cands.gather(-1, owner.view(N, 1, 1).expand(N, nc, 1)).squeeze(-1)  # [N, nc]
+        z_end = z_end if pair else z_end.squeeze(-1)
+        suffix = vectorized.doubling_scan(elems, C.compose_pair if pair else C.compose, reverse=True)
+        whole = _apply(tuple(s[:, 0] for s in suffix), z_end, pair)
+        mine = z_end if rank == world - 1 else _apply(tuple(s[:, rank + 1] for s in suffix), z_end, pair)
+        p.carry = mine
+        _check_window_end_truncation(p, owner, rank)
+
+    # 4. the local estimator on this shard, with its carry
+    token = F._RUN_HOOK.set(None)
+    try:
+        outs, carry = F._run(p, backend, reference_call, return_carry)
+    finally:
+        F._RUN_HOOK.reset(token)
+    B = p.batch_shape
+    if forward:
+        i = p.outputs.index("final")
+        outs[i] = final.reshape(*B, *final.shape[1:]).to(dt)
+    elif return_carry:
+        carry = whole.reshape(*B, *whole.shape[1:]).to(dt)
+    return outs, carry
+
+
+def _check_window_end_truncation(p: Problem, owner, rank):
+    """A ``[*B]`` ``bootstrap_values`` is V(s_T) only: a truncation at this shard's last live step
+    is interior to the row when a later rank holds the row's window end (functional raises the same
+    for truncations before the window end; one device sync, only in this combination)."""
+    bv, tr = p.fields.get("bootstrap_values"), p.fields.get("truncated")
+    if bv is None or tr is None or bv.dim() != 1 or p.no_bootstrap or tr.shape[-1] == 0:
+        return
+    from rollbuf.vectorized import last_unmasked_index
+
+    t = tr != 0
+    k = p.fields.get("terminated")
+    if k is not None:
+        t = t & (k == 0)  # terminated wins: nothing is read there
+    m = p.fields.get("mask")
+    if m is not None:
+        t = t & (m != 0)
+        j = last_unmasked_index(m != 0)
+    else:
+        j = torch.full(t.shape[:-1], t.shape[-1] - 1, device=t.device)
+    at_end = t.gather(-1, j.clamp(min=0).unsqueeze(-1)).squeeze(-1) & (j >= 0)
+    if bool((at_end & (owner != rank)).any()):
+        raise ValueError(
+            f"bootstrap_values of shape [*B] holds the window-end column only, but truncated has a "
+            f"truncation at the last step of rank {rank}'s shard, before the window end (on a later "
+            "rank); pass bootstrap_values of shape [*B, T_r] (this rank's columns)"
+        )
+
+
+def _distributed(fn):
+    """``rollbuf.distributed.<name>``: ``fn`` with ``group=``, its shard's carry exchanged."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, group=None, **kwargs):
+        token = F._RUN_HOOK.set(functools.partial(_hook, group=group))
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            F._RUN_HOOK.reset(token)
+
+    sig = inspect.signature(fn)
+    params = list(sig.parameters.values())
+    extra = inspect.Parameter("group", inspect.Parameter.KEYWORD_ONLY, default=None)
+    at = len(params) - (params[-1].kind == inspect.Parameter.VAR_KEYWORD)
+    wrapper.__signature__ = sig.replace(parameters=params[:at] + [extra] + params[at:])
+    wrapper.__doc__ = (
+        f"Time-sharded :func:`rollbuf.functional.{fn.__name__}`: this rank's slice of the result on "
+        "rows whose time is sharded across ``group`` (rank order = time order); see "
+        ":mod:`rollbuf.distributed`.\n\n" + (fn.__doc__ or "")
+    )
+    wrapper.__module__ = __name__
+    return wrapper
+
+
+def _hook(p, backend, reference_call, return_carry, *, group):
+    return _exchange(p, backend, reference_call, return_carry, group)
+
+
+gae = _distributed(F.gae)
+advantages = _distributed(F.advantages)
+lambda_returns = _distributed(F.lambda_returns)
+discounted_returns = _distributed(F.discounted_returns)
+vtrace = _distributed(F.vtrace)
+retrace = _distributed(F.retrace)
+eligibility_traces = _distributed(F.eligibility_traces)
+episodic_sums = _distributed(F.episodic_sums)
