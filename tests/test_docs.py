@@ -197,3 +197,14 @@ def test_top_level_names_documented(api, name):
 def test_testing_helpers_named(api):
     assert "rollbuf.testing" in api
     assert "rollouts(" in api and "assert_matches_reference(" in api
+
+
+def test_generated_reference_is_up_to_date():
+    """docs/reference.md is generated from the docstrings; regenerate it when they change:
+    python docs/examples/gen_reference.py > docs/reference.md"""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gen_reference", ROOT / "docs" / "examples" / "gen_reference.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert (ROOT / "docs" / "reference.md").read_text() == mod.render()

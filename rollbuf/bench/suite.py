@@ -44,6 +44,9 @@ _READS = {  # fields each estimator reads (for bytes moved)
 
 @attrs.frozen
 class Case:
+    """One benchmark case: an estimator on ``n`` rows of ``t`` steps of ``dtype`` inputs with the
+    boundary ``mix`` (one of ``MIXES``: none, term, term+trunc, mask)."""
+
     estimator: str
     n: int
     t: int
