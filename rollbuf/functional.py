@@ -29,6 +29,7 @@ from typing import NamedTuple
 
 import torch
 
+from rollbuf import autograd as _autograd
 from rollbuf.problem import Problem
 
 __all__ = [
@@ -317,6 +318,8 @@ def _run(p: Problem, backend: str, reference_call, return_carry: bool):
         from rollbuf.kernels import op
 
         outs, carry = op.run(p)
+    elif _autograd.needs_grad(p):  # fused forward, backward through the torch backend
+        outs, carry = _autograd.run(p)
     else:
         from rollbuf import kernels
 
