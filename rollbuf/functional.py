@@ -628,7 +628,12 @@ def affine_scan(alpha, beta, reverse=False, initial=None, *, backend="auto"):
 
         y = vectorized.affine_scan(a.to(compute), b.to(compute), reverse, init.to(compute))
     else:
-        from rollbuf import kernels
+        p = Problem(family="affine", outputs=("y", "final"), fields={"x": a, "values": b}, carry=init,
+                    compute_dtype=compute, out_dtype=compute, reverse=reverse)
+        if _autograd.needs_grad(p):
+            y = _autograd.run(p)[0][0]
+        else:
+            from rollbuf import kernels
 
-        y = kernels.affine_scan(a, b, reverse, init, compute)
+            y = kernels.run(p)[0][0]
     return y.reshape(*B, T).to(out)

@@ -220,6 +220,12 @@ def window_map(p: Problem):
 
 def run(p: Problem):
     """Run one prepared problem. Returns ``(outputs, carry)``, outputs at masked steps are 0."""
+    if p.family == "affine":  # the public primitive: α and β given as data
+        dt = p.compute_dtype
+        init = p.carry.to(dt)
+        y = affine_scan(p.fields["x"].to(dt), p.fields["values"].to(dt), p.reverse, init)
+        final = (y[..., 0] if p.reverse else y[..., -1]) if y.shape[-1] else init
+        return (y, final), None
     dt = p.compute_dtype
     elems, _, _, _, env = _steps(p)
     m = env["m"]

@@ -84,3 +84,17 @@ def test_triton_gradients_equal_torch_gradients():
         grads[backend] = (r.grad, v.grad)
     for a, b in zip(grads["torch"], grads["triton"]):
         torch.testing.assert_close(b, a)
+
+
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "backward"])
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_affine_scan_gradients(backend, reverse):
+    """The public primitive is differentiable in α, β and ``initial`` (linear-recurrence layers)."""
+    from rollbuf import functional as F
+
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(2, 13, generator=g, dtype=torch.float64).to(DEV).requires_grad_()
+    b = (0.3 + 0.6 * torch.rand(2, 13, generator=g, dtype=torch.float64)).to(DEV).requires_grad_()
+    init = torch.randn(2, generator=g, dtype=torch.float64).to(DEV).requires_grad_()
+    fn = lambda a, b, i: F.affine_scan(a, b, reverse, i, backend=backend)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, (a, b, init), fast_mode=backend == "triton")

@@ -216,11 +216,3 @@ def run(p: Problem):
     if is_trace:
         return tuple(outs) + (carry_out,), None
     return tuple(outs), carry_out
-
-
-def affine_scan(alpha, beta, reverse, initial, compute_dtype):
-    """The public primitive ``y_t = α_t + β_t·y_{t∓1}`` on the kernel (α and β read as data)."""
-    p = Problem(family="affine", outputs=("y", "final"), fields={"x": alpha, "values": beta},
-                carry=initial, compute_dtype=compute_dtype, out_dtype=compute_dtype, reverse=reverse)
-    outs, _ = run(p)
-    return outs[0]
