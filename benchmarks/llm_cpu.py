@@ -37,24 +37,13 @@ import time
 import torch
 
 from rollbuf import llm
+from rollbuf.bench.competitors import verl_multi_turn_gae as _verl_loop
 
 
 def verl_multi_turn_gae(token_level_rewards, values, response_mask, gamma, lam):
     """verl's multi-turn GAE loop (without the final masked_whiten)."""
     with torch.no_grad():
-        nextvalues = 0
-        lastgaelam = 0
-        advantages_reversed = []
-        gen_len = token_level_rewards.shape[-1]
-        for t in reversed(range(gen_len)):
-            delta = token_level_rewards[:, t] + gamma * nextvalues - values[:, t]
-            lastgaelam_ = delta + gamma * lam * lastgaelam
-            nextvalues = values[:, t] * response_mask[:, t] + (1 - response_mask[:, t]) * nextvalues
-            lastgaelam = lastgaelam_ * response_mask[:, t] + (1 - response_mask[:, t]) * lastgaelam
-            advantages_reversed.append(lastgaelam)
-        advantages = torch.stack(advantages_reversed[::-1], dim=1)
-        returns = advantages + values
-    return advantages, returns
+        return _verl_loop(token_level_rewards, values, response_mask, gamma, lam)
 
 
 def make_batch(B, T, seed=0):

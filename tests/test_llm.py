@@ -21,6 +21,7 @@ import torch
 
 import rollbuf.functional as F
 from rollbuf import llm
+from rollbuf.bench.competitors import verl_multi_turn_gae
 
 ROOT = Path(__file__).resolve().parents[1]
 NAN = float("nan")
@@ -48,18 +49,7 @@ def verl_gae_loop(rewards, values, mask, gamma, lam, bootstrap=None):
 
 def verl_gae_literal(token_level_rewards, values, response_mask, gamma, lam):
     """verl's code as written (mask arithmetic, no bootstrap); finite inputs only."""
-    nextvalues = 0
-    lastgaelam = 0
-    advantages_reversed = []
-    gen_len = token_level_rewards.shape[-1]
-    for t in reversed(range(gen_len)):
-        delta = token_level_rewards[:, t] + gamma * nextvalues - values[:, t]
-        lastgaelam_ = delta + gamma * lam * lastgaelam
-        nextvalues = values[:, t] * response_mask[:, t] + (1 - response_mask[:, t]) * nextvalues
-        lastgaelam = lastgaelam_ * response_mask[:, t] + (1 - response_mask[:, t]) * lastgaelam
-        advantages_reversed.append(lastgaelam)
-    advantages = torch.stack(advantages_reversed[::-1], dim=1)
-    return advantages, advantages + values
+    return verl_multi_turn_gae(token_level_rewards, values, response_mask, gamma, lam)
 
 
 def returns_loop(rewards, mask, gamma, bootstrap=None):

@@ -123,6 +123,24 @@ def torchrl_gae(name, f, params):
     return adv.squeeze(-1), ret.squeeze(-1)
 
 
+def verl_multi_turn_gae(token_level_rewards, values, response_mask, gamma, lam):
+    """verl's multi-turn GAE loop as written (``verl/trainer/ppo/core_algos.py``, without the final
+    ``masked_whiten``): one token per step, the response end terminal, masked tokens carried
+    forward by mask arithmetic (finite inputs only)."""
+    nextvalues = 0
+    lastgaelam = 0
+    advantages_reversed = []
+    gen_len = token_level_rewards.shape[-1]
+    for t in reversed(range(gen_len)):
+        delta = token_level_rewards[:, t] + gamma * nextvalues - values[:, t]
+        lastgaelam_ = delta + gamma * lam * lastgaelam
+        nextvalues = values[:, t] * response_mask[:, t] + (1 - response_mask[:, t]) * nextvalues
+        lastgaelam = lastgaelam_ * response_mask[:, t] + (1 - response_mask[:, t]) * lastgaelam
+        advantages_reversed.append(lastgaelam)
+    advantages = torch.stack(advantages_reversed[::-1], dim=1)
+    return advantages, advantages + values
+
+
 COMPETITORS: dict[str, Callable] = {
     "rollbuf-triton": rollbuf_backend("triton"),
     "rollbuf-torch": rollbuf_backend("torch"),
