@@ -23,8 +23,14 @@ DIFFERENTIABLE = ("rewards", "values", "bootstrap_values", "log_probs", "target_
 def needs_grad(p: Problem) -> bool:
     if not torch.is_grad_enabled():
         return False
-    ts = [p.fields.get(k) for k in DIFFERENTIABLE] + [p.carry]
-    return any(t is not None and t.requires_grad for t in ts)
+    if p.carry is not None and p.carry.requires_grad:
+        return True
+    f = p.fields
+    for k in DIFFERENTIABLE:
+        t = f.get(k)
+        if t is not None and t.requires_grad:
+            return True
+    return False
 
 
 class KernelFunction(torch.autograd.Function):

@@ -23,6 +23,7 @@ Boundary keywords shared by the backward estimators:
 from __future__ import annotations
 
 import contextvars
+import functools
 import math
 import os
 from typing import NamedTuple
@@ -282,6 +283,7 @@ def _resolve_backend(backend, device):
     return backend
 
 
+@functools.cache
 def _triton_available() -> bool:
     try:
         import triton  # noqa: F401
@@ -324,15 +326,20 @@ def _run(p: Problem, backend: str, reference_call, return_carry: bool):
         from rollbuf import kernels
 
         outs, carry = kernels.run(p)
+    flat = len(B) == 1  # [N, T] in, [N, T] out: no reshape (the common case, kept cheap)
     T = p.main.shape[1]
     shaped = []
     for name, o in zip(p.outputs, outs):
         if name == "final":  # a carry too (the next window's `initial`): accumulation dtype
-            shaped.append(o.reshape(*B, *o.shape[1:]).to(p.compute_dtype))
+            o = o if flat else o.reshape(*B, *o.shape[1:])
+            dt = p.compute_dtype
         else:
-            shaped.append(o.reshape(*B, T, *o.shape[2:]).to(p.out_dtype))
+            o = o if flat else o.reshape(*B, T, *o.shape[2:])
+            dt = p.out_dtype
+        shaped.append(o if o.dtype == dt else o.to(dt))
     if return_carry:  # carries stay in the accumulation dtype: chains are exact to its rounding
-        carry = carry.reshape(*B, *carry.shape[1:]).to(p.compute_dtype)
+        carry = carry if flat else carry.reshape(*B, *carry.shape[1:])
+        carry = carry if carry.dtype == p.compute_dtype else carry.to(p.compute_dtype)
     return shaped, carry
 
 
