@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import argparse
 import csv
-import os
 import platform
 import statistics
-import sys
 import time
 
 import torch
