@@ -84,8 +84,18 @@ def blocked_scan(elems, compose, identity, reverse):
 
 
 def affine_scan(alpha, beta, reverse, initial):
-    """``y_t = α_t + β_t·y_{t±1}`` along the last dim with ``y`` outside the row = ``initial``."""
+    """``y_t = α_t + β_t·y_{t±1}`` along the last dim with ``y`` outside the row = ``initial``.
+
+    Differentiable with an analytic backward (the adjoint is the same scan run the other way,
+    :mod:`rollbuf.autograd`), so autograd does not record the blocked scan's inner steps."""
+    from rollbuf import autograd
+
     alpha, beta = torch.broadcast_tensors(alpha, beta)
+    return autograd.affine_scan(alpha, beta, reverse, initial)
+
+
+def affine_scan_torch(alpha, beta, reverse, initial):
+    """The blocked scan itself (no autograd Function): see :func:`affine_scan`."""
     a, b = blocked_scan((alpha, beta), C.compose, (0.0, 1.0), reverse)
     return a + b * initial.unsqueeze(-1)
 
