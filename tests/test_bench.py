@@ -47,3 +47,19 @@ def test_compare_lists_cases_slower_than_the_spread():
     new = [dict(base[0], call_us=104.0), dict(base[1], call_us=130.0)]
     slower = compare(new, base, "x")
     assert [s["case"][2] for s in slower] == [128]
+
+
+def test_end_to_end_ppo_benchmark_runs(tmp_path):
+    """benchmarks/e2e_ppo.py (a PPO update with the loop's GAE and rollbuf's) on a tiny buffer."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "e2e.csv"
+    res = subprocess.run([sys.executable, str(root / "benchmarks" / "e2e_ppo.py"), "--envs", "16", "--steps", "9",
+                          "--hidden", "8", "--reps", "1", "--out", str(out)], capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    rows = list(csv.DictReader(open(out)))
+    assert len(rows) == 1 and 0 < float(rows[0]["loop_adv_share"]) < 1
