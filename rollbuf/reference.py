@@ -12,6 +12,11 @@ Assumptions (the caller has validated the inputs):
 * ``bootstrap_values`` is ``[N, T]``, ``[N]`` (the window-end value of each row only) or ``None``;
 * ``gamma``, ``lam``, ``rho_bar``, ``c_bar``, ``pg_rho_bar`` are Python numbers.
 
+Gradients: when a floating input requires grad (and grad mode is on), the same loops run on 0-d
+float64 tensors instead of Python floats, so autograd records them step by step (slow, exact: this
+is what ``gradcheck`` of the ``reference`` backend checks). ``min(c̄, ratio)`` passes its gradient to
+the side it selects (none to the constant), like ``torch.minimum`` in the other backends.
+
 Boundaries follow SPEC §1 literally:
 
 * **mask**: the unmasked steps of a row are compacted, the recursion runs on the compacted row, the
@@ -66,11 +71,28 @@ def _kept(mask, n: int, T: int) -> list:
     return list(range(T)) if mask is None else [t for t, m in enumerate(mask[n].tolist()) if m]
 
 
-def _exp(x: float) -> float:
+def _exp(x):
+    if isinstance(x, torch.Tensor):
+        return torch.exp(x)
     try:
         return math.exp(x)
     except OverflowError:
         return math.inf
+
+
+def _diff(*xs) -> bool:
+    """Whether the loops must run on tensors (some input requires grad, grad mode on)."""
+    return torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in xs)
+
+
+def _elems(x: torch.Tensor, diff: bool) -> list:
+    """The entries of a 1-D tensor in float64: Python floats, or 0-d tensors that keep the graph."""
+    x = x.to(torch.float64)
+    return list(x.unbind(0)) if diff else x.tolist()
+
+
+def _num(x: torch.Tensor, diff: bool):
+    return x.to(torch.float64) if diff else float(x.to(torch.float64))
 
 
 def _row(n, rewards, values, terminated, truncated, bootstrap_values, mask, window_end, extra=()):
@@ -78,11 +100,12 @@ def _row(n, rewards, values, terminated, truncated, bootstrap_values, mask, wind
     assert window_end in ("bootstrap", "terminal"), window_end
     idx = _kept(mask, n, rewards.shape[1])
     m = len(idx)
+    diff = _diff(rewards, values, bootstrap_values, *extra)
 
-    def take(x, default=None):  # the compacted row n of a per-step field, as Python floats
+    def take(x, default=None):  # the compacted row n of a per-step field (floats or 0-d tensors)
         if x is None:
             return [default] * m
-        full = x[n].to(torch.float64).tolist()
+        full = _elems(x[n], diff and x.is_floating_point())
         return [full[t] for t in idx]
 
     r, v = take(rewards), take(values)
@@ -101,9 +124,9 @@ def _row(n, rewards, values, terminated, truncated, bootstrap_values, mask, wind
             assert bootstrap_values is not None, "bootstrap_values needed at a truncation / window end"
             if bootstrap_values.dim() == 1:
                 assert end, "[N] bootstrap_values can only serve a truncation at the window end"
-                vn.append(float(bootstrap_values[n].to(torch.float64)))
+                vn.append(_num(bootstrap_values[n], diff))
             else:
-                vn.append(float(bootstrap_values[n, t].to(torch.float64)))
+                vn.append(_num(bootstrap_values[n, t], diff))
         else:
             vn.append(0.0 if values is None else v[j + 1])  # unused by estimators without values
     return _Row(idx, r, v, k, d, vn, [take(e) for e in extra])
@@ -113,8 +136,22 @@ def _zeros(N: int, T: int) -> list:
     return [[0.0] * T for _ in range(N)]
 
 
+def _tensor(rows, device) -> torch.Tensor:
+    """Nested lists of floats and/or 0-d tensors as one float64 tensor (stacked, so autograd sees it)."""
+    if isinstance(rows, torch.Tensor):
+        return rows.to(torch.float64)
+    if isinstance(rows, list) and not any(isinstance(e, (list, torch.Tensor)) for e in rows):
+        return torch.tensor(rows, dtype=torch.float64, device=device)
+    if not rows:
+        return torch.zeros(0, dtype=torch.float64, device=device)
+    return torch.stack([_tensor(e, device) if isinstance(e, (list, torch.Tensor))
+                        else torch.tensor(e, dtype=torch.float64, device=device) for e in rows])
+
+
 def _out(rows: list, like: torch.Tensor) -> torch.Tensor:
-    return torch.tensor(rows, dtype=torch.float64, device=like.device).reshape(like.shape[:2])
+    if not any(isinstance(e, torch.Tensor) for row in rows for e in row):  # the fast common case
+        return torch.tensor(rows, dtype=torch.float64, device=like.device).reshape(like.shape[:2])
+    return _tensor(rows, like.device).reshape(like.shape[:2])
 
 
 # --------------------------------------------------------------------------- backward estimators
@@ -246,15 +283,16 @@ def _forward(x, terminated, truncated, mask, initial, decay):
     N, T = x.shape[0], x.shape[1]
     feat = tuple(x.shape[2:])
     F = math.prod(feat)
+    diff = _diff(x, initial)
     xs = x.to(torch.float64).reshape(N, T, F)  # features flattened
     init = None if initial is None else initial.to(torch.float64).reshape(N, F)
     ys = [[[0.0] * F for _ in range(T)] for _ in range(N)]
     finals = []
     for n in range(N):
-        x_row = xs[n].tolist()
+        x_row = [_elems(xs[n, t], diff) for t in range(T)]
         term = [False] * T if terminated is None else terminated[n].tolist()
         trunc = [False] * T if truncated is None else truncated[n].tolist()
-        e = [0.0] * F if init is None else init[n].tolist()  # e_{-1}
+        e = [0.0] * F if init is None else _elems(init[n], diff)  # e_{-1}
         d_prev = 0  # d_{-1}
         for t in _kept(mask, n, T):
             e = [x_row[t][f] + decay * (1 - d_prev) * e[f] for f in range(F)]
@@ -262,8 +300,10 @@ def _forward(x, terminated, truncated, mask, initial, decay):
             d_prev = 1 if (term[t] or trunc[t]) else 0
         finals.append([(1 - d_prev) * e[f] for f in range(F)])  # no step: d_prev = 0, e = initial
     dev = x.device
-    return (torch.tensor(ys, dtype=torch.float64, device=dev).reshape(N, T, *feat),
-            torch.tensor(finals, dtype=torch.float64, device=dev).reshape(N, *feat))
+    if not diff:
+        return (torch.tensor(ys, dtype=torch.float64, device=dev).reshape(N, T, *feat),
+                torch.tensor(finals, dtype=torch.float64, device=dev).reshape(N, *feat))
+    return _tensor(ys, dev).reshape(N, T, *feat), _tensor(finals, dev).reshape(N, *feat)
 
 
 def eligibility_traces(x, terminated, truncated, mask, gamma, lam, initial):
@@ -282,11 +322,12 @@ def episodic_sums(x, terminated, truncated, mask, initial):
 def affine_scan(alpha, beta, reverse, initial):
     """``y_t = α_t + β_t·y_{t−1}`` (``y_{t+1}`` if ``reverse``), ``y`` outside the row = ``initial``."""
     N, T = alpha.shape
+    diff = _diff(alpha, beta, initial)
     out = _zeros(N, T)
     for n in range(N):
-        a, b = alpha[n].to(torch.float64).tolist(), beta[n].to(torch.float64).tolist()
-        y = float(initial[n])
+        a, b = _elems(alpha[n], diff), _elems(beta[n], diff)
+        y = _num(initial[n], diff)
         for t in (reversed(range(T)) if reverse else range(T)):
             y = a[t] + b[t] * y
             out[n][t] = y
-    return torch.tensor(out, dtype=torch.float64, device=alpha.device).reshape(N, T)
+    return _out(out, alpha)

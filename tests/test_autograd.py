@@ -1,7 +1,8 @@
 """Gradients of every estimator's outputs with respect to its floating inputs.
 
-``torch.autograd.gradcheck`` in float64 on the ``torch`` backend and on the ``triton`` backend
-(fused forward; backward through the torch backend, see rollbuf/autograd.py), with terminations,
+``torch.autograd.gradcheck`` in float64 on the ``reference`` loops (run on 0-d tensors when an
+input requires grad), the ``torch`` backend and the ``triton`` backend (fused forward; backward
+through the torch backend, see rollbuf/autograd.py), with terminations,
 truncations, masks and the window-end carry. Importance ratios are kept away from the clip points,
 where the gradient is not defined.
 """
@@ -34,7 +35,7 @@ def _inputs(seed, masked):
 
 
 @pytest.mark.parametrize("masked", [False, True], ids=["nomask", "mask"])
-@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("backend", ["reference", "torch", "triton"])
 @pytest.mark.parametrize("name", list(PARAMS))
 def test_gradcheck(name, backend, masked):
     f = _inputs(3, masked)
@@ -46,7 +47,29 @@ def test_gradcheck(name, backend, masked):
         return tuple(out) if isinstance(out, tuple) else out
 
     xs = [f[k].clone().requires_grad_() for k in keys]
-    assert torch.autograd.gradcheck(fn, xs, check_undefined_grad=False, fast_mode=backend == "triton")
+    assert torch.autograd.gradcheck(fn, xs, check_undefined_grad=False, fast_mode=backend != "torch")
+
+
+@pytest.mark.parametrize("name", list(PARAMS))
+def test_backend_gradients_equal_reference_gradients(name):
+    """The same vector-Jacobian product on every backend: the reference loop's autograd graph, the
+    torch backend's analytic scan adjoint, the fused kernel's forward with its backward."""
+    f = _inputs(11, True)
+    keys = [k for k in FLOATS if f.get(k) is not None]
+    g = torch.Generator().manual_seed(2)
+    grads = {}
+    for backend in ("reference", "torch", "triton"):
+        xs = [f[k].clone().requires_grad_() for k in keys]
+        out = run_estimator(name, dict(f, **dict(zip(keys, xs))), backend=backend, **PARAMS[name])
+        out = out if isinstance(out, tuple) else (out,)
+        g.manual_seed(2)
+        loss = sum((o * torch.randn(o.shape, generator=g, dtype=o.dtype).to(o.device)).sum() for o in out)
+        grads[backend] = torch.autograd.grad(loss, xs, allow_unused=True)
+    for backend in ("torch", "triton"):
+        for k, a, b in zip(keys, grads["reference"], grads[backend]):
+            a = torch.zeros_like(f[k]) if a is None else a
+            b = torch.zeros_like(f[k]) if b is None else b
+            torch.testing.assert_close(b, a, msg=lambda m: f"{backend} d/d{k}: {m}")
 
 
 @pytest.mark.parametrize("name", ["gae", "vtrace", "retrace", "eligibility_traces"])
@@ -87,7 +110,7 @@ def test_triton_gradients_equal_torch_gradients():
 
 
 @pytest.mark.parametrize("reverse", [False, True], ids=["forward", "backward"])
-@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("backend", ["reference", "torch", "triton"])
 def test_affine_scan_gradients(backend, reverse):
     """The public primitive is differentiable in α, β and ``initial`` (linear-recurrence layers)."""
     from rollbuf import functional as F
