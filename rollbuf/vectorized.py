@@ -265,12 +265,15 @@ def run(p: Problem):
         return _masked((C.lambda_out(r, k, tr, boot, p.gamma, z_next),), m), z0
 
     assert p.family == "vtrace"
-    P, Q, S, A, W = blocked_scan(elems, C.compose_pair, _PAIR_IDENTITY, reverse=True)
+    # The pair maps (u, V) -> (a + p·u + q·V, w + s·V) are upper triangular: V never reads u. So
+    # the pair scan is two scalar scans, V first (V_t = w_t + s_t·V_{t+1}), then u with the V state
+    # folded into its α (u_t = a_t + q_t·V_{t+1} + p_t·u_{t+1}); each has the analytic adjoint.
+    P, Q, S, A, W = elems
     cu, cv = carry[..., 0], carry[..., 1]
-    u_incl = A + P * cu.unsqueeze(-1) + Q * cv.unsqueeze(-1)
-    v_incl = W + S * cv.unsqueeze(-1)
-    u_next = _exclusive(u_incl, cu, reverse=True)
+    v_incl = affine_scan(W, S, reverse=True, initial=cv)
     v_next = _exclusive(v_incl, cv, reverse=True)
+    u_incl = affine_scan(A + Q * v_next, P, reverse=True, initial=cu)
+    u_next = _exclusive(u_incl, cu, reverse=True)
     vs, pg = C.vtrace_out(r, v, k, tr, boot, env["rho"], env["c"], env["rho_pg"], p.gamma, u_next,
                           v_next)
     carry_out = torch.stack([u_incl[..., 0], v_incl[..., 0]], -1) if r.shape[-1] else carry
