@@ -44,16 +44,16 @@ def copy_bandwidth():
     return 2 * a.numel() * 4 / (ms * 1e-3)
 
 
-def make_inputs(N, T, dtype, trunc, seed):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    r = torch.randn(N, T, device="cuda", generator=g).to(dtype)
-    v = torch.randn(N, T, device="cuda", generator=g).to(dtype)
-    k = torch.rand(N, T, device="cuda", generator=g) < 0.01
-    tr = (torch.rand(N, T, device="cuda", generator=g) < 0.01) if trunc else None
-    bv = torch.randn(N, T, device="cuda", generator=g).to(dtype)
-    lp = (torch.randn(N, T, device="cuda", generator=g) * 0.3).to(dtype)
-    tlp = (lp.float() + torch.randn(N, T, device="cuda", generator=g) * 0.1).to(dtype)
-    q = torch.randn(N, T, device="cuda", generator=g).to(dtype)
+def make_inputs(N, T, dtype, trunc, seed, device="cuda"):
+    g = torch.Generator(device=device).manual_seed(seed)
+    r = torch.randn(N, T, device=device, generator=g).to(dtype)
+    v = torch.randn(N, T, device=device, generator=g).to(dtype)
+    k = torch.rand(N, T, device=device, generator=g) < 0.01
+    tr = (torch.rand(N, T, device=device, generator=g) < 0.01) if trunc else None
+    bv = torch.randn(N, T, device=device, generator=g).to(dtype)
+    lp = (torch.randn(N, T, device=device, generator=g) * 0.3).to(dtype)
+    tlp = (lp.float() + torch.randn(N, T, device=device, generator=g) * 0.1).to(dtype)
+    q = torch.randn(N, T, device=device, generator=g).to(dtype)
     x = r
     return dict(rewards=r, values=v, terminated=k, truncated=tr, bootstrap_values=bv, log_probs=lp,
                 target_log_probs=tlp, q_values=q, x=x)

@@ -316,6 +316,12 @@ def _run(p: Problem, backend: str, reference_call, return_carry: bool):
         from rollbuf import vectorized
 
         outs, carry = vectorized.run(p)
+    elif _compiling() and _autograd.needs_grad(p):
+        # gradients under torch.compile: the torch backend, traced and differentiated by
+        # AOTAutograd (the scans through AffineScanFunction); the fused kernel has no traceable backward
+        from rollbuf import vectorized
+
+        outs, carry = vectorized.run(p)
     elif _compiling():  # one opaque custom op for Dynamo; the eager path launches directly
         from rollbuf.kernels import op
 

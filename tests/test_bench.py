@@ -63,3 +63,30 @@ def test_end_to_end_ppo_benchmark_runs(tmp_path):
     assert res.returncode == 0, res.stderr[-2000:]
     rows = list(csv.DictReader(open(out)))
     assert len(rows) == 1 and 0 < float(rows[0]["loop_adv_share"]) < 1
+
+
+def test_parts_cover_the_grid_once_with_whole_shapes():
+    cases = GRIDS["gpu"]
+    from rollbuf.bench import suite
+
+    parts = [suite.part(cases, i, 3) for i in range(3)]
+    assert sorted(c.key for p in parts for c in p) == sorted(c.key for c in cases)
+    shapes = [{(c.n, c.t) for c in p} for p in parts]
+    assert not (shapes[0] & shapes[1]) and not (shapes[1] & shapes[2]) and not (shapes[0] & shapes[2])
+    cost = [sum(suite.shape_cost(c.n, c.t) for c in p) for p in parts]
+    assert max(cost) < 1.5 * min(cost)  # dealt out by cost
+
+
+def test_budget_skips_and_scoreboard_from_csv_parts(tmp_path):
+    """A spent budget reports the remaining cases as skipped (not failed); the parts of a run merge
+    into one scoreboard with --from-csv."""
+    a, b, merged = tmp_path / "a", tmp_path / "b", tmp_path / "m"
+    assert cli.main(["--grid", "cpu-smoke", "--competitors", "rollbuf-torch", "--part", "0/2", "--out", str(a)]) == 0
+    assert cli.main(["--grid", "cpu-smoke", "--competitors", "rollbuf-torch", "--part", "1/2", "--budget-s", "0",
+                     "--out", str(b)]) == 0
+    rows_b = list(csv.DictReader(open(b / "results.csv")))
+    assert rows_b and {r["status"] for r in rows_b} == {"skipped"}
+    assert cli.main(["--from-csv", str(a / "results.csv"), str(b / "results.csv"), "--out", str(merged)]) == 0
+    board = (merged / "scoreboard.md").read_text()
+    n_a = len(list(csv.DictReader(open(a / "results.csv"))))
+    assert f"| rollbuf-torch | {n_a} | {n_a} | 100% |" in board  # skipped cases are not counted as attempted

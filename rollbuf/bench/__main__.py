@@ -3,6 +3,8 @@
     python -m rollbuf.bench --grid cpu-smoke --out bench-out          # any machine, seconds
     python -m rollbuf.bench --grid gpu --out $OUT                      # the H200 scoreboard
     python -m rollbuf.bench --grid gpu --out $OUT --compare old.csv   # regression check
+    python -m rollbuf.bench --grid gpu --part 0/2 --budget-s 500 --out $OUT  # half the grid
+    python -m rollbuf.bench --from-csv a/results.csv b/results.csv --out DIR  # scoreboard of parts
 
 Writes ``results.csv`` (one row per case and competitor, with provenance), ``scoreboard.md`` and,
 when matplotlib is installed, ``speedup.png`` (and ``bandwidth.png`` on a GPU) under ``--out``.
@@ -19,7 +21,7 @@ import sys
 import torch
 
 from rollbuf.bench.competitors import COMPETITORS
-from rollbuf.bench.suite import GRIDS, compare, run_cases, scoreboard
+from rollbuf.bench.suite import GRIDS, compare, part, run_cases, scoreboard
 
 _COLUMNS = ["estimator", "n", "t", "dtype", "mix", "impl", "status", "rel_err", "call_us", "device_us", "spread",
             "bytes", "pct_copy", "first_call_s", "note", "device", "torch", "triton", "commit", "date", "threads"]
@@ -69,7 +71,8 @@ def _plots(rows, ours, out, gpu):
     fig, ax = plt.subplots(figsize=(7, 4))
     for impl in sorted({r["impl"] for r in rows} - {ours}):
         pts = sorted((r["t"], r["n"], r[key] / mine[k][key]) for r in rows
-                     if r["impl"] == impl and r.get("status") == "ok" and r.get(key) == r.get(key)
+                     if r["impl"] == impl and r.get("status") == "ok" and r.get(key) is not None
+                     and r[key] == r[key]
                      and (k := (r["estimator"], r["n"], r["t"], r["dtype"], r["mix"])) in mine)
         if pts:
             ax.scatter([p[0] for p in pts], [p[2] for p in pts], label=impl, s=14)
@@ -96,6 +99,19 @@ def _plots(rows, ours, out, gpu):
     return files
 
 
+def _read_csv(paths):
+    rows = []
+    for path in paths:
+        with open(path) as fh:
+            for r in csv.DictReader(fh):
+                for k in ("n", "t"):
+                    r[k] = int(r[k])
+                for k in ("rel_err", "call_us", "device_us", "spread", "pct_copy", "bytes", "first_call_s"):
+                    r[k] = float(r[k]) if r.get(k) not in (None, "") else None
+                rows.append(r)
+    return rows
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m rollbuf.bench", description=__doc__.splitlines()[0])
     ap.add_argument("--grid", default="cpu-smoke", choices=sorted(GRIDS))
@@ -103,35 +119,56 @@ def main(argv=None):
     ap.add_argument("--out", default="bench-out")
     ap.add_argument("--compare", default=None, help="baseline results.csv from the same GPU")
     ap.add_argument("--estimators", default=None, help="comma-separated subset")
+    ap.add_argument("--part", default=None, help="i/k: run the i-th (0-based) of k parts of the grid")
+    ap.add_argument("--budget-s", type=float, default=None, help="start no case after this many seconds")
+    ap.add_argument("--from-csv", nargs="+", default=None,
+                    help="no run: scoreboard and plots from results.csv files (e.g. the parts of one run)")
     args = ap.parse_args(argv)
     gpu = torch.cuda.is_available()
-    device = "cuda" if gpu else "cpu"
-    ours = "rollbuf-triton" if gpu else "rollbuf-torch"
-    names = args.competitors.split(",") if args.competitors else [
-        n for n in COMPETITORS if gpu or n != "rollbuf-triton"]
-    cases = GRIDS[args.grid]
-    if args.estimators:
-        keep = set(args.estimators.split(","))
-        cases = [c for c in cases if c.estimator in keep]
     os.makedirs(args.out, exist_ok=True)
-    bw = _copy_bandwidth() if gpu else None
-    try:
-        from tqdm import tqdm
+    if args.from_csv:
+        rows = _read_csv(args.from_csv)
+        gpu = any(r.get("device_us") is not None for r in rows)
+        ours = "rollbuf-triton" if any(r["impl"] == "rollbuf-triton" for r in rows) else "rollbuf-torch"
+        bw = None
+    else:
+        device = "cuda" if gpu else "cpu"
+        ours = "rollbuf-triton" if gpu else "rollbuf-torch"
+        names = args.competitors.split(",") if args.competitors else [
+            n for n in COMPETITORS if gpu or n != "rollbuf-triton"]
+        cases = GRIDS[args.grid]
+        if args.estimators:
+            keep = set(args.estimators.split(","))
+            cases = [c for c in cases if c.estimator in keep]
+        if args.part:
+            i, k = (int(x) for x in args.part.split("/"))
+            cases = part(cases, i, k)
+        bw = _copy_bandwidth() if gpu else None
+        try:
+            from tqdm import tqdm
 
-        progress = tqdm(total=len(cases), desc=f"rollbuf.bench {args.grid}", file=sys.stderr)
-    except ImportError:
-        progress = None
-    rows = run_cases(cases, names, device, copy_bw=bw, progress=progress)
-    if progress is not None:
-        progress.close()
-    with open(os.path.join(args.out, "results.csv"), "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=_COLUMNS, extrasaction="ignore")
+            progress = tqdm(total=len(cases), desc=f"rollbuf.bench {args.grid}", file=sys.stderr, mininterval=5)
+        except ImportError:
+            progress = None
+        fh = open(os.path.join(args.out, "results.csv"), "w", newline="")
+        w = csv.DictWriter(fh, fieldnames=_COLUMNS + ["copy_GBps"], extrasaction="ignore")
         w.writeheader()
-        w.writerows(rows)
+
+        def on_row(row):  # written as it is finished: a run stopped early keeps what it measured
+            w.writerow(dict(row, copy_GBps=round(bw / 1e9) if bw else ""))
+            fh.flush()
+
+        rows = run_cases(cases, names, device, copy_bw=bw, progress=progress, on_row=on_row,
+                         budget_s=args.budget_s)
+        fh.close()
+        if progress is not None:
+            progress.close()
     board = scoreboard(rows, ours)
     prov = {k: rows[0][k] for k in ("device", "torch", "triton", "commit", "date")} if rows else {}
     if bw:
         prov["copy_GBps"] = round(bw / 1e9)
+    elif rows and rows[0].get("copy_GBps"):
+        prov["copy_GBps"] = rows[0]["copy_GBps"]
     md = _markdown(board, rows, ours, prov)
     with open(os.path.join(args.out, "scoreboard.md"), "w") as fh:
         fh.write(md)
@@ -139,9 +176,7 @@ def main(argv=None):
     for f in _plots(rows, ours, args.out, gpu):
         print("wrote", f)
     if args.compare:
-        with open(args.compare) as fh:
-            base = list(csv.DictReader(fh))
-        slower = compare(rows, base, ours)
+        slower = compare(rows, _read_csv([args.compare]), ours)
         print(f"{len(slower)} case(s) of {ours} slower than {args.compare} beyond the measured spread")
         for s in slower:
             print(f"  {s['case']}: {s['old_us']:.1f} -> {s['new_us']:.1f} µs ({s['ratio']:.2f}x, spread {s['spread']:.0%})")

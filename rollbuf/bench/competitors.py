@@ -24,8 +24,11 @@ def _tuple(x):
     return tuple(x) if isinstance(x, tuple) else (x,)
 
 
-def rollbuf_backend(backend: str) -> Callable:
+def rollbuf_backend(backend: str, max_gpu_elements: int | None = None) -> Callable:
     def fn(name, f, params):
+        r = f["rewards"]
+        if max_gpu_elements is not None and r.is_cuda and r.numel() > max_gpu_elements:
+            raise Unsupported(f"more than {max_gpu_elements} elements on the GPU (the CPU path; timed smaller)")
         return _tuple(run_estimator(name, f, backend=backend, **params))
 
     fn.__name__ = f"rollbuf_{backend}"
@@ -80,8 +83,10 @@ def gae_doubling(r, v, nxt, k, tr, gamma: float, lam: float):
     return a, a + v
 
 
-def _gae_impl(impl):
+def _gae_impl(impl, max_t=None):
     def fn(name, f, params):
+        if max_t is not None and f["rewards"].is_cuda and f["rewards"].shape[-1] > max_t:
+            raise Unsupported(f"T > {max_t} on the GPU: seconds per call, one launch per op per step")
         if name != "gae":
             raise Unsupported(name)
         if f.get("mask") is not None:
@@ -94,6 +99,10 @@ def _gae_impl(impl):
 
 @functools.lru_cache(maxsize=None)
 def _compiled(impl):
+    # one graph per T (the doubling passes depend on it) and dtype: allow the recompiles
+    for knob in ("recompile_limit", "cache_size_limit"):
+        if hasattr(torch._dynamo.config, knob):
+            setattr(torch._dynamo.config, knob, max(getattr(torch._dynamo.config, knob), 256))
     return torch.compile(impl, dynamic=False)
 
 
@@ -143,9 +152,10 @@ def verl_multi_turn_gae(token_level_rewards, values, response_mask, gamma, lam):
 
 COMPETITORS: dict[str, Callable] = {
     "rollbuf-triton": rollbuf_backend("triton"),
-    "rollbuf-torch": rollbuf_backend("torch"),
-    "loop": _gae_impl(gae_loop),
+    "rollbuf-torch": rollbuf_backend("torch", max_gpu_elements=2**25),
+    "loop": _gae_impl(gae_loop, max_t=1024),
     "loop-compiled": compiled(gae_loop, max_t=128),
     "doubling-compiled": compiled(gae_doubling),
     "torchrl": torchrl_gae,
 }
+COMPETITORS["loop"].graph = False  # launch-bound: its full-call time is what users pay

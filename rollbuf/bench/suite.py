@@ -72,10 +72,34 @@ GRIDS: dict[str, list[Case]] = {
     "cpu": _grid(ESTIMATORS, [(8, 32768), (1024, 128)], mixes=("term+trunc",)),
     "gpu-quick": _grid(["gae"], [(32768, 8), (4096, 128), (1024, 1024), (256, 131072), (1, 1048576)],
                        dtypes=("float32", "bfloat16")),
-    "gpu": _grid(ESTIMATORS, SHORT + MEDIUM + LONG, dtypes=("float32", "bfloat16"))
-    + _grid(["gae"], SHORT + MEDIUM + LONG, mixes=("none", "term", "mask")),
+    # the kernel grid of PERF.md: every estimator, fp32 and bf16, with and without truncations;
+    # GAE also with no boundaries at all and with masks
+    "gpu": _grid(ESTIMATORS, SHORT + MEDIUM + LONG, dtypes=("float32", "bfloat16"), mixes=("term", "term+trunc"))
+    + _grid(["gae"], SHORT + MEDIUM + LONG, mixes=("none", "mask")),
     "llm": _grid(["gae", "discounted_returns"], LLM, dtypes=("float32", "bfloat16"), mixes=("mask",)),
 }
+
+
+def part(cases: list[Case], i: int, k: int) -> list[Case]:
+    """The ``i``-th of ``k`` parts of a grid (0-based), for runs split across machine calls: whole
+    shapes go to one part (their inputs are made once), dealt out greedily by :func:`shape_cost`
+    (largest first, to the lightest part) so that the parts take about the same time."""
+    counts: dict = {}
+    for c in cases:
+        counts[(c.n, c.t)] = counts.get((c.n, c.t), 0) + 1
+    load = [0.0] * k
+    owner = {}
+    for s in sorted(counts, key=lambda s: (-shape_cost(*s) * counts[s], s)):
+        j = min(range(k), key=lambda j: (load[j], j))
+        owner[s] = j
+        load[j] += shape_cost(*s) * counts[s]
+    return [c for c in cases if owner[(c.n, c.t)] == i]
+
+
+def shape_cost(n: int, t: int) -> float:
+    """Rough time of one case in element-equivalents: the data, plus a fixed cost per case (timing
+    calls, graph capture, the gate) worth about 2^23 elements."""
+    return n * t + 2**23
 
 
 def provenance(device) -> dict:
@@ -97,11 +121,51 @@ def provenance(device) -> dict:
 
 
 def make_fields(case: Case, device, seed=0) -> dict:
+    """Inputs of ``case``: :func:`rollbuf.testing.make_rollout` (float64 draws on the CPU, garbage at
+    masked steps) on the CPU and for small GPU cases; large GPU cases draw on the device
+    (:func:`_device_fields`: the same distributions, seconds instead of minutes at 2^28 elements)."""
     pk, ptr, pm = MIXES[case.mix]
+    if device != "cpu" and case.n * case.t > 2**20:
+        return _device_fields(case, device, seed)
     f = make_rollout(case.n, case.t, seed=seed, dtype=getattr(torch, case.dtype), p_terminated=pk,
                      p_truncated=ptr, p_masked=pm, device=device, garbage=True)
     if not pm:
         f["mask"] = None  # no mask at all, as most trainers call it
+    return f
+
+
+def _device_fields(case: Case, device, seed) -> dict:
+    pk, ptr, pm = MIXES[case.mix]
+    g = torch.Generator(device=device).manual_seed(seed)
+    N, T, dt = case.n, case.t, getattr(torch, case.dtype)
+    rn = lambda: torch.randn(N, T, device=device, generator=g)  # noqa: E731
+    u = lambda: torch.rand(N, T, device=device, generator=g)  # noqa: E731
+    lp = -rn().abs()
+    tlp = torch.where(u() < 0.25, lp, lp + 0.5 * rn())
+    v = rn()
+    f = dict(rewards=rn().to(dt), values=v.to(dt), q_values=(v + rn()).to(dt), log_probs=lp.to(dt),
+             target_log_probs=tlp.to(dt), terminated=u() < pk, truncated=u() < ptr)
+    mask = None
+    if pm:  # spans of mean length 4: a step starts a masked span w.p. pm/4, ends one w.p. 1/4
+        # a span starts at a start toggle and ends at the next end toggle
+        starts, ends = u() < pm / 4, u() < 0.25
+        last_start = torch.cummax(torch.where(starts, torch.arange(T, device=device), -1), dim=-1).values
+        last_end = torch.cummax(torch.where(ends, torch.arange(T, device=device), -1), dim=-1).values
+        mask = ~(last_start > last_end)
+        for k in ("rewards", "values", "q_values", "log_probs", "target_log_probs"):
+            f[k] = torch.where(mask, f[k], torch.nan)  # garbage where masked
+    f["mask"] = mask
+    # bootstrap values: finite where read (truncated, not terminated; the window end), NaN elsewhere
+    bv = torch.full((N, T), torch.nan, device=device)
+    read = f["truncated"] & ~f["terminated"]
+    if mask is not None:
+        read &= mask
+    end = torch.zeros_like(read)
+    last = (T - 1 - torch.flip(mask.int(), [-1]).argmax(-1)) if mask is not None else torch.full(
+        (N,), T - 1, device=device)
+    end[torch.arange(N, device=device), last] = True
+    bv = torch.where(read | end, rn(), bv)
+    f["bootstrap_values"] = bv.to(dt)
     return f
 
 
@@ -121,7 +185,8 @@ def rel_err(got, ref) -> float:
 
 
 def _oracle(case: Case, f) -> tuple[torch.Tensor, ...]:
-    if case.n * case.t <= 2**17:
+    cpu_dev = f["rewards"].device.type == "cpu"
+    if case.n * case.t <= (2**17 if cpu_dev else 2**14):
         cpu = {k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in f.items()}
         return reference_outputs(case.estimator, cpu, **PARAMS[case.estimator])
     f64 = {k: (v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v) for k, v in f.items()}
@@ -144,12 +209,15 @@ def _time_cpu(fn, reps):
     return statistics.median(ts), abs(a - b) / max(min(a, b), 1e-12)
 
 
-def _time_cuda(fns):
-    """(full call s, device s, spread): do_bench median; CUDA-graph replay over rotated inputs."""
+def _time_cuda(fns, graph=True):
+    """(full call s, device s, spread): do_bench median; CUDA-graph replay over rotated inputs
+    (``graph=False``: launch-bound competitors such as the eager loop, device time not taken)."""
     from triton.testing import do_bench
 
     it = iter(range(10**12))
-    call = do_bench(lambda: fns[next(it) % len(fns)](), warmup=10, rep=60, return_mode="median") * 1e-3
+    call = do_bench(lambda: fns[next(it) % len(fns)](), warmup=5, rep=25, return_mode="median") * 1e-3
+    if not graph:
+        return call, math.nan, math.nan
     try:
         g = torch.cuda.CUDAGraph()
         s = torch.cuda.Stream()
@@ -161,71 +229,107 @@ def _time_cuda(fns):
         with torch.cuda.graph(g):
             for fn in fns:
                 fn()
+        reps = max(1, min(10, int(2e-3 / max(call * len(fns), 1e-7))))
+        g.replay()
         times = []
         for _ in range(6):
             e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             e0.record()
-            for _ in range(10):
+            for _ in range(reps):
                 g.replay()
             e1.record()
             torch.cuda.synchronize()
-            times.append(e0.elapsed_time(e1) * 1e-3 / (10 * len(fns)))
+            times.append(e0.elapsed_time(e1) * 1e-3 / (reps * len(fns)))
         dev = statistics.median(times)
         spread = abs(statistics.median(times[:3]) - statistics.median(times[3:])) / dev
+        del g
     except Exception:  # a competitor that cannot be captured: no device time
+        torch.cuda.synchronize()
         dev, spread = math.nan, math.nan
     return call, dev, spread
 
 
 def run_cases(cases: Iterable[Case], competitors: Iterable[str], device: str, *, copy_bw: float | None = None,
-              progress=None, reps: int = 5) -> list[dict]:
-    """Gate, then time, every competitor on every case; one row per (case, competitor)."""
+              progress=None, reps: int = 5, on_row=None, budget_s: float | None = None) -> list[dict]:
+    """Gate, then time, every competitor on every case; one row per (case, competitor).
+
+    Cases are run grouped by shape, dtype and mix, so inputs are made once for all estimators.
+    ``on_row(row)`` is called as each row is finished (incremental CSV); with ``budget_s``, cases
+    not started within that many seconds are reported ``status="skipped"`` (budget), not run."""
     prov = provenance(device)
     rows = []
+    t_start = time.perf_counter()
+    # largest first: if the budget runs out, the many small cases go, not the bandwidth-bound ones
+    cases = sorted(cases, key=lambda c: (-c.n * c.t, c.n, c.dtype, c.mix, c.estimator))
+    cached_key, sets, competitors = None, None, list(competitors)
     for case in cases:
-        f = make_fields(case, device)
+        if budget_s is not None and time.perf_counter() - t_start > budget_s:
+            for name in competitors:
+                row = dict(estimator=case.estimator, n=case.n, t=case.t, dtype=case.dtype, mix=case.mix,
+                           impl=name, status="skipped", note=f"time budget of {budget_s:.0f} s spent", **prov)
+                rows.append(row)
+                if on_row:
+                    on_row(row)
+            if progress is not None:
+                progress.update(1)
+            continue
+        key = (case.n, case.t, case.dtype, case.mix)
+        if key != cached_key:
+            sets = None
+            if device == "cuda":
+                torch.cuda.empty_cache()
+            sets = [make_fields(case, device)]
+            cached_key = key
+        f = sets[0]
         ref = _oracle(case, f)
         tol = default_tolerance(getattr(torch, case.dtype))[0] * 10
         for name in competitors:
-            fn = COMPETITORS[name]
-            row = dict(estimator=case.estimator, n=case.n, t=case.t, dtype=case.dtype, mix=case.mix,
-                       impl=name, **prov)
-            try:
-                t0 = time.perf_counter()
-                out = fn(case.estimator, f, PARAMS[case.estimator])
-                _sync(device)
-                row["first_call_s"] = time.perf_counter() - t0
-            except Unsupported as e:
-                row.update(status="unsupported", note=str(e)[:80])
-                rows.append(row)
-                continue
-            except Exception as e:  # a competitor that fails is reported, not hidden
-                row.update(status="error", note=f"{type(e).__name__}: {str(e)[:80]}")
-                rows.append(row)
-                continue
-            err = rel_err(out, ref)
-            row["rel_err"] = err
-            if not err < tol:
-                row.update(status="wrong", note=f"relative error {err:.2e} >= {tol:.0e}")
-                rows.append(row)
-                continue
-            nbytes = bytes_moved(case, f, out)
-            row.update(status="ok", bytes=nbytes)
-            if device == "cuda":
-                n_sets = max(1, min(8, -(-3 * L2_BYTES // max(nbytes, 1))))
-                sets = [f] + [make_fields(case, device, seed=s) for s in range(1, n_sets)]
-                call, dev, spread = _time_cuda([lambda s=s: fn(case.estimator, s, PARAMS[case.estimator])
-                                                for s in sets])
-                row.update(call_us=call * 1e6, device_us=dev * 1e6, spread=spread)
-                if copy_bw and dev == dev:
-                    row["pct_copy"] = 100 * nbytes / dev / copy_bw
-            else:
-                call, spread = _time_cpu(lambda: fn(case.estimator, f, PARAMS[case.estimator]), reps)
-                row.update(call_us=call * 1e6, spread=spread)
+            row = _run_one(case, name, f, ref, tol, device, sets, copy_bw, reps, prov)
             rows.append(row)
+            if on_row:
+                on_row(row)
+        del ref
         if progress is not None:
             progress.update(1)
     return rows
+
+
+def _run_one(case, name, f, ref, tol, device, sets, copy_bw, reps, prov):
+    fn = COMPETITORS[name]
+    row = dict(estimator=case.estimator, n=case.n, t=case.t, dtype=case.dtype, mix=case.mix, impl=name, **prov)
+    try:
+        t0 = time.perf_counter()
+        out = fn(case.estimator, f, PARAMS[case.estimator])
+        _sync(device)
+        row["first_call_s"] = time.perf_counter() - t0
+    except Unsupported as e:
+        row.update(status="unsupported", note=str(e)[:80])
+        return row
+    except Exception as e:  # a competitor that fails is reported, not hidden
+        row.update(status="error", note=f"{type(e).__name__}: {str(e)[:80]}")
+        return row
+    err = rel_err(out, ref)
+    row["rel_err"] = err
+    if not err < tol:
+        row.update(status="wrong", note=f"relative error {err:.2e} >= {tol:.0e}")
+        return row
+    nbytes = bytes_moved(case, f, out)
+    del out
+    row.update(status="ok", bytes=nbytes)
+    if device == "cuda":
+        n_sets = max(1, min(8, -(-3 * L2_BYTES // max(nbytes, 1))))
+        while len(sets) < n_sets:  # input sets rotated past the L2, made once per shape
+            sets.append(make_fields(case, device, seed=len(sets)))
+        graph = getattr(fn, "graph", True)
+        call, dev, spread = _time_cuda([lambda s=s: fn(case.estimator, s, PARAMS[case.estimator])
+                                        for s in sets[:n_sets]], graph=graph)
+        row.update(call_us=call * 1e6, device_us=dev * 1e6, spread=spread)
+        if copy_bw and dev == dev:
+            row["pct_copy"] = 100 * nbytes / dev / copy_bw
+    else:
+        call, spread = _time_cpu(lambda: fn(case.estimator, f, PARAMS[case.estimator]), reps)
+        row.update(call_us=call * 1e6, spread=spread)
+    return row
 
 
 def _time_of(r):
@@ -239,7 +343,7 @@ def scoreboard(rows: list[dict], ours: str) -> list[dict]:
     board = []
     for name in sorted({r["impl"] for r in rows}):
         rs = [r for r in rows if r["impl"] == name]
-        attempted = [r for r in rs if r.get("status") != "unsupported"]
+        attempted = [r for r in rs if r.get("status") not in ("unsupported", "skipped")]
         ok = [r for r in attempted if r.get("status") == "ok"]
         speed = []
         for r in ok:

@@ -1,0 +1,130 @@
+"""Backward (gradient) time next to the forward, on a CUDA GPU; table last, CSV under $OUT.
+
+    ROLLBUF_COMMIT=$(git rev-parse --short HEAD) python benchmarks/backward.py [--out DIR]
+
+Per case (fp32, 1% terminations and 1% truncations, every floating input requiring grad):
+
+* **forward**: the fused kernel alone (no input requires grad);
+* **fwd+bwd**: forward with the inputs requiring grad, then ``torch.autograd.grad`` of the outputs
+  with random output gradients, on the ``triton`` backend (fused forward; the backward recomputes the
+  elementwise parts with torch and runs both its scans on the fused kernel) and on the ``torch``
+  backend (blocked scan, analytic scan adjoint);
+* a correctness gate first: the triton gradients against float64 torch-backend gradients;
+* **% of copy** of the backward: the bytes a fused backward must move at least (the differentiable
+  inputs and flags read, the output gradients read, the input gradients written) over its time
+  (fwd+bwd minus forward), over the measured copy bandwidth.
+
+Times are ``triton.testing.do_bench`` medians of the whole call (at these sizes the device time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_kernels import copy_bandwidth, make_inputs, provenance  # noqa: E402
+
+from rollbuf.testing import run_estimator  # noqa: E402
+
+PARAMS = {"gae": dict(gamma=0.99, lam=0.95), "lambda_returns": dict(gamma=0.99, lam=0.95),
+          "vtrace": dict(gamma=0.99), "retrace": dict(gamma=0.99, lam=0.95),
+          "eligibility_traces": dict(gamma=0.99, lam=0.95)}
+GRAD = {"gae": ("rewards", "values", "bootstrap_values"), "lambda_returns": ("rewards", "values", "bootstrap_values"),
+        "vtrace": ("rewards", "values", "bootstrap_values", "log_probs", "target_log_probs"),
+        "retrace": ("rewards", "values", "bootstrap_values", "log_probs", "target_log_probs", "q_values"),
+        "eligibility_traces": ("x",)}
+SHAPES = [(4096, 128), (1024, 1024), (16384, 4096), (256, 131072), (1, 1048576)]
+
+
+def fields(name, f):
+    if name == "eligibility_traces":
+        return dict(x=f["x"], terminated=f["terminated"], truncated=f["truncated"])
+    return {k: f[k] for k in ("rewards", "values", "terminated", "truncated", "bootstrap_values", "log_probs",
+                              "target_log_probs", "q_values")}
+
+
+def main():
+    from triton.testing import do_bench
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--device", default="cuda", help="cpu: a smoke run of the script's logic (kernel interpreted)")
+    args = ap.parse_args()
+    dev = args.device
+    prov = provenance() if dev == "cuda" else dict(device="cpu")
+    bw = copy_bandwidth() if dev == "cuda" else float("nan")
+    rows = []
+    shapes = SHAPES[:2] if args.quick else SHAPES
+    if dev != "cuda":
+        shapes = [(3, 37), (2, 70)]
+    for name in PARAMS:
+        for N, T in shapes:
+            f = fields(name, make_inputs(N, T, torch.float32, True, seed=1, device=dev))
+            keys = GRAD[name]
+            gen = torch.Generator(device=dev).manual_seed(2)
+
+            def fwd(backend="triton", grad=False, dt=torch.float32, f=f, keys=keys, name=name):
+                xs = [f[k].to(dt).requires_grad_(grad) for k in keys] if dt != torch.float32 else \
+                    [f[k].detach().requires_grad_(grad) for k in keys]
+                out = run_estimator(name, dict(f, **dict(zip(keys, xs))), backend=backend, **PARAMS[name])
+                return xs, (out if isinstance(out, tuple) else (out,))
+
+            _, outs = fwd()
+            gouts = [torch.randn(o.shape, generator=gen, device=dev) for o in outs]
+
+            def fwd_bwd(backend="triton", dt=torch.float32):
+                xs, out = fwd(backend, True, dt)
+                return torch.autograd.grad(out, xs, [g.to(o.dtype) for g, o in zip(gouts, out)], allow_unused=True)
+
+            # gate: fp32 triton gradients against float64 torch-backend gradients
+            want = fwd_bwd("torch", torch.float64)
+            got = fwd_bwd("triton")
+            err = max(((b.double() - a).norm() / a.norm().clamp_min(1e-30)).item()
+                      for a, b in zip(want, got) if a is not None and b is not None)
+            del want, got
+            ok = err < 1e-4
+            row = dict(estimator=name, N=N, T=T, grad_rel_err=err, status="ok" if ok else "wrong", **prov)
+            if ok:
+                t_f = do_bench(lambda: fwd(), warmup=10, rep=50, return_mode="median") * 1e-3
+                t_fb = do_bench(lambda: fwd_bwd(), warmup=10, rep=50, return_mode="median") * 1e-3
+                t_fb_torch = do_bench(lambda: fwd_bwd("torch"), warmup=5, rep=50, return_mode="median") * 1e-3
+                elems = N * T
+                # fused-backward floor: differentiable inputs + flags read, output grads read, input grads written
+                b_bwd = elems * (4 * len(keys) + 2 + 4 * len(outs) + 4 * len(keys))
+                t_b = max(t_fb - t_f, 1e-9)
+                row.update(forward_us=t_f * 1e6, fwd_bwd_us=t_fb * 1e6, backward_us=t_b * 1e6,
+                           torch_fwd_bwd_us=t_fb_torch * 1e6, bwd_over_fwd=t_b / t_f,
+                           backward_pct_copy=100 * b_bwd / t_b / bw)
+            rows.append(row)
+            print(row, flush=True)
+            del f, outs, gouts
+            if dev == "cuda":
+                torch.cuda.empty_cache()
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, "backward.csv")
+    with open(path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=sorted({k for r in rows for k in r}, key=lambda k: list(rows[-1]).index(k)
+                                                  if k in rows[-1] else 99))
+        w.writeheader()
+        w.writerows(rows)
+    print(f"\n{prov}; copy bandwidth {bw / 1e9:.0f} GB/s\n")
+    print("| estimator | N × T | forward µs | fwd+bwd µs | backward µs | bwd/fwd | backward % of copy "
+          "| torch backend fwd+bwd µs | grad rel. err |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        if r["status"] != "ok":
+            print(f"| {r['estimator']} | {r['N']} × {r['T']} | wrong | | | | | | {r['grad_rel_err']:.1e} |")
+            continue
+        print(f"| {r['estimator']} | {r['N']} × {r['T']} | {r['forward_us']:.1f} | {r['fwd_bwd_us']:.1f} "
+              f"| {r['backward_us']:.1f} | {r['bwd_over_fwd']:.1f} | {r['backward_pct_copy']:.0f} "
+              f"| {r['torch_fwd_bwd_us']:.1f} | {r['grad_rel_err']:.1e} |")
+
+
+if __name__ == "__main__":
+    main()
