@@ -13,7 +13,9 @@ from typing import Iterable
 import attrs
 import torch
 
-from rollbuf.bench.competitors import COMPETITORS, Unsupported
+from rollbuf.bench.competitors import COMPETITORS, Unsupported, rollbuf_backend
+
+_ORACLE_TORCH = rollbuf_backend("torch")  # float64 torch backend (tested against the reference), any size
 from rollbuf.testing import default_tolerance, make_rollout, reference_outputs
 
 L2_BYTES = 60 * 2**20  # H200
@@ -190,7 +192,7 @@ def _oracle(case: Case, f) -> tuple[torch.Tensor, ...]:
         cpu = {k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in f.items()}
         return reference_outputs(case.estimator, cpu, **PARAMS[case.estimator])
     f64 = {k: (v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v) for k, v in f.items()}
-    return COMPETITORS["rollbuf-torch"](case.estimator, f64, PARAMS[case.estimator])
+    return _ORACLE_TORCH(case.estimator, f64, PARAMS[case.estimator])
 
 
 def _sync(device):
