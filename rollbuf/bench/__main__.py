@@ -121,6 +121,8 @@ def main(argv=None):
     ap.add_argument("--estimators", default=None, help="comma-separated subset")
     ap.add_argument("--part", default=None, help="i/k: run the i-th (0-based) of k parts of the grid")
     ap.add_argument("--budget-s", type=float, default=None, help="start no case after this many seconds")
+    ap.add_argument("--skip-done", nargs="+", default=None,
+                    help="results.csv files: cases our implementation already passed there are not run again")
     ap.add_argument("--from-csv", nargs="+", default=None,
                     help="no run: scoreboard and plots from results.csv files (e.g. the parts of one run)")
     args = ap.parse_args(argv)
@@ -143,6 +145,10 @@ def main(argv=None):
         if args.part:
             i, k = (int(x) for x in args.part.split("/"))
             cases = part(cases, i, k)
+        if args.skip_done:
+            done = {(r["estimator"], r["n"], r["t"], r["dtype"], r["mix"]) for r in _read_csv(args.skip_done)
+                    if r["impl"] == ours and r.get("status") == "ok"}
+            cases = [c for c in cases if c.key not in done]
         bw = _copy_bandwidth() if gpu else None
         try:
             from tqdm import tqdm

@@ -127,7 +127,7 @@ def make_fields(case: Case, device, seed=0) -> dict:
     masked steps) on the CPU and for small GPU cases; large GPU cases draw on the device
     (:func:`_device_fields`: the same distributions, seconds instead of minutes at 2^28 elements)."""
     pk, ptr, pm = MIXES[case.mix]
-    if device != "cpu" and case.n * case.t > 2**20:
+    if device != "cpu" and case.n * case.t > 2**14:
         return _device_fields(case, device, seed)
     f = make_rollout(case.n, case.t, seed=seed, dtype=getattr(torch, case.dtype), p_terminated=pk,
                      p_truncated=ptr, p_masked=pm, device=device, garbage=True)
