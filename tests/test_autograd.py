@@ -63,7 +63,8 @@ def test_backend_gradients_equal_reference_gradients(name):
         out = run_estimator(name, dict(f, **dict(zip(keys, xs))), backend=backend, **PARAMS[name])
         out = out if isinstance(out, tuple) else (out,)
         g.manual_seed(2)
-        loss = sum((o * torch.randn(o.shape, generator=g, dtype=o.dtype).to(o.device)).sum() for o in out)
+        loss = sum((o * torch.randn(o.shape, generator=g, dtype=torch.float64).to(o.device, o.dtype)).sum()
+                   for o in out)
         grads[backend] = torch.autograd.grad(loss, xs, allow_unused=True)
     for backend in ("torch", "triton"):
         for k, a, b in zip(keys, grads["reference"], grads[backend]):
@@ -156,8 +157,9 @@ def test_full_size_gradients_on_gpu(name):
         xs = [f[k].to(dt).requires_grad_() for k in keys]
         out = run_estimator(name, dict(f, **dict(zip(keys, xs))), backend=backend, **PARAMS[name])
         out = out if isinstance(out, tuple) else (out,)
-        g = torch.Generator(device="cuda").manual_seed(3)
-        loss = sum((o * torch.randn(o.shape, generator=g, device="cuda", dtype=o.dtype)).sum() for o in out)
+        g = torch.Generator(device="cuda").manual_seed(3)  # the same float64 draws for both dtypes
+        loss = sum((o * torch.randn(o.shape, generator=g, device="cuda", dtype=torch.float64).to(o.dtype)).sum()
+                   for o in out)
         grads[backend] = torch.autograd.grad(loss, xs, allow_unused=True)
     for k, a, b in zip(keys, grads["torch"], grads["triton"]):
         if a is None and b is None:
