@@ -9,7 +9,9 @@ Per case (fp32, 1% terminations and 1% truncations, every floating input requiri
   with random output gradients, on the ``triton`` backend (fused forward; the backward recomputes the
   elementwise parts with torch and runs both its scans on the fused kernel) and on the ``torch``
   backend (blocked scan, analytic scan adjoint);
-* a correctness gate first: the triton gradients against float64 torch-backend gradients;
+* a correctness gate first: the triton gradients against float64 torch-backend gradients (steps
+  whose importance ratio lies within 1e-5 of the clip point excluded: there fp32 and fp64 may clip
+  differently and the gradient of ``min(ratio, 1)`` jumps);
 * **% of copy** of the backward: the bytes a fused backward must move at least (the differentiable
   inputs and flags read, the output gradients read, the input gradients written) over its time
   (fwd+bwd minus forward), over the measured copy bandwidth.
@@ -82,10 +84,16 @@ def main():
                 xs, out = fwd(backend, True, dt)
                 return torch.autograd.grad(out, xs, [g.to(o.dtype) for g, o in zip(gouts, out)], allow_unused=True)
 
-            # gate: fp32 triton gradients against float64 torch-backend gradients
+            # gate: fp32 triton gradients against float64 torch-backend gradients, away from the
+            # clip points of the importance ratios (there the fp32 and fp64 ratios can fall on
+            # either side of the clip, and the gradient of min(ratio, 1) jumps)
             want = fwd_bwd("torch", torch.float64)
             got = fwd_bwd("triton")
-            err = max(((b.double() - a).norm() / a.norm().clamp_min(1e-30)).item()
+            keep = torch.ones_like(f[keys[0]], dtype=torch.bool)
+            if "log_probs" in f and name in ("vtrace", "retrace"):
+                ratio = (f["target_log_probs"].double() - f["log_probs"].double()).exp()
+                keep = (ratio - 1.0).abs() > 1e-5
+            err = max((((b.double() - a) * keep).norm() / (a * keep).norm().clamp_min(1e-30)).item()
                       for a, b in zip(want, got) if a is not None and b is not None)
             del want, got
             ok = err < 1e-4

@@ -9,7 +9,9 @@
 * A call of the fused kernel with inputs that require grad goes through :class:`KernelFunction`:
   the forward is the kernel; the backward recomputes the elementwise parts with the ``torch``
   backend under autograd, and runs both its scans (the recomputed forward one and the adjoint) on the
-  fused kernel. The elementwise parts of the backward are not fused yet.
+  fused kernel. The elementwise parts of the backward are not fused yet. The TD(λ) family (GAE,
+  TD(λ), discounted returns) has an analytic backward instead (:func:`lambda_backward`): one
+  forward-in-time scan on the fused kernel and a few elementwise passes, no forward recompute.
 
 Clipped importance ratios (V-trace's ``ρ``, ``c``; Retrace's ``c``) are differentiated as
 ``torch.clamp`` does: zero gradient where the clip is active.
@@ -111,6 +113,8 @@ class KernelFunction(torch.autograd.Function):
         saved = ctx.saved_tensors
         token = _FUSED_SCAN.set(True)
         try:
+            if ctx.p.family == "lambda" and ctx.p.main.shape[-1] > 0:
+                return (None, None, *lambda_backward(ctx.p, ctx.names, saved, grads))
             return KernelFunction._backward(ctx, saved, grads)
         finally:
             _FUSED_SCAN.reset(token)
@@ -137,6 +141,85 @@ class KernelFunction(torch.autograd.Function):
         it = iter(got)
         out = [next(it) if x.requires_grad else None for x in xs]
         return (None, None, *out)
+
+
+def lambda_backward(p: Problem, names, saved, grads):
+    """The analytic adjoint of the TD(λ) family (GAE, TD(λ), discounted returns): no recompute.
+
+    The outputs are linear in the inputs and ``β_t = γλ·nd_t`` reads none of them, so the backward
+    needs no forward state. With ``Ḡ_t`` the gradient reaching ``G_t`` (``ḡ_A + ḡ_G`` for GAE) and
+    ``W_t = ∂L/∂Z_t``: ``Z_{t+1}`` feeds ``G_t`` (weight ``c_t = γ·nd_t``) and ``Z_t`` (weight
+    ``β_t = λc_t``), so ``U_t = W_{t+1} = c_t·Ḡ_t + β_t·U_{t−1}`` is one *forward* affine scan
+    (masked steps the identity) started from the gradient of the carry out, ``W_0``. Then
+    ``r̄ = Ḡ + λW``, ``V̄ = (1−λ)W − ḡ_A``, ``boot̄ = r̄·γ(1−k)tr`` where a truncated step reads it, and
+    ``W_T = U_{T−1}`` goes to the window-end carry (``bootstrap_values`` at the window end, or
+    ``carry``). One scan (the fused kernel inside a triton backward) and a few elementwise passes.
+    """
+    from rollbuf import vectorized as V
+
+    dt = p.compute_dtype
+    f = dict(p.fields)
+    for name, x in zip(names, saved):
+        if name != "carry":
+            f[name] = x
+    r = f["rewards"]
+    N, T = r.shape[0], r.shape[-1]
+    m = V._flag(p, "mask")
+    n_out = len(p.outputs)
+    gouts = [None if g is None else g.to(dt) for g in grads[:n_out]]
+    g_carry = grads[n_out] if len(grads) > n_out and grads[n_out] is not None else None
+    zero = torch.zeros((N, T), dtype=dt, device=r.device)
+    g_adv = None
+    if p.outputs == ("advantages", "returns"):
+        g_adv = gouts[0] if gouts[0] is not None else zero
+        g_bar = g_adv + (gouts[1] if gouts[1] is not None else zero)
+    else:
+        g_bar = gouts[0] if gouts[0] is not None else zero
+    if m is not None:  # outputs are 0 at masked steps: no gradient flows from there
+        g_bar = torch.where(m, g_bar, 0)
+        g_adv = None if g_adv is None else torch.where(m, g_adv, 0)
+
+    def flag(name):
+        x = V._flag(p, name)
+        if x is None:
+            return torch.zeros((), dtype=dt, device=r.device)
+        return (x if m is None else x & m).to(dt)
+
+    k, tr = flag("terminated"), flag("truncated")
+    c = p.gamma * (1.0 - k) * (1.0 - tr)
+    alpha = c * g_bar
+    beta = (p.lam * c) * torch.ones_like(g_bar)
+    if m is not None:
+        beta = torch.where(m, beta, 1.0)
+    w0 = g_carry.to(dt) if g_carry is not None else torch.zeros(N, dtype=dt, device=r.device)
+    u = _scan(alpha, beta, False, w0)
+    w = torch.cat([w0.unsqueeze(-1), u[..., :-1]], dim=-1)  # W_t = ∂L/∂Z_t
+    w_end = u[..., -1]  # W_T: the window-end carry's gradient
+    r_bar = g_bar + p.lam * w
+    if m is not None:
+        r_bar = torch.where(m, r_bar, 0)
+    out = {"rewards": r_bar}
+    if "values" in names:
+        v_bar = (1.0 - p.lam) * w - (g_adv if g_adv is not None else 0.0)
+        out["values"] = torch.where(m, v_bar, 0) if m is not None else v_bar
+    want = [(n, x) for n, x in zip(names, saved) if n in ("bootstrap_values", "carry") and x.requires_grad]
+    if want:  # bootstrap values enter at truncated steps and through the window-end carry
+        with torch.enable_grad():
+            leaves = {n: x.detach().requires_grad_() for n, x in want}
+            fields = dict(p.fields, **{n: x for n, x in leaves.items() if n != "carry"})
+            q = attrs.evolve(p, fields=fields, carry=leaves.get("carry", p.carry))
+            boot = V._read_bootstrap(q, dt, m)
+            z_end = V._window_end_carry(q, dt, m)
+            terms = [(z_end * w_end).sum()]
+            if boot.requires_grad:
+                terms.append((boot * (p.gamma * (1.0 - k) * tr) * r_bar).sum())
+            got = torch.autograd.grad(sum(terms), list(leaves.values()), allow_unused=True)
+        out.update({n: g for n, g in zip(leaves, got)})
+    res = []
+    for name, x in zip(names, saved):
+        g = out.get(name)
+        res.append(None if g is None or not x.requires_grad else g.to(x.dtype))
+    return res
 
 
 def run(p: Problem):

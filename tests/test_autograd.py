@@ -166,3 +166,50 @@ def test_full_size_gradients_on_gpu(name):
             continue
         err = ((b.double() - a).norm() / a.norm().clamp_min(1e-30)).item()
         assert err < 1e-4, f"{name} d/d{k}: relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("variant", ["carry-out", "terminal", "boot-vector", "carry-in", "mc"])
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_lambda_family_adjoint_variants(backend, variant):
+    """The TD(λ) family's analytic adjoint (triton) at every way the window end is fed: the carry
+    out differentiated, a terminal window end, ``[N]`` bootstrap values, an explicit carry in, and
+    Monte-Carlo returns (no bootstrap)."""
+    from rollbuf import autograd as AG
+    from rollbuf import functional as F
+
+    f = _inputs(8, True)
+    calls = []
+    orig = AG.lambda_backward
+
+    def spy(*a):
+        calls.append(1)
+        return orig(*a)
+
+    AG.lambda_backward = spy
+    try:
+        kw = dict(terminated=f["terminated"], truncated=f["truncated"], mask=f["mask"], backend=backend)
+        if variant == "boot-vector":
+            kw["truncated"] = None
+        init = torch.randn(2, dtype=torch.float64, device=DEV, requires_grad=True)
+        boot = f["bootstrap_values"][:, -1].clone() if variant == "boot-vector" else f["bootstrap_values"]
+
+        def fn(r, v, bv, init):
+            if variant == "mc":
+                return F.discounted_returns(0.9, rewards=r, bootstrap=False, **kw)
+            extra = dict(bootstrap_values=bv)
+            if variant == "carry-in":  # the carry replaces the window-end bootstrap
+                extra["carry"] = init
+            if variant == "terminal":
+                extra["window_end"] = "terminal"
+            out = F.gae(0.9, 0.8, rewards=r, values=v, return_carry=variant == "carry-out", **extra, **kw)
+            if variant == "carry-out":
+                (adv, ret), carry = out
+                return adv, ret, carry
+            return tuple(out)
+
+        xs = (f["rewards"].clone().requires_grad_(), f["values"].clone().requires_grad_(),
+              boot.clone().requires_grad_(), init)
+        assert torch.autograd.gradcheck(fn, xs, check_undefined_grad=False, fast_mode=backend == "triton")
+    finally:
+        AG.lambda_backward = orig
+    assert bool(calls) == (backend == "triton")  # the triton backward used the analytic adjoint
