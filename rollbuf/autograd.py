@@ -25,6 +25,7 @@ import attrs
 import torch
 from torch.autograd.function import once_differentiable
 
+from rollbuf.boundary import coefficients as C
 from rollbuf.problem import Problem
 
 # True inside KernelFunction.backward: the torch backend's scans then run on the fused kernel.
@@ -153,7 +154,10 @@ def lambda_backward(p: Problem, names, saved, grads):
     (masked steps the identity) started from the gradient of the carry out, ``W_0``. Then
     ``r̄ = Ḡ + λW``, ``V̄ = (1−λ)W − ḡ_A``, ``boot̄ = r̄·γ(1−k)tr`` where a truncated step reads it, and
     ``W_T = U_{T−1}`` goes to the window-end carry (``bootstrap_values`` at the window end, or
-    ``carry``). One scan (the fused kernel inside a triton backward) and a few elementwise passes.
+    ``carry``). Inside a triton backward this is one fused kernel (family ``lambda_adjoint``:
+    output gradients and flags read once, ``r̄``, ``V̄`` and ``W_T`` written once) plus the
+    bootstrap terms; otherwise the same arithmetic (:func:`~rollbuf.boundary.coefficients.lambda_adjoint_step`,
+    :func:`~rollbuf.boundary.coefficients.lambda_adjoint_out`) in torch around one scan.
     """
     from rollbuf import vectorized as V
 
@@ -166,18 +170,11 @@ def lambda_backward(p: Problem, names, saved, grads):
     N, T = r.shape[0], r.shape[-1]
     m = V._flag(p, "mask")
     n_out = len(p.outputs)
-    gouts = [None if g is None else g.to(dt) for g in grads[:n_out]]
+    two = p.outputs == ("advantages", "returns")
+    g_adv, g_ret = (grads[0], grads[1]) if two else (None, grads[0])
     g_carry = grads[n_out] if len(grads) > n_out and grads[n_out] is not None else None
-    zero = torch.zeros((N, T), dtype=dt, device=r.device)
-    g_adv = None
-    if p.outputs == ("advantages", "returns"):
-        g_adv = gouts[0] if gouts[0] is not None else zero
-        g_bar = g_adv + (gouts[1] if gouts[1] is not None else zero)
-    else:
-        g_bar = gouts[0] if gouts[0] is not None else zero
-    if m is not None:  # outputs are 0 at masked steps: no gradient flows from there
-        g_bar = torch.where(m, g_bar, 0)
-        g_adv = None if g_adv is None else torch.where(m, g_adv, 0)
+    w0 = g_carry.to(dt) if g_carry is not None else None
+    has_v = "values" in names
 
     def flag(name):
         x = V._flag(p, name)
@@ -186,22 +183,52 @@ def lambda_backward(p: Problem, names, saved, grads):
         return (x if m is None else x & m).to(dt)
 
     k, tr = flag("terminated"), flag("truncated")
-    c = p.gamma * (1.0 - k) * (1.0 - tr)
-    alpha = c * g_bar
-    beta = (p.lam * c) * torch.ones_like(g_bar)
-    if m is not None:
-        beta = torch.where(m, beta, 1.0)
-    w0 = g_carry.to(dt) if g_carry is not None else torch.zeros(N, dtype=dt, device=r.device)
-    u = _scan(alpha, beta, False, w0)
-    w = torch.cat([w0.unsqueeze(-1), u[..., :-1]], dim=-1)  # W_t = ∂L/∂Z_t
-    w_end = u[..., -1]  # W_T: the window-end carry's gradient
-    r_bar = g_bar + p.lam * w
-    if m is not None:
-        r_bar = torch.where(m, r_bar, 0)
-    out = {"rewards": r_bar}
-    if "values" in names:
-        v_bar = (1.0 - p.lam) * w - (g_adv if g_adv is not None else 0.0)
-        out["values"] = torch.where(m, v_bar, 0) if m is not None else v_bar
+    if _FUSED_SCAN.get() and not torch.compiler.is_compiling():
+        # one fused kernel: reads the output gradients and flags, writes r̄, V̄ and W_T (0 at masked
+        # steps, which it never reads); Ḡ = ḡ_G + ḡ_A is formed in registers
+        from rollbuf import kernels
+
+        if g_ret is None and g_adv is None:
+            g_ret = torch.zeros((N, T), dtype=dt, device=r.device)
+        if g_ret is None:  # Ḡ = ḡ_A: pass it as ḡ_G with ḡ_A = 0, and subtract it from V̄ below
+            g_ret, g_adv, adv_only = g_adv, None, True
+        else:
+            adv_only = False
+        fields = {"rewards": g_ret, "values": g_adv, "terminated": p.fields.get("terminated"),
+                  "truncated": p.fields.get("truncated"), "mask": p.fields.get("mask")}
+        q = Problem(family="lambda_adjoint", outputs=("rewards", "values") if has_v else ("rewards",),
+                    fields=fields, gamma=p.gamma, lam=p.lam, carry=w0, compute_dtype=dt, out_dtype=dt)
+        outs, w_end = kernels.run(q)
+        r_bar = outs[0]
+        out = {"rewards": r_bar}
+        if has_v:
+            v_bar = outs[1]
+            if adv_only:
+                v_bar = v_bar - g_ret.to(dt)
+                v_bar = torch.where(m, v_bar, 0) if m is not None else v_bar
+            out["values"] = v_bar
+    else:
+        zero = torch.zeros((N, T), dtype=dt, device=r.device)
+        g_adv = None if g_adv is None else g_adv.to(dt)
+        g_bar = (g_ret.to(dt) if g_ret is not None else zero) + (g_adv if g_adv is not None else 0.0)
+        if m is not None:  # outputs are 0 at masked steps: no gradient flows from there
+            g_bar = torch.where(m, g_bar, 0)
+            g_adv = None if g_adv is None else torch.where(m, g_adv, 0)
+        alpha, beta = C.lambda_adjoint_step(g_bar, k, tr, p.gamma, p.lam)
+        beta = beta * torch.ones_like(g_bar)
+        if m is not None:
+            beta = torch.where(m, beta, 1.0)
+        w0 = w0 if w0 is not None else torch.zeros(N, dtype=dt, device=r.device)
+        u = _scan(alpha, beta, False, w0)
+        w = torch.cat([w0.unsqueeze(-1), u[..., :-1]], dim=-1)  # W_t = ∂L/∂Z_t
+        w_end = u[..., -1]  # W_T: the window-end carry's gradient
+        r_bar, v_bar = C.lambda_adjoint_out(g_bar, g_adv if g_adv is not None else 0.0, p.lam, w)
+        if m is not None:
+            r_bar = torch.where(m, r_bar, 0)
+            v_bar = torch.where(m, v_bar, 0)
+        out = {"rewards": r_bar}
+        if has_v:
+            out["values"] = v_bar
     want = [(n, x) for n, x in zip(names, saved) if n in ("bootstrap_values", "carry") and x.requires_grad]
     if want:  # bootstrap values enter at truncated steps and through the window-end carry
         with torch.enable_grad():

@@ -271,3 +271,47 @@ def test_more_than_2_31_elements():
                 bootstrap_values=bv[rows].cpu(), backend="reference")
     assert rel_err(adv[rows], ref.advantages) < 2e-2
     assert rel_err(ret[rows], ref.returns) < 2e-2
+
+
+@pytest.mark.parametrize("outputs", ["gae", "returns", "adv-only"])
+@pytest.mark.parametrize("mix", ["none", "term+trunc", "term+trunc+mask"])
+@pytest.mark.parametrize("T", [1, 37, 70])
+def test_lambda_adjoint_kernel(split, mix, T, outputs):
+    """The TD(λ) family's fused backward (family ``lambda_adjoint``, forward in time) against the
+    same adjoint computed in float64 torch, every strategy, with a carry-out gradient; outputs are
+    NaN-poisoned, so an unwritten element fails."""
+    from rollbuf import autograd as AG
+    from rollbuf.problem import Problem
+
+    N = 3
+    g = torch.Generator().manual_seed(zlib.crc32(f"{mix}-{T}-{outputs}".encode()))
+    f = make(N, T, mix, seed=T)
+    g_ret = torch.randn(N, T, generator=g, dtype=torch.float64)
+    g_adv = torch.randn(N, T, generator=g, dtype=torch.float64)
+    w0 = torch.randn(N, generator=g, dtype=torch.float64)
+    fields = {"rewards": f["rewards"].to(DEV), "values": f["values"].to(DEV), "terminated": f["terminated"],
+              "truncated": f["truncated"], "mask": f["mask"], "bootstrap_values": None}
+    fields = {k: (v.to(DEV) if v is not None else None) for k, v in fields.items()}
+    two = outputs != "returns"
+    outs = ("advantages", "returns") if two else ("returns",)
+    grads = {"gae": (g_adv, g_ret, w0), "returns": (g_ret, w0), "adv-only": (g_adv, None, w0)}[outputs]
+    res = {}
+    for fused, dt in ((False, torch.float64), (True, torch.float32)):
+        p = Problem(family="lambda", outputs=outs, fields=fields, gamma=0.9, lam=0.8, compute_dtype=dt,
+                    out_dtype=dt, want_carry=True)
+        gs = tuple(None if x is None else x.to(DEV, dt) for x in grads)
+        token = AG._FUSED_SCAN.set(fused)
+        try:
+            res[fused] = _adjoint(AG, p, gs)
+        finally:
+            AG._FUSED_SCAN.reset(token)
+    for a, b in zip(res[False], res[True]):
+        assert not torch.isnan(b).any()
+        torch.testing.assert_close(b.double().cpu(), a.double().cpu(), rtol=1e-5, atol=1e-5)
+
+
+def _adjoint(AG, p, gs):
+    """(r̄, V̄) of lambda_backward with inputs that require grad (the function reads requires_grad)."""
+    r = p.fields["rewards"].detach().requires_grad_()
+    v = p.fields["values"].detach().requires_grad_()
+    return AG.lambda_backward(p, ("rewards", "values"), (r, v), gs)[:2]

@@ -152,6 +152,27 @@ def trace_out(x, decay, f_prev):
 
 
 # ----------------------------------------------------------------------------------------------
+# The adjoint of the TD(λ) family (its backward pass). The outputs G_t = local_t + c_t·Z_{t+1}
+# (c = γ·nd) and the scan Z_t = α_t + λc_t·Z_{t+1} are linear in the inputs and β reads none of
+# them, so with Ḡ_t = ∂L/∂G_t (ḡ_A + ḡ_G for GAE) and W_t = ∂L/∂Z_t:
+#   U_t = W_{t+1} = c_t·Ḡ_t + λc_t·U_{t−1}     a *forward* scan, U_{−1} = W_0 (carry-out gradient)
+#   r̄_t = Ḡ_t + λW_t,  V̄_t = (1−λ)W_t − ḡ_A,t  with W_t = U_{t−1}, the exclusive state;
+#   W_T = U_{T−1} is the gradient of the window-end carry; boot̄_t = γ(1−k)tr·r̄_t where read.
+# ----------------------------------------------------------------------------------------------
+
+
+def lambda_adjoint_step(g, k, tr, gamma, lam):
+    """Own-step coefficients of the adjoint scan ``U_t = c_t·Ḡ_t + λc_t·U_{t−1}``, ``c = γ·nd``."""
+    c = gamma * (1.0 - k) * (1.0 - tr)
+    return c * g, lam * c
+
+
+def lambda_adjoint_out(g, g_adv, lam, w):
+    """``(r̄_t, V̄_t)`` from ``Ḡ_t``, ``ḡ_A,t`` and ``W_t = ∂L/∂Z_t``."""
+    return g + lam * w, (1.0 - lam) * w - g_adv
+
+
+# ----------------------------------------------------------------------------------------------
 # The registry: what the docs table is generated from (docs/semantics.md), one row per estimator.
 # ----------------------------------------------------------------------------------------------
 

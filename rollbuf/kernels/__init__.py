@@ -124,13 +124,14 @@ def run(p: Problem):
     feat = p.feature_shape
     Fn = math.prod(feat)
     is_trace = p.family in ("trace", "affine")
+    adjoint = p.family == "lambda_adjoint"  # forward in time; its carry out is W_T
     n_out = len([o for o in p.outputs if o != "final"])
     outs = [torch.empty((N, T, *feat), dtype=p.out_dtype, device=dev) for _ in range(n_out)]
     if POISON_OUTPUTS:
         for o in outs:
             o.fill_(float("nan"))
     pair = p.pair
-    write_carry = is_trace or p.want_carry
+    write_carry = is_trace or adjoint or p.want_carry
     if is_trace:
         carry_out = torch.empty((N, *feat), dtype=p.compute_dtype, device=dev)
     elif write_carry:
@@ -148,7 +149,7 @@ def run(p: Problem):
 
     boot = f.get("bootstrap_values")
     carry = p.carry
-    if is_trace:
+    if is_trace or adjoint:
         carry_in_mode = 0 if carry is None else 2
     elif carry is not None:
         carry_in_mode = 2
@@ -209,7 +210,7 @@ def run(p: Problem):
         BOOT=boot_mode, HAS_M=f.get("mask") is not None, CARRY_IN=carry_in_mode,
         WRITE_CARRY=write_carry, TWO_OUT=n_out > 1, ADV_OUT=p.outputs == ("advantages", "returns"),
         ACC=acc, BLOCK_N=st.block_n, BLOCK_T=st.block_t,
-        REVERSE=p.family != "trace" and not (p.family == "affine" and not p.reverse),
+        REVERSE=p.family not in ("trace", "lambda_adjoint") and not (p.family == "affine" and not p.reverse),
         SPLIT=st.split, SHIFT_LOAD=st.shift_load, SINGLE=not st.split and T <= st.block_t,
         num_warps=st.num_warps,
     )

@@ -46,10 +46,12 @@ vtrace_step = _jit(C.vtrace_step)
 vtrace_out = _jit(C.vtrace_out)
 trace_step = _jit(C.trace_step)
 trace_out = _jit(C.trace_out)
+lambda_adjoint_step = _jit(C.lambda_adjoint_step)
+lambda_adjoint_out = _jit(C.lambda_adjoint_out)
 compose = _jit(C.compose)
 compose_pair = _jit(C.compose_pair)
 
-FAMILIES = {"lambda": 0, "retrace": 1, "vtrace": 2, "trace": 3, "affine": 4}
+FAMILIES = {"lambda": 0, "retrace": 1, "vtrace": 2, "trace": 3, "affine": 4, "lambda_adjoint": 5}
 
 
 @triton.jit
@@ -138,7 +140,7 @@ def _scan_chunk(
     steps' own; ``D = ±1``: the neighbours', whose scan is the exclusive state directly): five map
     components ``(e0..e4)`` per lane (scalar families use e0 = α, e1 = β); identity past the row and
     where masked."""
-    IS_TRACE: tl.constexpr = FAMILY >= 3
+    IS_TRACE: tl.constexpr = (FAMILY == 3) or (FAMILY == 4)
     o_s = start + lanes + D
     ok_s = row_ok & (o_s >= 0) & (o_s < T)
     r_s, v_s, k_s, tr_s, boot_s, live_s = _step_fields(
@@ -165,6 +167,8 @@ def _scan_chunk(
             ea, eb = retrace_step(r_s, v_s, k_s, tr_s, boot_s, q_s, lam * tl.minimum(ratio_s, c_bar), gamma)
         elif FAMILY == 3:
             ea, eb = trace_step(r_s, k_s, tr_s, decay)
+        elif FAMILY == 5:  # the TD(λ) adjoint: rewards = ḡ_G (or ḡ), values = ḡ_A
+            ea, eb = lambda_adjoint_step(r_s + v_s, k_s, tr_s, gamma, lam)
         else:
             ea, eb = r_s, v_s
         ea = tl.where(live_s, ea, 0.0)
@@ -189,7 +193,7 @@ def _emit_chunk(
     (``Z_{t+1}`` backward, ``F_{t−1}`` forward); writes them once, 0 at masked steps. With
     ``WRITE_CARRY`` the row's carry out (the inclusive state ``(iu, iv)`` at t = 0, or ``final`` at
     t = T−1) is stored by the chunk that holds that step."""
-    IS_TRACE: tl.constexpr = FAMILY >= 3
+    IS_TRACE: tl.constexpr = (FAMILY == 3) or (FAMILY == 4)
     o_t = start + lanes
     ok_t = row_ok & (o_t < T)
     r, v, k, tr, boot, live = _step_fields(
@@ -217,11 +221,15 @@ def _emit_chunk(
     else:
         if FAMILY == 3:
             out1 = trace_out(r, decay, zu)
+            out2 = out1 - v
         elif FAMILY == 4:
             out1 = r + v * zu
+            out2 = out1 - v
+        elif FAMILY == 5:
+            out1, out2 = lambda_adjoint_out(r + v, v, lam, zu)
         else:
             out1 = lambda_out(r, k, tr, boot, gamma, zu)
-        out2 = out1 - v
+            out2 = out1 - v
         if WRITE_CARRY:
             if not OWN_INCL:
                 if FAMILY == 0:
@@ -232,6 +240,8 @@ def _emit_chunk(
                     a0, b0 = retrace_step(r, v, k, tr, boot, q0, lam * tl.minimum(ratio0, c_bar), gamma)
                 elif FAMILY == 3:
                     a0, b0 = trace_step(r, k, tr, decay)
+                elif FAMILY == 5:
+                    a0, b0 = lambda_adjoint_step(r + v, k, tr, gamma, lam)
                 else:
                     a0, b0 = r, v
                 iu = tl.where(live, a0 + b0 * zu, zu)
