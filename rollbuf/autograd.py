@@ -9,9 +9,11 @@
 * A call of the fused kernel with inputs that require grad goes through :class:`KernelFunction`:
   the forward is the kernel; the backward recomputes the elementwise parts with the ``torch``
   backend under autograd, and runs both its scans (the recomputed forward one and the adjoint) on the
-  fused kernel. The elementwise parts of the backward are not fused yet. The TD(λ) family (GAE,
-  TD(λ), discounted returns) has an analytic backward instead (:func:`lambda_backward`): one
-  forward-in-time scan on the fused kernel and a few elementwise passes, no forward recompute.
+  fused kernel. That is how V-trace and Retrace are differentiated (their ``β`` reads the
+  clipped ratios, so the backward needs the forward state). The TD(λ) family (GAE, TD(λ),
+  discounted returns) has an analytic backward instead (:func:`lambda_backward`): one fused kernel
+  (family ``lambda_adjoint``), no forward recompute; the forward estimators likewise
+  (:func:`trace_backward`: one backward scan on the fused kernel and two elementwise passes).
 
 Clipped importance ratios (V-trace's ``ρ``, ``c``; Retrace's ``c``) are differentiated as
 ``torch.clamp`` does: zero gradient where the clip is active.
@@ -116,6 +118,8 @@ class KernelFunction(torch.autograd.Function):
         try:
             if ctx.p.family == "lambda" and ctx.p.main.shape[-1] > 0:
                 return (None, None, *lambda_backward(ctx.p, ctx.names, saved, grads))
+            if ctx.p.family == "trace" and ctx.p.main.shape[1] > 0:
+                return (None, None, *trace_backward(ctx.p, ctx.names, saved, grads))
             return KernelFunction._backward(ctx, saved, grads)
         finally:
             _FUSED_SCAN.reset(token)
@@ -247,6 +251,53 @@ def lambda_backward(p: Problem, names, saved, grads):
         g = out.get(name)
         res.append(None if g is None or not x.requires_grad else g.to(x.dtype))
     return res
+
+
+def trace_backward(p: Problem, names, saved, grads):
+    """The analytic adjoint of the forward estimators (eligibility traces, episodic sums).
+
+    ``F_t = nd_t·x_t + d·nd_t·F_{t−1}`` (``d`` the decay; masked steps the identity) and
+    ``e_t = x_t + d·F_{t−1}``, ``final = F_{T−1}``, linear in ``x`` with coefficients free of it. With
+    ``ē`` (0 at masked steps) and ``f̄``, ``Y_t = ∂L/∂F_{t−1}`` is one *backward* scan
+    ``Y_t = d·ē_t + β_t·Y_{t+1}``, ``Y_T = f̄`` (``β = d·nd``, 1 where masked); then
+    ``x̄_t = ē_t + nd_t·Y_{t+1}`` at unmasked steps and ``∂/∂initial = Y_0``. No forward recompute;
+    the scan runs on the fused kernel inside a triton backward.
+    """
+    from rollbuf import vectorized as V
+
+    dt = p.compute_dtype
+    x = p.fields["x"]
+    N, T = x.shape[0], x.shape[1]
+    feat = tuple(x.shape[2:])
+    lift = (N,) + (1,) * len(feat) + (T,)
+    g_e = grads[0]
+    g_e = torch.zeros(x.shape, dtype=dt, device=x.device) if g_e is None else g_e.to(dt)
+    g_e = g_e.movedim(1, -1)  # [N, *F, T]
+    g_f = grads[1] if len(grads) > 1 and grads[1] is not None else None
+    g_f = torch.zeros((N, *feat), dtype=dt, device=x.device) if g_f is None else g_f.to(dt)
+    m = V._flag(p, "mask")
+
+    def flag(name):
+        f = V._flag(p, name)
+        if f is None:
+            return torch.zeros((), dtype=dt, device=x.device)
+        return (f if m is None else f & m).to(dt).reshape(lift)
+
+    nd = (1.0 - flag("terminated")) * (1.0 - flag("truncated"))
+    live = None if m is None else m.reshape(lift)
+    if live is not None:
+        g_e = torch.where(live, g_e, 0)
+    alpha = p.decay * g_e
+    beta = (p.decay * nd) * torch.ones_like(g_e)
+    if live is not None:
+        beta = torch.where(live, beta, 1.0)
+    y = _scan(alpha, beta, True, g_f)
+    y_next = torch.cat([y[..., 1:], g_f.unsqueeze(-1)], dim=-1)
+    g_x = g_e + nd * y_next
+    if live is not None:
+        g_x = torch.where(live, g_x, 0)
+    out = {"x": g_x.movedim(-1, 1), "carry": y[..., 0]}
+    return [None if not t.requires_grad else out[n].to(t.dtype) for n, t in zip(names, saved)]
 
 
 def run(p: Problem):

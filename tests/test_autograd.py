@@ -213,3 +213,29 @@ def test_lambda_family_adjoint_variants(backend, variant):
     finally:
         AG.lambda_backward = orig
     assert bool(calls) == (backend == "triton")  # the triton backward used the analytic adjoint
+
+
+@pytest.mark.parametrize("name", ["eligibility_traces", "episodic_sums"])
+def test_trace_adjoint_with_features_and_initial(name):
+    """The forward estimators' analytic adjoint (triton backward) with per-feature traces ``[N, T, F]``,
+    ``initial`` and ``final`` both in the loss, against finite differences."""
+    from rollbuf import autograd as AG
+    from rollbuf import functional as F
+
+    f = _inputs(12, True)
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(2, 9, 3, generator=g, dtype=torch.float64).to(DEV).requires_grad_()
+    init = torch.randn(2, 3, generator=g, dtype=torch.float64).to(DEV).requires_grad_()
+    kw = dict(terminated=f["terminated"], truncated=f["truncated"], mask=f["mask"], backend="triton")
+    calls = []
+    orig = AG.trace_backward
+    AG.trace_backward = lambda *a: calls.append(1) or orig(*a)
+    try:
+        if name == "eligibility_traces":
+            fn = lambda x, i: tuple(F.eligibility_traces(x, 0.9, 0.8, i, **kw))  # noqa: E731
+        else:
+            fn = lambda x, i: tuple(F.episodic_sums(x, i, **kw))  # noqa: E731
+        assert torch.autograd.gradcheck(fn, (x, init), check_undefined_grad=False, fast_mode=True)
+    finally:
+        AG.trace_backward = orig
+    assert calls
