@@ -315,3 +315,44 @@ def _adjoint(AG, p, gs):
     r = p.fields["rewards"].detach().requires_grad_()
     v = p.fields["values"].detach().requires_grad_()
     return AG.lambda_backward(p, ("rewards", "values"), (r, v), gs)[:2]
+
+
+@pytest.mark.parametrize("name", ["gae", "lambda_returns", "discounted_returns", "vtrace", "retrace"])
+def test_window_end_after_long_padding(name, split):
+    """The window end of a masked row is its last unmasked step, found by the kernel reading the mask
+    backward from the row's end: rows whose padding spans several chunks (16-step chunks here), a
+    row with no unmasked step, a row whose last unmasked step terminated, one that ends truncated,
+    and a row unmasked to the end; [N, T] and [N] bootstrap values."""
+    T = 83
+    f = make(5, T, "term+trunc+mask", seed=31)
+    m = f["mask"].clone()
+    m[0, 20:] = False  # four chunks of padding after step 19
+    m[1, :] = False  # nothing unmasked
+    m[2, 50:] = False
+    m[3, 5:] = False
+    m[4, :] = True
+    k, tr = f["terminated"].clone(), f["truncated"].clone()
+    last = [19, None, 49, 4, T - 1]
+    for n, j in enumerate(last):
+        if j is not None:
+            m[n, j] = True
+    k[2, 49], tr[2, 49] = True, False  # the window end terminated: V(s_T) never read
+    k[3, 4], tr[3, 4] = False, True  # the window end truncated: its own bootstrap value
+    k[0, 19], tr[0, 19] = False, False
+    k[4, T - 1], tr[4, T - 1] = False, False
+    g = torch.Generator().manual_seed(5)
+    for key in ("rewards", "values", "q_values", "log_probs", "target_log_probs"):  # newly unmasked steps
+        x = f[key].cpu()
+        f[key] = torch.where(m & torch.isnan(x), 0.3 * torch.randn(5, T, generator=g).to(x.dtype), x).to(DEV)
+    bv = torch.full((5, T), NAN, dtype=f["rewards"].dtype)
+    for n, j in enumerate(last):
+        if j is not None and not k[n, j]:
+            bv[n, j] = torch.randn((), generator=g)
+    bv = torch.where(tr & m & ~k, torch.randn(5, T, generator=g).to(bv.dtype), bv)
+    bv[1, T - 1] = 0.5  # a fully masked row passes V(s_T) of its last column through
+    f = dict(f, mask=m.to(DEV), terminated=k.to(DEV), truncated=tr.to(DEV), bootstrap_values=bv.to(DEV))
+    assert_ref(call(name, f, "triton"), call(name, f, "reference"), 1e-5)
+    # [N] bootstrap values (the window end only): no interior truncation allowed with them
+    f1 = dict(f, truncated=None,
+              bootstrap_values=torch.tensor([1.5, 0.5, 0.0, -2.0, 0.75], dtype=bv.dtype).to(DEV))
+    assert_ref(call(name, f1, "triton"), call(name, f1, "reference"), 1e-5)

@@ -156,11 +156,7 @@ def run(p: Problem):
     elif p.window_end == "terminal" or p.no_bootstrap:
         carry_in_mode = 0
     elif f.get("mask") is not None:
-        # the window end is the last unmasked step of each row: gather V(s_T) there first
-        from rollbuf.vectorized import _window_end_carry
-
-        carry = _window_end_carry(p, p.compute_dtype, f["mask"] != 0)
-        carry_in_mode = 2
+        carry_in_mode = 3  # the window end is the last unmasked step: found by the kernel
     else:
         carry_in_mode = 1
     ci = carry.contiguous() if carry is not None else _dummy(dev)

@@ -49,6 +49,12 @@ def variants() -> list[dict]:
             reverse = fc["FAMILY"] not in (3, 5)
             c = dict(HAS_K=True, HAS_TR=True, HAS_M=True, WRITE_CARRY=True, REVERSE=reverse, **fc, **mc)
             out.append(dict(name=f"{fam}/{mode}/fp32", dtype="fp32", cx=c))
+    # the window end at the last unmasked step, found in the kernel (masked rows, CARRY_IN = 3)
+    for fam in ("gae", "vtrace", "retrace"):
+        for mode in ("tile", "walk-reload", "split-gather", "split-reload"):
+            c = dict(HAS_K=True, HAS_TR=True, HAS_M=True, WRITE_CARRY=False, REVERSE=True,
+                     **dict(fams[fam], CARRY_IN=3), **modes[mode])
+            out.append(dict(name=f"{fam}/{mode}/fp32-mask-window-end", dtype="fp32", cx=c))
     # bf16 inputs, no flags at all, no mask
     for fam in ("gae", "vtrace", "lambda_adjoint"):
         c = dict(HAS_K=False, HAS_TR=False, HAS_M=False, WRITE_CARRY=False, REVERSE=fam != "lambda_adjoint",

@@ -315,7 +315,8 @@ def scan_kernel(
     (``SPLIT``: ``NUM_SEG`` programs share a row and pass the carry by a decoupled look-back).
 
     CARRY_IN: 0 = zero (terminal window end, forward default), 1 = V(s_T) read at the last column
-    (0 if that step terminated), 2 = explicit carry / initial from ``p_ci``.
+    (0 if that step terminated), 2 = explicit carry / initial from ``p_ci``, 3 = V(s_T) read at the
+    last unmasked step of each row (0 if that step terminated).
     """
     PAIR: tl.constexpr = FAMILY == 2
     # scalars arrive in float64 (exact for float64 rollouts) and are rounded once to ACC
@@ -371,13 +372,35 @@ def scan_kernel(
             cv = tl.load(p_ci + rows * 2 + 1, mask=row_ok, other=0).to(ACC)
         else:
             cu = tl.load(p_ci + rows, mask=row_ok, other=0).to(ACC)
-    if CARRY_IN == 1:  # V(s_T) at the last column, never read if that step terminated
+    if CARRY_IN == 1 or CARRY_IN == 3:
+        # V(s_T) at the window end, never read if that step terminated. CARRY_IN = 1: the last
+        # column; 3: the last unmasked step of each row, found by reading the mask backward from
+        # the row's end, one chunk at a time (1 byte per step, usually one chunk); a row with no
+        # unmasked step passes V(s_T) of its last column through
         nn = rows // F
+        j_end = tl.zeros([BLOCK_N], dtype=tl.int64) + (T - 1)
+        live_end = row_ok
+        if CARRY_IN == 3:
+            last = tl.full([BLOCK_N], -1, tl.int64)
+            c = ((T - 1) // BLOCK_T).to(tl.int64)
+            if SPLIT:  # only the first program in scan order (the row's last chunk) needs it
+                c = tl.where(rank == 0, c, -1)
+            todo = tl.sum(row_ok.to(tl.int32), axis=0)
+            while (c >= 0) & (todo > 0):
+                o_c = c * BLOCK_T + lanes
+                ok_c = row_ok2 & (o_c < T)
+                live_c = tl.load(p_m + nn[:, None] * s_m_n + o_c * s_m_t, mask=ok_c, other=0) != 0
+                here = tl.max(tl.where(live_c, o_c, -1), axis=1).to(tl.int64)
+                last = tl.where(last < 0, here, last)
+                todo = tl.sum(((last < 0) & row_ok).to(tl.int32), axis=0)
+                c -= 1
+            live_end = row_ok & (last >= 0)
+            j_end = tl.where(live_end, last, j_end)
         k_end = tl.zeros([BLOCK_N], dtype=tl.int1)
         if HAS_K:
-            k_end = tl.load(p_k + nn * s_k_n + (T - 1) * s_k_t, mask=row_ok, other=0) != 0
+            k_end = (tl.load(p_k + nn * s_k_n + j_end * s_k_t, mask=row_ok, other=0) != 0) & live_end
         if BOOT == 2:
-            b_end = tl.load(p_bv + nn * s_bv_n + (T - 1) * s_bv_t, mask=row_ok & ~k_end, other=0).to(ACC)
+            b_end = tl.load(p_bv + nn * s_bv_n + j_end * s_bv_t, mask=row_ok & ~k_end, other=0).to(ACC)
         else:
             b_end = tl.where(k_end, 0.0, tl.sum(b_bv_row, axis=1))
         if PAIR:

@@ -1,0 +1,87 @@
+"""Python time of one estimator call on the triton path, the kernel launch stubbed out (any machine).
+
+    python benchmarks/call_overhead.py [--profile]
+
+The full call at 4096 × 128 (PERF.md P2: ≤ 8 µs) is our Python (validation, the problem, the
+strategy, argument marshalling) plus Triton's launcher plus the kernel. This measures the first part
+alone: ``scan_kernel[grid](...)`` is replaced by a no-op, the inputs are CPU tensors, and the call
+is timed over many repetitions (median of 7 batches). ``--profile`` prints the top functions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # CPU tensors accepted by backend="triton"; never launched
+
+import torch  # noqa: E402
+
+import rollbuf.kernels.scan as S  # noqa: E402
+from rollbuf import functional as F  # noqa: E402
+
+
+class _Stub:
+    """Stands in for ``scan_kernel``: ``stub[grid](*args, **kw)`` does nothing."""
+
+    def __getitem__(self, grid):
+        return lambda *a, **k: None
+
+
+def case(name, N=4096, T=128):
+    g = torch.Generator().manual_seed(0)
+    r, v = torch.randn(N, T, generator=g), torch.randn(N, T, generator=g)
+    k = torch.rand(N, T, generator=g) < 0.01
+    tr = torch.rand(N, T, generator=g) < 0.01
+    bv = torch.randn(N, T, generator=g)
+    m = torch.rand(N, T, generator=g) < 0.9
+    lp, tlp = r * 0.1, v * 0.1
+    calls = {
+        "gae": lambda: F.gae(0.99, 0.95, rewards=r, values=v, terminated=k, truncated=tr, bootstrap_values=bv,
+                             backend="triton"),
+        "gae (no truncations, [N] bootstrap)": lambda: F.gae(0.99, 0.95, rewards=r, values=v, terminated=k,
+                                                              bootstrap_values=bv[:, -1], backend="triton"),
+        "gae (mask)": lambda: F.gae(0.99, 0.95, rewards=r, values=v, terminated=k, truncated=tr,
+                                    bootstrap_values=bv, mask=m, backend="triton"),
+        "vtrace": lambda: F.vtrace(tlp, 0.99, log_probs=lp, rewards=r, values=v, terminated=k,
+                                   truncated=tr, bootstrap_values=bv, backend="triton"),
+    }
+    return calls[name]
+
+
+def timeit(fn, n=2000):
+    fn()
+    batches = []
+    for _ in range(7):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        batches.append((time.perf_counter() - t0) / n)
+    return statistics.median(batches)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--profile", action="store_true")
+    args = ap.parse_args()
+    S.scan_kernel = _Stub()
+    names = ["gae", "gae (no truncations, [N] bootstrap)", "gae (mask)", "vtrace"]
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; launch stubbed, CPU tensors 4096 x 128\n")
+    print("| call | our Python per call |")
+    print("|---|---|")
+    for name in names:
+        fn = case(name)
+        print(f"| {name} | {timeit(fn, 200 if 'mask' in name else 2000) * 1e6:.1f} µs |")
+    if args.profile:
+        import cProfile
+        import pstats
+
+        fn = case("gae")
+        cProfile.runctx("for _ in range(5000): fn()", globals(), {"fn": fn}, "/tmp/rollbuf_call.prof")
+        pstats.Stats("/tmp/rollbuf_call.prof").sort_stats("tottime").print_stats(18)
+
+
+if __name__ == "__main__":
+    main()
