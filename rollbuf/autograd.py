@@ -9,8 +9,9 @@
 * A call of the fused kernel with inputs that require grad goes through :class:`KernelFunction`:
   the forward is the kernel; the backward recomputes the elementwise parts with the ``torch``
   backend under autograd, and runs both its scans (the recomputed forward one and the adjoint) on the
-  fused kernel. That is how V-trace and Retrace are differentiated (their ``β`` reads the
-  clipped ratios, so the backward needs the forward state). The TD(λ) family (GAE, TD(λ),
+  fused kernel. That is how V-trace is differentiated (its ``β`` reads the clipped ratios, so
+  the backward needs the forward state). Retrace has an analytic backward from its saved output
+  (:func:`retrace_backward`). The TD(λ) family (GAE, TD(λ),
   discounted returns) has an analytic backward instead (:func:`lambda_backward`): one fused kernel
   (family ``lambda_adjoint``), no forward recompute; the forward estimators likewise
   (:func:`trace_backward`: one backward scan on the fused kernel and two elementwise passes).
@@ -106,9 +107,11 @@ class KernelFunction(torch.autograd.Function):
         from rollbuf import kernels
 
         ctx.p, ctx.names = p, names
-        ctx.save_for_backward(*tensors)
         outs, carry = kernels.run(p)
         ctx.n_out = len(outs)
+        # Retrace's adjoint reads its output Q (c̄ = Ū·(Q − q)): kept instead of recomputed
+        keep = (outs[0],) if p.family == "retrace" else ()
+        ctx.save_for_backward(*tensors, *keep)
         return tuple(outs) + ((carry,) if carry is not None else ())
 
     @staticmethod
@@ -120,6 +123,10 @@ class KernelFunction(torch.autograd.Function):
                 return (None, None, *lambda_backward(ctx.p, ctx.names, saved, grads))
             if ctx.p.family == "trace" and ctx.p.main.shape[1] > 0:
                 return (None, None, *trace_backward(ctx.p, ctx.names, saved, grads))
+            if ctx.p.family == "retrace":
+                saved, q_out = saved[:-1], saved[-1]
+                if ctx.p.main.shape[-1] > 0:
+                    return (None, None, *retrace_backward(ctx.p, ctx.names, saved, q_out, grads))
             return KernelFunction._backward(ctx, saved, grads)
         finally:
             _FUSED_SCAN.reset(token)
@@ -298,6 +305,80 @@ def trace_backward(p: Problem, names, saved, grads):
         g_x = torch.where(live, g_x, 0)
     out = {"x": g_x.movedim(-1, 1), "carry": y[..., 0]}
     return [None if not t.requires_grad else out[n].to(t.dtype) for n, t in zip(names, saved)]
+
+
+def retrace_backward(p: Problem, names, saved, q_out, grads):
+    """The analytic adjoint of Retrace, from its inputs and its output ``Q`` (no forward recompute).
+
+    ``W_t = V_t + c_t(local_t − q_t) + g_t·c_t·W_{t+1}`` and ``Q_t = local_t + g_t·W_{t+1}``
+    (``g = γ·nd``, ``c = λ·min(ratio, c̄)``). With ``Q̄`` and ``Ū_t = ∂L/∂W_t``: ``U_t = Ū_{t+1} =
+    g_t·Q̄_t + g_t·c_t·U_{t−1}`` is one forward scan (masked steps the identity) from the carry-out
+    gradient; then ``V̄ = Ū``, ``q̄ = −c·Ū``, ``r̄ = local̄ = Q̄ + c·Ū``, ``boot̄ = γ(1−k)tr·r̄`` where
+    read, and ``c̄_t = Ū_t·(local_t − q_t) + Ū_t·g_t·W_{t+1} = Ū_t·(Q_t − q_t)``, which reaches the
+    log-probabilities through the ratio where it is not clipped (``torch.clamp``'s convention).
+    ``U_{T−1}`` is the window-end carry's gradient.
+    """
+    from rollbuf import vectorized as V
+
+    dt = p.compute_dtype
+    f = dict(p.fields)
+    for name, x in zip(names, saved):
+        if name != "carry":
+            f[name] = x
+    r = f["rewards"]
+    N, T = r.shape[0], r.shape[-1]
+    m = V._flag(p, "mask")
+
+    def flag(name):
+        x = V._flag(p, name)
+        if x is None:
+            return torch.zeros((), dtype=dt, device=r.device)
+        return (x if m is None else x & m).to(dt)
+
+    def load(name):
+        x = f[name].detach().to(dt)
+        return x if m is None else torch.where(m, x, 0)
+
+    k, tr = flag("terminated"), flag("truncated")
+    g_q = grads[0]
+    g_q = torch.zeros((N, T), dtype=dt, device=r.device) if g_q is None else g_q.to(dt)
+    g_carry = grads[1] if len(grads) > 1 and grads[1] is not None else None
+    if m is not None:
+        g_q = torch.where(m, g_q, 0)
+    ratio = torch.exp(load("target_log_probs") - load("log_probs"))
+    unclipped = ratio <= p.c_bar
+    c = p.lam * torch.where(unclipped, ratio, p.c_bar)
+    gn = p.gamma * (1.0 - k) * (1.0 - tr)
+    alpha = gn * g_q
+    beta = gn * c
+    if m is not None:
+        beta = torch.where(m, beta, 1.0)
+    w0 = g_carry.to(dt) if g_carry is not None else torch.zeros(N, dtype=dt, device=r.device)
+    u = _scan(alpha, beta, False, w0)
+    u_bar = torch.cat([w0.unsqueeze(-1), u[..., :-1]], dim=-1)  # Ū_t = ∂L/∂W_t
+    w_end = u[..., -1]
+    qv = load("q_values")
+    local_bar = g_q + c * u_bar
+    c_bar = u_bar * (q_out.detach().to(dt) - qv)
+    ratio_bar = torch.where(unclipped, p.lam * c_bar, 0) * ratio
+    zero = (lambda x: torch.where(m, x, 0)) if m is not None else (lambda x: x)
+    out = {"rewards": zero(local_bar), "values": zero(u_bar), "q_values": zero(-c * u_bar),
+           "target_log_probs": zero(ratio_bar), "log_probs": zero(-ratio_bar)}
+    want = [(n, x) for n, x in zip(names, saved) if n in ("bootstrap_values", "carry") and x.requires_grad]
+    if want:  # bootstrap values enter at truncated steps and through the window-end carry
+        with torch.enable_grad():
+            leaves = {n: x.detach().requires_grad_() for n, x in want}
+            fields = dict(p.fields, **{n: x for n, x in leaves.items() if n != "carry"})
+            q = attrs.evolve(p, fields=fields, carry=leaves.get("carry", p.carry))
+            boot = V._read_bootstrap(q, dt, m)
+            z_end = V._window_end_carry(q, dt, m)
+            terms = [(z_end * w_end).sum()]
+            if boot.requires_grad:
+                terms.append((boot * (p.gamma * (1.0 - k) * tr) * out["rewards"]).sum())
+            got = torch.autograd.grad(sum(terms), list(leaves.values()), allow_unused=True)
+        out.update({n: g for n, g in zip(leaves, got)})
+    return [None if not x.requires_grad or out.get(n) is None else out[n].to(x.dtype)
+            for n, x in zip(names, saved)]
 
 
 def run(p: Problem):

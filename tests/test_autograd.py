@@ -239,3 +239,36 @@ def test_trace_adjoint_with_features_and_initial(name):
     finally:
         AG.trace_backward = orig
     assert calls
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["nomask", "mask"])
+def test_retrace_adjoint_with_clipping_and_carry_out(masked):
+    """Retrace's analytic adjoint (triton backward, from the saved output Q) with the trace clipped
+    at c̄ = 1 on many steps and the carry out in the loss: the same VJP as the torch backend."""
+    from rollbuf import autograd as AG
+    from rollbuf import functional as F
+
+    f = _inputs(13, masked)
+    keys = ("rewards", "values", "bootstrap_values", "log_probs", "target_log_probs", "q_values")
+    calls = []
+    orig = AG.retrace_backward
+    AG.retrace_backward = lambda *a: calls.append(1) or orig(*a)
+    grads = {}
+    try:
+        for backend in ("torch", "triton"):
+            xs = [f[k].clone().requires_grad_() for k in keys]
+            d = dict(zip(keys, xs))
+            q, carry = F.retrace(d["q_values"], d["target_log_probs"], 0.9, 0.8, 1.0, log_probs=d["log_probs"],
+                                 rewards=d["rewards"], values=d["values"], terminated=f["terminated"],
+                                 truncated=f["truncated"], bootstrap_values=d["bootstrap_values"], mask=f["mask"],
+                                 return_carry=True, backend=backend)
+            g = torch.Generator().manual_seed(6)
+            loss = (q * torch.randn(q.shape, generator=g, dtype=torch.float64).to(DEV)).sum() + 2.0 * carry.sum()
+            grads[backend] = torch.autograd.grad(loss, xs)
+    finally:
+        AG.retrace_backward = orig
+    assert calls
+    ratio = (f["target_log_probs"] - f["log_probs"]).exp()
+    assert (ratio > 1.0).float().mean() > 0.2  # the clip is active on many steps
+    for k, a, b in zip(keys, grads["torch"], grads["triton"]):
+        torch.testing.assert_close(b, a, msg=lambda m_: f"d/d{k}: {m_}")
