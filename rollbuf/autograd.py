@@ -7,14 +7,14 @@
 * The ``torch`` backend is differentiable as it stands: elementwise coefficient and epilogue code
   under autograd, the scans through :class:`AffineScanFunction`.
 * A call of the fused kernel with inputs that require grad goes through :class:`KernelFunction`:
-  the forward is the kernel; the backward recomputes the elementwise parts with the ``torch``
-  backend under autograd, and runs both its scans (the recomputed forward one and the adjoint) on the
-  fused kernel. That is how V-trace is differentiated (its ``β`` reads the clipped ratios, so
-  the backward needs the forward state). Retrace has an analytic backward from its saved output
-  (:func:`retrace_backward`). The TD(λ) family (GAE, TD(λ),
-  discounted returns) has an analytic backward instead (:func:`lambda_backward`): one fused kernel
-  (family ``lambda_adjoint``), no forward recompute; the forward estimators likewise
-  (:func:`trace_backward`: one backward scan on the fused kernel and two elementwise passes).
+  the forward is the kernel; the backward is an analytic adjoint per family, with no forward
+  recompute: the TD(λ) family (:func:`lambda_backward`: one fused kernel, family
+  ``lambda_adjoint``), the forward estimators (:func:`trace_backward`: one backward scan on the
+  fused kernel and two elementwise passes), Retrace and V-trace (:func:`retrace_backward`,
+  :func:`vtrace_backward`: their ``β`` reads the clipped ratios, so they need the forward state,
+  which their saved first output carries; one forward adjoint scan on the fused kernel and
+  elementwise passes). The generic path (``_backward``: recompute the elementwise parts with the
+  torch backend under autograd, both scans on the fused kernel) is left for empty rows.
 
 Clipped importance ratios (V-trace's ``ρ``, ``c``; Retrace's ``c``) are differentiated as
 ``torch.clamp`` does: zero gradient where the clip is active.
@@ -44,6 +44,8 @@ def _scan(alpha, beta, reverse, initial):
     from rollbuf import kernels
 
     lead, T = alpha.shape[:-1], alpha.shape[-1]
+    if T == 0 or alpha.numel() == 0:  # nothing to scan (and no row to reshape to)
+        return torch.empty(alpha.shape, dtype=alpha.dtype, device=alpha.device)
     p = Problem(family="affine", outputs=("y", "final"),
                 fields={"x": alpha.reshape(-1, T), "values": beta.reshape(-1, T)},
                 carry=initial.reshape(-1).contiguous(), compute_dtype=alpha.dtype,
@@ -109,8 +111,8 @@ class KernelFunction(torch.autograd.Function):
         ctx.p, ctx.names = p, names
         outs, carry = kernels.run(p)
         ctx.n_out = len(outs)
-        # Retrace's adjoint reads its output Q (c̄ = Ū·(Q − q)): kept instead of recomputed
-        keep = (outs[0],) if p.family == "retrace" else ()
+        # the adjoints of Retrace and V-trace read their first output (Q; vs): kept, not recomputed
+        keep = (outs[0],) if p.family in ("retrace", "vtrace") else ()
         ctx.save_for_backward(*tensors, *keep)
         return tuple(outs) + ((carry,) if carry is not None else ())
 
@@ -123,10 +125,11 @@ class KernelFunction(torch.autograd.Function):
                 return (None, None, *lambda_backward(ctx.p, ctx.names, saved, grads))
             if ctx.p.family == "trace" and ctx.p.main.shape[1] > 0:
                 return (None, None, *trace_backward(ctx.p, ctx.names, saved, grads))
-            if ctx.p.family == "retrace":
-                saved, q_out = saved[:-1], saved[-1]
+            if ctx.p.family in ("retrace", "vtrace"):
+                saved, out0 = saved[:-1], saved[-1]
                 if ctx.p.main.shape[-1] > 0:
-                    return (None, None, *retrace_backward(ctx.p, ctx.names, saved, q_out, grads))
+                    fn = retrace_backward if ctx.p.family == "retrace" else vtrace_backward
+                    return (None, None, *fn(ctx.p, ctx.names, saved, out0, grads))
             return KernelFunction._backward(ctx, saved, grads)
         finally:
             _FUSED_SCAN.reset(token)
@@ -375,6 +378,112 @@ def retrace_backward(p: Problem, names, saved, q_out, grads):
             terms = [(z_end * w_end).sum()]
             if boot.requires_grad:
                 terms.append((boot * (p.gamma * (1.0 - k) * tr) * out["rewards"]).sum())
+            got = torch.autograd.grad(sum(terms), list(leaves.values()), allow_unused=True)
+        out.update({n: g for n, g in zip(leaves, got)})
+    return [None if not x.requires_grad or out.get(n) is None else out[n].to(x.dtype)
+            for n, x in zip(names, saved)]
+
+
+def _next_live(x, m, carry):
+    """For every step, ``x`` at the next unmasked step (``carry`` past the last one)."""
+    if m is None:
+        return torch.cat([x[..., 1:], carry.unsqueeze(-1)], dim=-1)
+    y = _scan(torch.where(m, x, 0), torch.where(m, 0.0, 1.0).to(x.dtype), True, carry)
+    return torch.cat([y[..., 1:], carry.unsqueeze(-1)], dim=-1)
+
+
+def _prev_live(x, m, initial):
+    """For every step, ``x`` at the previous unmasked step (``initial`` before the first one), and
+    ``x`` at the last unmasked step (``initial`` if none)."""
+    if m is None:
+        return torch.cat([initial.unsqueeze(-1), x[..., :-1]], dim=-1), x[..., -1]
+    y = _scan(torch.where(m, x, 0), torch.where(m, 0.0, 1.0).to(x.dtype), False, initial)
+    return torch.cat([initial.unsqueeze(-1), y[..., :-1]], dim=-1), y[..., -1]
+
+
+def vtrace_backward(p: Problem, names, saved, vs_out, grads):
+    """The analytic adjoint of V-trace, from its inputs and its output ``vs`` (no forward recompute).
+
+    Over the unmasked steps (``t⁺`` the next one): ``u_t = ρ_t(local_t − V_t) + g_t(ρ_t·V_{t⁺} +
+    c_t·u_{t⁺})``, ``vs = V + u``, ``pg = ρpg·(local + g(V_{t⁺} + u_{t⁺}) − V)`` (``g = γ·nd``). With
+    ``Y_t = ∂L/∂u_{t⁺}`` seen from step t: ``Y_t = g_t·c_t·(v̄s_t + Y_{t⁻}) + ρpg_t·g_t·p̄g_t`` is one
+    forward scan from the carry-out gradient, ``Ū_t = v̄s_t + Y_{t⁻}``; the value gradient
+    ``E_t = g_t·(ρ_t·Ū_t + ρpg_t·p̄g_t)`` moves to the next unmasked step. The ratio's gradient adds
+    ``Ū·(local − V + g·V_{t⁺})`` (through ρ), ``λ·Ū·g·u_{t⁺}`` (through c) and ``p̄g·pg/ρpg`` (through
+    ρpg) where each is not clipped. ``V_{t⁺}`` and ``u_{t⁺} = (vs − V)_{t⁺}`` are shifts of the
+    inputs and the saved output (scans over the mask when there is one).
+    """
+    from rollbuf import vectorized as V
+
+    dt = p.compute_dtype
+    f = dict(p.fields)
+    for name, x in zip(names, saved):
+        if name != "carry":
+            f[name] = x
+    r0 = f["rewards"]
+    N, T = r0.shape[0], r0.shape[-1]
+    dev = r0.device
+    m = V._flag(p, "mask")
+    zero = (lambda x: torch.where(m, x, 0)) if m is not None else (lambda x: x)
+
+    def flag(name):
+        x = V._flag(p, name)
+        if x is None:
+            return torch.zeros((), dtype=dt, device=dev)
+        return (x if m is None else x & m).to(dt)
+
+    def load(name):
+        return zero(f[name].detach().to(dt))
+
+    def grad(i):
+        g = grads[i] if len(grads) > i else None
+        return torch.zeros((N, T), dtype=dt, device=dev) if g is None else zero(g.to(dt))
+
+    k, tr = flag("terminated"), flag("truncated")
+    g_vs, g_pg = grad(0), grad(1)
+    g_c = grads[2] if len(grads) > 2 and grads[2] is not None else torch.zeros((N, 2), dtype=dt, device=dev)
+    g_cu, g_cv = g_c[..., 0].to(dt), g_c[..., 1].to(dt)
+    v = load("values")
+    q0 = attrs.evolve(p, fields={**p.fields, **{n: f[n].detach() for n in f if isinstance(f[n], torch.Tensor)}},
+                      carry=None if p.carry is None else p.carry.detach())
+    boot = V._read_bootstrap(q0, dt, m)
+    local = load("rewards") + p.gamma * (1.0 - k) * tr * boot
+    ratio = torch.exp(load("target_log_probs") - load("log_probs"))
+    rho = torch.clamp(ratio, max=p.rho_bar)
+    c = p.lam * torch.clamp(ratio, max=p.c_bar)
+    rpg = torch.clamp(ratio, max=p.pg_rho_bar)
+    gn = p.gamma * (1.0 - k) * (1.0 - tr)
+    carry_in = V._window_end_carry(q0, dt, m)
+    cu, cv = carry_in[..., 0], carry_in[..., 1]
+    v_next = _next_live(v, m, cv)
+    u_next = _next_live(zero(vs_out.detach().to(dt) - v), m, cu)
+    pc = gn * c
+    alpha = pc * g_vs + rpg * gn * g_pg
+    beta = torch.where(m, pc, 1.0) if m is not None else pc * torch.ones_like(alpha)
+    y = _scan(alpha, beta, False, g_cu)
+    u_bar = zero(g_vs + torch.cat([g_cu.unsqueeze(-1), y[..., :-1]], dim=-1))
+    du_end = y[..., -1]
+    e = zero(gn * (rho * u_bar + rpg * g_pg))
+    e_prev, dv_end = _prev_live(e, m, g_cv)
+    local_bar = rho * u_bar + rpg * g_pg
+    d_rho = u_bar * (local - v + gn * v_next)
+    d_c = p.lam * u_bar * gn * u_next
+    d_pg = g_pg * (local + gn * (v_next + u_next) - v)
+    d_ratio = (torch.where(ratio <= p.rho_bar, d_rho, 0) + torch.where(ratio <= p.c_bar, d_c, 0)
+               + torch.where(ratio <= p.pg_rho_bar, d_pg, 0)) * ratio
+    out = {"rewards": zero(local_bar), "values": zero(g_vs - rho * u_bar - rpg * g_pg + e_prev),
+           "target_log_probs": zero(d_ratio), "log_probs": zero(-d_ratio)}
+    want = [(n, x) for n, x in zip(names, saved) if n in ("bootstrap_values", "carry") and x.requires_grad]
+    if want:  # bootstrap values enter at truncated steps and through the window-end carry (0, V(s_T))
+        with torch.enable_grad():
+            leaves = {n: x.detach().requires_grad_() for n, x in want}
+            fields = dict(q0.fields, **{n: x for n, x in leaves.items() if n != "carry"})
+            q = attrs.evolve(q0, fields=fields, carry=leaves.get("carry", q0.carry))
+            b = V._read_bootstrap(q, dt, m)
+            z_end = V._window_end_carry(q, dt, m)
+            terms = [(z_end[..., 0] * du_end).sum() + (z_end[..., 1] * dv_end).sum()]
+            if b.requires_grad:
+                terms.append((b * (p.gamma * (1.0 - k) * tr) * out["rewards"]).sum())
             got = torch.autograd.grad(sum(terms), list(leaves.values()), allow_unused=True)
         out.update({n: g for n, g in zip(leaves, got)})
     return [None if not x.requires_grad or out.get(n) is None else out[n].to(x.dtype)

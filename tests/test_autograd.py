@@ -272,3 +272,78 @@ def test_retrace_adjoint_with_clipping_and_carry_out(masked):
     assert (ratio > 1.0).float().mean() > 0.2  # the clip is active on many steps
     for k, a, b in zip(keys, grads["torch"], grads["triton"]):
         torch.testing.assert_close(b, a, msg=lambda m_: f"d/d{k}: {m_}")
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["nomask", "mask"])
+def test_vtrace_adjoint_with_clipping_and_carry_out(masked):
+    """V-trace's analytic adjoint (triton backward, from the saved output vs) with ρ̄ = c̄ = ρ̄_pg = 1
+    (the clips active on many steps), both outputs and the carry out in the loss: the same VJP as the
+    torch backend; and with an explicit carry in."""
+    from rollbuf import autograd as AG
+    from rollbuf import functional as F
+
+    f = _inputs(14, masked)
+    keys = ("rewards", "values", "bootstrap_values", "log_probs", "target_log_probs")
+    calls = []
+    orig = AG.vtrace_backward
+    AG.vtrace_backward = lambda *a: calls.append(1) or orig(*a)
+    try:
+        for carry_in in (False, True):
+            grads = {}
+            for backend in ("torch", "triton"):
+                xs = [f[k].clone().requires_grad_() for k in keys]
+                init = torch.tensor([[0.3, -1.2], [0.7, 2.0]], dtype=torch.float64, device=DEV, requires_grad=True)
+                d = dict(zip(keys, xs))
+                (vs, pg), carry = F.vtrace(d["target_log_probs"], 0.9, 1.0, 1.0, 1.0, 0.85, log_probs=d["log_probs"],
+                                           rewards=d["rewards"], values=d["values"], terminated=f["terminated"],
+                                           truncated=f["truncated"], bootstrap_values=d["bootstrap_values"],
+                                           mask=f["mask"], carry=init if carry_in else None, return_carry=True,
+                                           backend=backend)
+                g = torch.Generator().manual_seed(7)
+                w = [torch.randn(o.shape, generator=g, dtype=torch.float64).to(DEV) for o in (vs, pg, carry)]
+                loss = (vs * w[0]).sum() + (pg * w[1]).sum() + (carry * w[2]).sum()
+                grads[backend] = torch.autograd.grad(loss, xs + [init], allow_unused=True)
+            for k, a, b in zip(keys + ("carry",), grads["torch"], grads["triton"]):
+                a = torch.zeros(()) if a is None else a
+                b = torch.zeros(()) if b is None else b
+                torch.testing.assert_close(b.cpu(), a.cpu(), msg=lambda m_: f"carry_in={carry_in} d/d{k}: {m_}")
+    finally:
+        AG.vtrace_backward = orig
+    assert calls
+    ratio = (f["target_log_probs"] - f["log_probs"]).exp()
+    assert (ratio > 1.0).float().mean() > 0.2
+
+
+@pytest.mark.parametrize("name", ["gae", "vtrace", "retrace", "eligibility_traces"])
+def test_gradients_of_empty_windows(name):
+    """T = 0: the carry passes straight through; its gradient does too, on both backends."""
+    from rollbuf import functional as F
+
+    res = {}
+    for backend in ("torch", "triton"):
+        z = torch.zeros(2, 0, dtype=torch.float64, device=DEV, requires_grad=True)
+        if name == "eligibility_traces":
+            init = torch.tensor([0.5, -1.0], dtype=torch.float64, device=DEV, requires_grad=True)
+            e, final = F.eligibility_traces(z, 0.9, 0.8, init, terminated=torch.zeros(2, 0, dtype=torch.bool,
+                                                                                     device=DEV), backend=backend)
+            loss = (final * torch.tensor([2.0, 3.0], dtype=torch.float64, device=DEV)).sum() + e.sum()
+            res[backend] = torch.autograd.grad(loss, [z, init])
+            continue
+        shape = (2, 2) if name == "vtrace" else (2,)
+        init = torch.arange(1.0, 1.0 + torch.Size(shape).numel(), dtype=torch.float64, device=DEV).reshape(shape)
+        init.requires_grad_()
+        kw = dict(rewards=z, values=z, carry=init, return_carry=True, backend=backend)
+        if name == "gae":
+            (a, g), carry = F.gae(0.9, 0.8, **kw)
+            outs = (a, g)
+        elif name == "vtrace":
+            (vs, pg), carry = F.vtrace(z, 0.9, log_probs=z, **kw)
+            outs = (vs, pg)
+        else:
+            q, carry = F.retrace(z, z, 0.9, 0.8, log_probs=z, **kw)
+            outs = (q,)
+        loss = sum(o.sum() for o in outs) + (carry * 3.0).sum()
+        res[backend] = torch.autograd.grad(loss, [z, init], allow_unused=True)
+    for a, b in zip(res["torch"], res["triton"]):
+        torch.testing.assert_close(b, a)
+    assert res["triton"][1] is not None and bool((res["triton"][1] != 0).all())
