@@ -158,6 +158,69 @@ class KernelFunction(torch.autograd.Function):
         return (None, None, *out)
 
 
+class _Adjoint:
+    """What the analytic adjoints share: the call's fields with the saved tensors in place, the mask,
+    clean flags and loads (0 at masked steps), the bootstrap/carry gradients, the result list."""
+
+    def __init__(self, p: Problem, names, saved):
+        from rollbuf import vectorized as V
+
+        self.V, self.p, self.names, self.saved = V, p, names, saved
+        self.dt = p.compute_dtype
+        self.f = dict(p.fields)
+        for name, x in zip(names, saved):
+            if name != "carry":
+                self.f[name] = x
+        main = self.f["x" if p.family == "trace" else "rewards"]
+        self.N, self.T, self.dev = main.shape[0], main.shape[1], main.device
+        self.m = V._flag(p, "mask")
+
+    def zero(self, x):
+        """``x`` with its masked steps set to 0."""
+        return x if self.m is None else torch.where(self.m.reshape(self.m.shape + (1,) * (x.dim() - 2)), x, 0)
+
+    def flag(self, name):
+        """A flag as 0/1 in the compute dtype, 0 at masked steps (a 0-d zero if absent)."""
+        x = self.V._flag(self.p, name)
+        if x is None:
+            return torch.zeros((), dtype=self.dt, device=self.dev)
+        return (x if self.m is None else x & self.m).to(self.dt)
+
+    def load(self, name):
+        return self.zero(self.f[name].detach().to(self.dt))
+
+    def grad(self, g, shape=None):
+        """An output gradient in the compute dtype (zeros if None), 0 at masked steps."""
+        if g is None:
+            return torch.zeros(shape or (self.N, self.T), dtype=self.dt, device=self.dev)
+        return self.zero(g.to(self.dt))
+
+    def boundary_grads(self, out, w_end, local_bar, k, tr):
+        """Gradients of ``bootstrap_values`` and ``carry``, added to ``out``: bootstrap values enter
+        at truncated steps (weight ``γ(1−k)tr`` times the local term's gradient ``local_bar``) and
+        through the window-end carry, whose gradient is ``w_end`` (``[N]``, or ``[N, 2]`` as a pair
+        for V-trace). A few [N]-sized ops under autograd: ``_window_end_carry`` defines the carry."""
+        V, p, dt, m = self.V, self.p, self.dt, self.m
+        want = [(n, x) for n, x in zip(self.names, self.saved)
+                if n in ("bootstrap_values", "carry") and x.requires_grad]
+        if not want:
+            return
+        with torch.enable_grad():
+            leaves = {n: x.detach().requires_grad_() for n, x in want}
+            fields = dict(p.fields, **{n: x for n, x in leaves.items() if n != "carry"})
+            q = attrs.evolve(p, fields=fields, carry=leaves.get("carry", p.carry))
+            boot = V._read_bootstrap(q, dt, m)
+            terms = [(V._window_end_carry(q, dt, m) * w_end).sum()]
+            if boot.requires_grad:
+                terms.append((boot * (p.gamma * (1.0 - k) * tr) * local_bar).sum())
+            got = torch.autograd.grad(sum(terms), list(leaves.values()), allow_unused=True)
+        out.update({n: g for n, g in zip(leaves, got)})
+
+    def result(self, out):
+        return [None if not x.requires_grad or out.get(n) is None else out[n].to(x.dtype)
+                for n, x in zip(self.names, self.saved)]
+
+
 def lambda_backward(p: Problem, names, saved, grads):
     """The analytic adjoint of the TD(λ) family (GAE, TD(λ), discounted returns): no recompute.
 
@@ -173,94 +236,50 @@ def lambda_backward(p: Problem, names, saved, grads):
     bootstrap terms; otherwise the same arithmetic (:func:`~rollbuf.boundary.coefficients.lambda_adjoint_step`,
     :func:`~rollbuf.boundary.coefficients.lambda_adjoint_out`) in torch around one scan.
     """
-    from rollbuf import vectorized as V
-
-    dt = p.compute_dtype
-    f = dict(p.fields)
-    for name, x in zip(names, saved):
-        if name != "carry":
-            f[name] = x
-    r = f["rewards"]
-    N, T = r.shape[0], r.shape[-1]
-    m = V._flag(p, "mask")
+    a = _Adjoint(p, names, saved)
+    dt, m, N, T, dev = a.dt, a.m, a.N, a.T, a.dev
     n_out = len(p.outputs)
     two = p.outputs == ("advantages", "returns")
     g_adv, g_ret = (grads[0], grads[1]) if two else (None, grads[0])
     g_carry = grads[n_out] if len(grads) > n_out and grads[n_out] is not None else None
     w0 = g_carry.to(dt) if g_carry is not None else None
     has_v = "values" in names
-
-    def flag(name):
-        x = V._flag(p, name)
-        if x is None:
-            return torch.zeros((), dtype=dt, device=r.device)
-        return (x if m is None else x & m).to(dt)
-
-    k, tr = flag("terminated"), flag("truncated")
+    k, tr = a.flag("terminated"), a.flag("truncated")
     if _FUSED_SCAN.get() and not torch.compiler.is_compiling():
         # one fused kernel: reads the output gradients and flags, writes r̄, V̄ and W_T (0 at masked
         # steps, which it never reads); Ḡ = ḡ_G + ḡ_A is formed in registers
         from rollbuf import kernels
 
         if g_ret is None and g_adv is None:
-            g_ret = torch.zeros((N, T), dtype=dt, device=r.device)
-        if g_ret is None:  # Ḡ = ḡ_A: pass it as ḡ_G with ḡ_A = 0, and subtract it from V̄ below
-            g_ret, g_adv, adv_only = g_adv, None, True
-        else:
-            adv_only = False
+            g_ret = torch.zeros((N, T), dtype=dt, device=dev)
+        adv_only = g_ret is None
+        if adv_only:  # Ḡ = ḡ_A: pass it as ḡ_G with ḡ_A = 0, and subtract it from V̄ below
+            g_ret, g_adv = g_adv, None
         fields = {"rewards": g_ret, "values": g_adv, "terminated": p.fields.get("terminated"),
                   "truncated": p.fields.get("truncated"), "mask": p.fields.get("mask")}
         q = Problem(family="lambda_adjoint", outputs=("rewards", "values") if has_v else ("rewards",),
                     fields=fields, gamma=p.gamma, lam=p.lam, carry=w0, compute_dtype=dt, out_dtype=dt)
         outs, w_end = kernels.run(q)
-        r_bar = outs[0]
-        out = {"rewards": r_bar}
+        out = {"rewards": outs[0]}
         if has_v:
-            v_bar = outs[1]
-            if adv_only:
-                v_bar = v_bar - g_ret.to(dt)
-                v_bar = torch.where(m, v_bar, 0) if m is not None else v_bar
-            out["values"] = v_bar
+            out["values"] = a.zero(outs[1] - g_ret.to(dt)) if adv_only else outs[1]
     else:
-        zero = torch.zeros((N, T), dtype=dt, device=r.device)
-        g_adv = None if g_adv is None else g_adv.to(dt)
-        g_bar = (g_ret.to(dt) if g_ret is not None else zero) + (g_adv if g_adv is not None else 0.0)
-        if m is not None:  # outputs are 0 at masked steps: no gradient flows from there
-            g_bar = torch.where(m, g_bar, 0)
-            g_adv = None if g_adv is None else torch.where(m, g_adv, 0)
+        g_adv = None if g_adv is None else a.grad(g_adv)
+        g_bar = a.grad(g_ret) + (g_adv if g_adv is not None else 0.0)
         alpha, beta = C.lambda_adjoint_step(g_bar, k, tr, p.gamma, p.lam)
         beta = beta * torch.ones_like(g_bar)
         if m is not None:
             beta = torch.where(m, beta, 1.0)
-        w0 = w0 if w0 is not None else torch.zeros(N, dtype=dt, device=r.device)
+        w0 = w0 if w0 is not None else torch.zeros(N, dtype=dt, device=dev)
         u = _scan(alpha, beta, False, w0)
         w = torch.cat([w0.unsqueeze(-1), u[..., :-1]], dim=-1)  # W_t = ∂L/∂Z_t
         w_end = u[..., -1]  # W_T: the window-end carry's gradient
         r_bar, v_bar = C.lambda_adjoint_out(g_bar, g_adv if g_adv is not None else 0.0, p.lam, w)
-        if m is not None:
-            r_bar = torch.where(m, r_bar, 0)
-            v_bar = torch.where(m, v_bar, 0)
-        out = {"rewards": r_bar}
+        out = {"rewards": a.zero(r_bar)}
         if has_v:
-            out["values"] = v_bar
-    want = [(n, x) for n, x in zip(names, saved) if n in ("bootstrap_values", "carry") and x.requires_grad]
-    if want:  # bootstrap values enter at truncated steps and through the window-end carry
-        with torch.enable_grad():
-            leaves = {n: x.detach().requires_grad_() for n, x in want}
-            fields = dict(p.fields, **{n: x for n, x in leaves.items() if n != "carry"})
-            q = attrs.evolve(p, fields=fields, carry=leaves.get("carry", p.carry))
-            boot = V._read_bootstrap(q, dt, m)
-            z_end = V._window_end_carry(q, dt, m)
-            terms = [(z_end * w_end).sum()]
-            if boot.requires_grad:
-                terms.append((boot * (p.gamma * (1.0 - k) * tr) * r_bar).sum())
-            got = torch.autograd.grad(sum(terms), list(leaves.values()), allow_unused=True)
-        out.update({n: g for n, g in zip(leaves, got)})
-    res = []
-    for name, x in zip(names, saved):
-        g = out.get(name)
-        res.append(None if g is None or not x.requires_grad else g.to(x.dtype))
-    return res
+            out["values"] = a.zero(v_bar)
+    a.boundary_grads(out, w_end, out["rewards"], k, tr)
+    return a.result(out)
 
 
 def trace_backward(p: Problem, names, saved, grads):
@@ -273,41 +292,26 @@ def trace_backward(p: Problem, names, saved, grads):
     ``x̄_t = ē_t + nd_t·Y_{t+1}`` at unmasked steps and ``∂/∂initial = Y_0``. No forward recompute;
     the scan runs on the fused kernel inside a triton backward.
     """
-    from rollbuf import vectorized as V
-
-    dt = p.compute_dtype
-    x = p.fields["x"]
-    N, T = x.shape[0], x.shape[1]
+    a = _Adjoint(p, names, saved)
+    dt, N, T = a.dt, a.N, a.T
+    x = a.f["x"]
     feat = tuple(x.shape[2:])
     lift = (N,) + (1,) * len(feat) + (T,)
-    g_e = grads[0]
-    g_e = torch.zeros(x.shape, dtype=dt, device=x.device) if g_e is None else g_e.to(dt)
-    g_e = g_e.movedim(1, -1)  # [N, *F, T]
-    g_f = grads[1] if len(grads) > 1 and grads[1] is not None else None
-    g_f = torch.zeros((N, *feat), dtype=dt, device=x.device) if g_f is None else g_f.to(dt)
-    m = V._flag(p, "mask")
-
-    def flag(name):
-        f = V._flag(p, name)
-        if f is None:
-            return torch.zeros((), dtype=dt, device=x.device)
-        return (f if m is None else f & m).to(dt).reshape(lift)
-
-    nd = (1.0 - flag("terminated")) * (1.0 - flag("truncated"))
-    live = None if m is None else m.reshape(lift)
-    if live is not None:
-        g_e = torch.where(live, g_e, 0)
+    g_e = a.grad(grads[0], x.shape).movedim(1, -1)  # [N, *F, T], 0 at masked steps
+    g_f = grads[1] if len(grads) > 1 else None  # final: one per row, no mask
+    g_f = torch.zeros((N, *feat), dtype=dt, device=a.dev) if g_f is None else g_f.to(dt)
+    k, tr = (x if x.dim() == 0 else x.reshape(lift) for x in (a.flag("terminated"), a.flag("truncated")))
+    nd = (1.0 - k) * (1.0 - tr)
+    live = None if a.m is None else a.m.reshape(lift)
     alpha = p.decay * g_e
     beta = (p.decay * nd) * torch.ones_like(g_e)
     if live is not None:
         beta = torch.where(live, beta, 1.0)
     y = _scan(alpha, beta, True, g_f)
-    y_next = torch.cat([y[..., 1:], g_f.unsqueeze(-1)], dim=-1)
-    g_x = g_e + nd * y_next
+    g_x = g_e + nd * torch.cat([y[..., 1:], g_f.unsqueeze(-1)], dim=-1)
     if live is not None:
         g_x = torch.where(live, g_x, 0)
-    out = {"x": g_x.movedim(-1, 1), "carry": y[..., 0]}
-    return [None if not t.requires_grad else out[n].to(t.dtype) for n, t in zip(names, saved)]
+    return a.result({"x": g_x.movedim(-1, 1), "carry": y[..., 0]})
 
 
 def retrace_backward(p: Problem, names, saved, q_out, grads):
@@ -321,67 +325,27 @@ def retrace_backward(p: Problem, names, saved, q_out, grads):
     log-probabilities through the ratio where it is not clipped (``torch.clamp``'s convention).
     ``U_{T−1}`` is the window-end carry's gradient.
     """
-    from rollbuf import vectorized as V
-
-    dt = p.compute_dtype
-    f = dict(p.fields)
-    for name, x in zip(names, saved):
-        if name != "carry":
-            f[name] = x
-    r = f["rewards"]
-    N, T = r.shape[0], r.shape[-1]
-    m = V._flag(p, "mask")
-
-    def flag(name):
-        x = V._flag(p, name)
-        if x is None:
-            return torch.zeros((), dtype=dt, device=r.device)
-        return (x if m is None else x & m).to(dt)
-
-    def load(name):
-        x = f[name].detach().to(dt)
-        return x if m is None else torch.where(m, x, 0)
-
-    k, tr = flag("terminated"), flag("truncated")
-    g_q = grads[0]
-    g_q = torch.zeros((N, T), dtype=dt, device=r.device) if g_q is None else g_q.to(dt)
+    a = _Adjoint(p, names, saved)
+    dt, m, N, dev = a.dt, a.m, a.N, a.dev
+    k, tr = a.flag("terminated"), a.flag("truncated")
+    g_q = a.grad(grads[0])
     g_carry = grads[1] if len(grads) > 1 and grads[1] is not None else None
-    if m is not None:
-        g_q = torch.where(m, g_q, 0)
-    ratio = torch.exp(load("target_log_probs") - load("log_probs"))
+    ratio = torch.exp(a.load("target_log_probs") - a.load("log_probs"))
     unclipped = ratio <= p.c_bar
     c = p.lam * torch.where(unclipped, ratio, p.c_bar)
     gn = p.gamma * (1.0 - k) * (1.0 - tr)
-    alpha = gn * g_q
     beta = gn * c
     if m is not None:
         beta = torch.where(m, beta, 1.0)
-    w0 = g_carry.to(dt) if g_carry is not None else torch.zeros(N, dtype=dt, device=r.device)
-    u = _scan(alpha, beta, False, w0)
+    w0 = g_carry.to(dt) if g_carry is not None else torch.zeros(N, dtype=dt, device=dev)
+    u = _scan(gn * g_q, beta, False, w0)
     u_bar = torch.cat([w0.unsqueeze(-1), u[..., :-1]], dim=-1)  # Ū_t = ∂L/∂W_t
-    w_end = u[..., -1]
-    qv = load("q_values")
-    local_bar = g_q + c * u_bar
-    c_bar = u_bar * (q_out.detach().to(dt) - qv)
+    c_bar = u_bar * (q_out.detach().to(dt) - a.load("q_values"))
     ratio_bar = torch.where(unclipped, p.lam * c_bar, 0) * ratio
-    zero = (lambda x: torch.where(m, x, 0)) if m is not None else (lambda x: x)
-    out = {"rewards": zero(local_bar), "values": zero(u_bar), "q_values": zero(-c * u_bar),
-           "target_log_probs": zero(ratio_bar), "log_probs": zero(-ratio_bar)}
-    want = [(n, x) for n, x in zip(names, saved) if n in ("bootstrap_values", "carry") and x.requires_grad]
-    if want:  # bootstrap values enter at truncated steps and through the window-end carry
-        with torch.enable_grad():
-            leaves = {n: x.detach().requires_grad_() for n, x in want}
-            fields = dict(p.fields, **{n: x for n, x in leaves.items() if n != "carry"})
-            q = attrs.evolve(p, fields=fields, carry=leaves.get("carry", p.carry))
-            boot = V._read_bootstrap(q, dt, m)
-            z_end = V._window_end_carry(q, dt, m)
-            terms = [(z_end * w_end).sum()]
-            if boot.requires_grad:
-                terms.append((boot * (p.gamma * (1.0 - k) * tr) * out["rewards"]).sum())
-            got = torch.autograd.grad(sum(terms), list(leaves.values()), allow_unused=True)
-        out.update({n: g for n, g in zip(leaves, got)})
-    return [None if not x.requires_grad or out.get(n) is None else out[n].to(x.dtype)
-            for n, x in zip(names, saved)]
+    out = {"rewards": a.zero(g_q + c * u_bar), "values": a.zero(u_bar), "q_values": a.zero(-c * u_bar),
+           "target_log_probs": a.zero(ratio_bar), "log_probs": a.zero(-ratio_bar)}
+    a.boundary_grads(out, u[..., -1], out["rewards"], k, tr)
+    return a.result(out)
 
 
 def _next_live(x, m, carry):
@@ -413,42 +377,17 @@ def vtrace_backward(p: Problem, names, saved, vs_out, grads):
     ρpg) where each is not clipped. ``V_{t⁺}`` and ``u_{t⁺} = (vs − V)_{t⁺}`` are shifts of the
     inputs and the saved output (scans over the mask when there is one).
     """
-    from rollbuf import vectorized as V
-
-    dt = p.compute_dtype
-    f = dict(p.fields)
-    for name, x in zip(names, saved):
-        if name != "carry":
-            f[name] = x
-    r0 = f["rewards"]
-    N, T = r0.shape[0], r0.shape[-1]
-    dev = r0.device
-    m = V._flag(p, "mask")
-    zero = (lambda x: torch.where(m, x, 0)) if m is not None else (lambda x: x)
-
-    def flag(name):
-        x = V._flag(p, name)
-        if x is None:
-            return torch.zeros((), dtype=dt, device=dev)
-        return (x if m is None else x & m).to(dt)
-
-    def load(name):
-        return zero(f[name].detach().to(dt))
-
-    def grad(i):
-        g = grads[i] if len(grads) > i else None
-        return torch.zeros((N, T), dtype=dt, device=dev) if g is None else zero(g.to(dt))
-
-    k, tr = flag("terminated"), flag("truncated")
-    g_vs, g_pg = grad(0), grad(1)
+    a = _Adjoint(p, names, saved)
+    V, dt, m, N, dev, zero = a.V, a.dt, a.m, a.N, a.dev, a.zero
+    k, tr = a.flag("terminated"), a.flag("truncated")
+    g_vs, g_pg = a.grad(grads[0]), a.grad(grads[1] if len(grads) > 1 else None)
     g_c = grads[2] if len(grads) > 2 and grads[2] is not None else torch.zeros((N, 2), dtype=dt, device=dev)
     g_cu, g_cv = g_c[..., 0].to(dt), g_c[..., 1].to(dt)
-    v = load("values")
-    q0 = attrs.evolve(p, fields={**p.fields, **{n: f[n].detach() for n in f if isinstance(f[n], torch.Tensor)}},
+    v = a.load("values")
+    q0 = attrs.evolve(p, fields={n: (x.detach() if isinstance(x, torch.Tensor) else x) for n, x in a.f.items()},
                       carry=None if p.carry is None else p.carry.detach())
-    boot = V._read_bootstrap(q0, dt, m)
-    local = load("rewards") + p.gamma * (1.0 - k) * tr * boot
-    ratio = torch.exp(load("target_log_probs") - load("log_probs"))
+    local = a.load("rewards") + p.gamma * (1.0 - k) * tr * V._read_bootstrap(q0, dt, m)
+    ratio = torch.exp(a.load("target_log_probs") - a.load("log_probs"))
     rho = torch.clamp(ratio, max=p.rho_bar)
     c = p.lam * torch.clamp(ratio, max=p.c_bar)
     rpg = torch.clamp(ratio, max=p.pg_rho_bar)
@@ -462,9 +401,7 @@ def vtrace_backward(p: Problem, names, saved, vs_out, grads):
     beta = torch.where(m, pc, 1.0) if m is not None else pc * torch.ones_like(alpha)
     y = _scan(alpha, beta, False, g_cu)
     u_bar = zero(g_vs + torch.cat([g_cu.unsqueeze(-1), y[..., :-1]], dim=-1))
-    du_end = y[..., -1]
-    e = zero(gn * (rho * u_bar + rpg * g_pg))
-    e_prev, dv_end = _prev_live(e, m, g_cv)
+    e_prev, dv_end = _prev_live(zero(gn * (rho * u_bar + rpg * g_pg)), m, g_cv)
     local_bar = rho * u_bar + rpg * g_pg
     d_rho = u_bar * (local - v + gn * v_next)
     d_c = p.lam * u_bar * gn * u_next
@@ -473,21 +410,8 @@ def vtrace_backward(p: Problem, names, saved, vs_out, grads):
                + torch.where(ratio <= p.pg_rho_bar, d_pg, 0)) * ratio
     out = {"rewards": zero(local_bar), "values": zero(g_vs - rho * u_bar - rpg * g_pg + e_prev),
            "target_log_probs": zero(d_ratio), "log_probs": zero(-d_ratio)}
-    want = [(n, x) for n, x in zip(names, saved) if n in ("bootstrap_values", "carry") and x.requires_grad]
-    if want:  # bootstrap values enter at truncated steps and through the window-end carry (0, V(s_T))
-        with torch.enable_grad():
-            leaves = {n: x.detach().requires_grad_() for n, x in want}
-            fields = dict(q0.fields, **{n: x for n, x in leaves.items() if n != "carry"})
-            q = attrs.evolve(q0, fields=fields, carry=leaves.get("carry", q0.carry))
-            b = V._read_bootstrap(q, dt, m)
-            z_end = V._window_end_carry(q, dt, m)
-            terms = [(z_end[..., 0] * du_end).sum() + (z_end[..., 1] * dv_end).sum()]
-            if b.requires_grad:
-                terms.append((b * (p.gamma * (1.0 - k) * tr) * out["rewards"]).sum())
-            got = torch.autograd.grad(sum(terms), list(leaves.values()), allow_unused=True)
-        out.update({n: g for n, g in zip(leaves, got)})
-    return [None if not x.requires_grad or out.get(n) is None else out[n].to(x.dtype)
-            for n, x in zip(names, saved)]
+    a.boundary_grads(out, torch.stack([y[..., -1], dv_end], -1), out["rewards"], k, tr)
+    return a.result(out)
 
 
 def run(p: Problem):
