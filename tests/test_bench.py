@@ -90,3 +90,24 @@ def test_budget_skips_and_scoreboard_from_csv_parts(tmp_path):
     board = (merged / "scoreboard.md").read_text()
     n_a = len(list(csv.DictReader(open(a / "results.csv"))))
     assert f"| rollbuf-torch | {n_a} | {n_a} | 100% |" in board  # skipped cases are not counted as attempted
+
+
+def test_time_major_cases_are_views_and_pass_the_gate():
+    """``layout="time"``: the fields are [T, N] buffers passed as [N, T] views (time stride N), and
+    both the competitors and rollbuf read them in place and pass the float64 gate."""
+    from rollbuf.bench import suite
+
+    case = Case("gae", 16, 64, layout="time")
+    f = suite.make_fields(case, "cpu")
+    assert f["rewards"].shape == (16, 64) and f["rewards"].stride() == (1, 16)
+    rows = run_cases([case, Case("gae", 16, 64)], ["rollbuf-torch", "loop"], "cpu", reps=1)
+    assert {(r["layout"], r["impl"]): r["status"] for r in rows} == {
+        ("time", "rollbuf-torch"): "ok", ("time", "loop"): "ok", ("env", "rollbuf-torch"): "ok", ("env", "loop"): "ok"}
+
+
+def test_rows_from_csvs_before_the_layout_column_are_env_major():
+    from rollbuf.bench import suite
+
+    old = dict(estimator="gae", n="8", t="64", dtype="float32", mix="none", impl="x")
+    assert suite.row_key(old) == ("gae", 8, 64, "float32", "none", "env")
+    assert suite.row_key(dict(old, layout="time"))[-1] == "time"

@@ -21,9 +21,9 @@ import sys
 import torch
 
 from rollbuf.bench.competitors import COMPETITORS
-from rollbuf.bench.suite import GRIDS, compare, part, run_cases, scoreboard
+from rollbuf.bench.suite import GRIDS, compare, part, row_key, run_cases, scoreboard
 
-_COLUMNS = ["estimator", "n", "t", "dtype", "mix", "impl", "status", "rel_err", "call_us", "device_us", "spread",
+_COLUMNS = ["estimator", "n", "t", "dtype", "mix", "layout", "impl", "status", "rel_err", "call_us", "device_us", "spread",
             "bytes", "pct_copy", "first_call_s", "note", "device", "torch", "triton", "commit", "date", "threads"]
 
 
@@ -51,7 +51,8 @@ def _markdown(board, rows, ours, prov):
     bad = [r for r in rows if r.get("status") in ("wrong", "error")]
     if bad:
         lines += ["", "Wrong or failing (not timed):", ""]
-        lines += [f"* {r['impl']} on {r['estimator']} {r['n']}×{r['t']} {r['dtype']} {r['mix']}: {r.get('note')}"
+        lines += [f"* {r['impl']} on {r['estimator']} {r['n']}×{r['t']} {r['dtype']} {r['mix']} "
+                  f"{r.get('layout') or 'env'}-major: {r.get('note')}"
                   for r in bad]
     return "\n".join(lines) + "\n"
 
@@ -65,7 +66,7 @@ def _plots(rows, ours, out, gpu):
     except ImportError:
         return []
     files = []
-    mine = {(r["estimator"], r["n"], r["t"], r["dtype"], r["mix"]): r for r in rows
+    mine = {row_key(r): r for r in rows
             if r["impl"] == ours and r.get("status") == "ok"}
     key = "device_us" if gpu else "call_us"
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -73,7 +74,7 @@ def _plots(rows, ours, out, gpu):
         pts = sorted((r["t"], r["n"], r[key] / mine[k][key]) for r in rows
                      if r["impl"] == impl and r.get("status") == "ok" and r.get(key) is not None
                      and r[key] == r[key]
-                     and (k := (r["estimator"], r["n"], r["t"], r["dtype"], r["mix"])) in mine)
+                     and (k := row_key(r)) in mine)
         if pts:
             ax.scatter([p[0] for p in pts], [p[2] for p in pts], label=impl, s=14)
     ax.set_xscale("log", base=2)
@@ -146,7 +147,7 @@ def main(argv=None):
             i, k = (int(x) for x in args.part.split("/"))
             cases = part(cases, i, k)
         if args.skip_done:
-            done = {(r["estimator"], r["n"], r["t"], r["dtype"], r["mix"]) for r in _read_csv(args.skip_done)
+            done = {row_key(r) for r in _read_csv(args.skip_done)
                     if r["impl"] == ours and r.get("status") == "ok"}
             cases = [c for c in cases if c.key not in done]
         bw = _copy_bandwidth() if gpu else None

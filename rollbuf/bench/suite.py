@@ -54,15 +54,22 @@ class Case:
     t: int
     dtype: str = "float32"
     mix: str = "term+trunc"
+    layout: str = "env"  # "env": [N, T] contiguous; "time": [T, N] buffers passed as [N, T] views
 
     @property
     def key(self):
-        return (self.estimator, self.n, self.t, self.dtype, self.mix)
+        return (self.estimator, self.n, self.t, self.dtype, self.mix, self.layout)
 
 
-def _grid(estimators, shapes, dtypes=("float32",), mixes=("term+trunc",)) -> list[Case]:
+def row_key(r: dict) -> tuple:
+    """The case of a result row (rows of CSVs written before the layout column are env-major)."""
+    return (r["estimator"], int(r["n"]), int(r["t"]), r["dtype"], r["mix"], r.get("layout") or "env")
+
+
+def _grid(estimators, shapes, dtypes=("float32",), mixes=("term+trunc",), layouts=("env",)) -> list[Case]:
     shapes = list(dict.fromkeys(shapes))  # 4096x128 is in both the short and the medium grid
-    return [Case(e, n, t, d, m) for e in estimators for (n, t) in shapes for d in dtypes for m in mixes]
+    return [Case(e, n, t, d, m, lay) for e in estimators for (n, t) in shapes for d in dtypes for m in mixes
+            for lay in layouts]
 
 
 SHORT = [(n, t) for t in (8, 16, 32, 64, 128) for n in (4096, 8192, 16384, 32768)]
@@ -71,14 +78,17 @@ LONG = [(n, t) for n in (1, 8, 64, 256) for t in (16384, 131072, 1048576)]
 LLM = [(8, 8192), (64, 32768), (256, 131072)]
 GRIDS: dict[str, list[Case]] = {
     "cpu-smoke": _grid(ESTIMATORS, [(16, 64), (2, 1000)], mixes=("term+trunc", "mask"))
-    + _grid(["gae"], [(64, 128)], mixes=("none", "term", "term+trunc")),
+    + _grid(["gae"], [(64, 128)], mixes=("none", "term", "term+trunc"))
+    + _grid(["gae", "vtrace"], [(16, 64)], layouts=("time",)),
     "cpu": _grid(ESTIMATORS, [(8, 32768), (1024, 128)], mixes=("term+trunc",)),
     "gpu-quick": _grid(["gae"], [(32768, 8), (4096, 128), (1024, 1024), (256, 131072), (1, 1048576)],
                        dtypes=("float32", "bfloat16")),
     # the kernel grid of PERF.md: every estimator, fp32 and bf16, with and without truncations;
     # GAE also with no boundaries at all and with masks
     "gpu": _grid(ESTIMATORS, SHORT + MEDIUM + LONG, dtypes=("float32", "bfloat16"), mixes=("term", "term+trunc"))
-    + _grid(["gae"], SHORT + MEDIUM + LONG, mixes=("none", "mask")),
+    + _grid(["gae"], SHORT + MEDIUM + LONG, mixes=("none", "mask"))
+    # time-major buffers ([T, N] in memory, the layout of a step-by-step collector), read in place
+    + _grid(ESTIMATORS, SHORT + MEDIUM, layouts=("time",)),
     "llm": _grid(["gae", "discounted_returns"], LLM, dtypes=("float32", "bfloat16"), mixes=("mask",)),
 }
 
@@ -126,14 +136,18 @@ def provenance(device) -> dict:
 def make_fields(case: Case, device, seed=0) -> dict:
     """Inputs of ``case``: :func:`rollbuf.testing.make_rollout` (float64 draws on the CPU, garbage at
     masked steps) on the CPU and for small GPU cases; large GPU cases draw on the device
-    (:func:`_device_fields`: the same distributions, seconds instead of minutes at 2^28 elements)."""
+    (:func:`_device_fields`: the same distributions, seconds instead of minutes at 2^28 elements).
+    ``layout="time"``: every per-step field is stored ``[T, N]`` and passed as its ``[N, T]`` view."""
     pk, ptr, pm = MIXES[case.mix]
     if device != "cpu" and case.n * case.t > 2**14:
-        return _device_fields(case, device, seed)
-    f = make_rollout(case.n, case.t, seed=seed, dtype=getattr(torch, case.dtype), p_terminated=pk,
-                     p_truncated=ptr, p_masked=pm, device=device, garbage=True)
-    if not pm:
-        f["mask"] = None  # no mask at all, as most trainers call it
+        f = _device_fields(case, device, seed)
+    else:
+        f = make_rollout(case.n, case.t, seed=seed, dtype=getattr(torch, case.dtype), p_terminated=pk,
+                         p_truncated=ptr, p_masked=pm, device=device, garbage=True)
+        if not pm:
+            f["mask"] = None  # no mask at all, as most trainers call it
+    if case.layout == "time":
+        f = {k: (v.mT.contiguous().mT if isinstance(v, torch.Tensor) and v.dim() == 2 else v) for k, v in f.items()}
     return f
 
 
@@ -263,20 +277,21 @@ def run_cases(cases: Iterable[Case], competitors: Iterable[str], device: str, *,
     rows = []
     t_start = time.perf_counter()
     # largest first: if the budget runs out, the many small cases go, not the bandwidth-bound ones
-    cases = sorted(cases, key=lambda c: (-c.n * c.t, c.n, c.dtype, c.mix, c.estimator))
+    cases = sorted(cases, key=lambda c: (-c.n * c.t, c.n, c.dtype, c.mix, c.layout, c.estimator))
     cached_key, sets, competitors = None, None, list(competitors)
     for case in cases:
         if budget_s is not None and time.perf_counter() - t_start > budget_s:
             for name in competitors:
                 row = dict(estimator=case.estimator, n=case.n, t=case.t, dtype=case.dtype, mix=case.mix,
-                           impl=name, status="skipped", note=f"time budget of {budget_s:.0f} s spent", **prov)
+                           layout=case.layout, impl=name, status="skipped",
+                           note=f"time budget of {budget_s:.0f} s spent", **prov)
                 rows.append(row)
                 if on_row:
                     on_row(row)
             if progress is not None:
                 progress.update(1)
             continue
-        key = (case.n, case.t, case.dtype, case.mix)
+        key = (case.n, case.t, case.dtype, case.mix, case.layout)
         if key != cached_key:
             sets = None
             if device == "cuda":
@@ -299,7 +314,8 @@ def run_cases(cases: Iterable[Case], competitors: Iterable[str], device: str, *,
 
 def _run_one(case, name, f, ref, tol, device, sets, copy_bw, reps, prov):
     fn = COMPETITORS[name]
-    row = dict(estimator=case.estimator, n=case.n, t=case.t, dtype=case.dtype, mix=case.mix, impl=name, **prov)
+    row = dict(estimator=case.estimator, n=case.n, t=case.t, dtype=case.dtype, mix=case.mix, layout=case.layout,
+               impl=name, **prov)
     try:
         t0 = time.perf_counter()
         out = fn(case.estimator, f, PARAMS[case.estimator])
@@ -342,7 +358,7 @@ def _time_of(r):
 
 def scoreboard(rows: list[dict], ours: str) -> list[dict]:
     """Per competitor: pass rate, share of cases where ``ours`` is faster, geomean speedup of ours."""
-    mine = {(r["estimator"], r["n"], r["t"], r["dtype"], r["mix"]): r for r in rows if r["impl"] == ours}
+    mine = {row_key(r): r for r in rows if r["impl"] == ours}
     board = []
     for name in sorted({r["impl"] for r in rows}):
         rs = [r for r in rows if r["impl"] == name]
@@ -350,7 +366,7 @@ def scoreboard(rows: list[dict], ours: str) -> list[dict]:
         ok = [r for r in attempted if r.get("status") == "ok"]
         speed = []
         for r in ok:
-            m = mine.get((r["estimator"], r["n"], r["t"], r["dtype"], r["mix"]))
+            m = mine.get(row_key(r))
             if m is not None and m.get("status") == "ok" and name != ours:
                 speed.append(float(_time_of(r)) / float(_time_of(m)))
         pct = [float(r["pct_copy"]) for r in ok if r.get("pct_copy") is not None]
@@ -365,7 +381,7 @@ def scoreboard(rows: list[dict], ours: str) -> list[dict]:
 
 def compare(new: list[dict], baseline: list[dict], impl: str, floor: float = 0.05) -> list[dict]:
     """Cases of ``impl`` slower than the baseline by more than the run-to-run spread measured."""
-    key = lambda r: (r["estimator"], int(r["n"]), int(r["t"]), r["dtype"], r["mix"])  # noqa: E731
+    key = row_key
     old = {key(r): r for r in baseline if r["impl"] == impl and r.get("status") == "ok"}
     slower = []
     for r in new:
