@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# One device call of a GPU session, for the lent H200 (see benchmarks/NOTES.md). Usage, from the
+# repository root on the GPU machine, with the tensordict/pyvers wheels carried in .whl/:
+#
+#   bash benchmarks/gpu_session.sh check   # GPU tests + backward benchmark         (~4 min)
+#   bash benchmarks/gpu_session.sh grid    # the scoreboard cases not measured yet  (≤ 9 min)
+#
+# Everything it writes goes under $OUT (logs, CSVs). ROLLBUF_COMMIT names the commit in the CSVs.
+set -uo pipefail
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+export TRITON_CACHE_DIR=$PWD/.tcache TORCHINDUCTOR_CACHE_DIR=$PWD/.icache
+python -c "import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name())"
+case "${1:-check}" in
+  check)
+    timeout 200 python -m pytest -q -p no:cacheprovider tests/test_autograd.py tests/test_compile.py \
+      tests/test_kernels.py -m gpu -k "not 2_31" 2>&1 | tee "$OUT/gpu_tests.log" | tail -5
+    timeout 150 python -m pytest -q -p no:cacheprovider tests/test_autograd.py -k "triton or variants or equal" \
+      2>&1 | tee -a "$OUT/gpu_tests.log" | tail -3
+    timeout 200 python benchmarks/backward.py --out "$OUT" 2>&1 | tee "$OUT/backward.log" | tail -28
+    ;;
+  grid)
+    timeout 560 python -m rollbuf.bench --grid gpu --competitors rollbuf-triton,loop,doubling-compiled \
+      --skip-done benchmarks/results/bench_gpu_*.csv --budget-s 450 --out "$OUT" 2>&1 | tail -12
+    ;;
+  *) echo "usage: $0 check|grid"; exit 2 ;;
+esac
