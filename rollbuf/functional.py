@@ -312,13 +312,9 @@ def _run(p: Problem, backend: str, reference_call, return_carry: bool):
         outs = reference_call()
         outs = outs if isinstance(outs, tuple) else (outs,)
         carry = None
-    elif backend == "torch":
-        from rollbuf import vectorized
-
-        outs, carry = vectorized.run(p)
-    elif _compiling() and _autograd.needs_grad(p):
-        # gradients under torch.compile: the torch backend, traced and differentiated by
-        # AOTAutograd (the scans through AffineScanFunction); the fused kernel has no traceable backward
+    elif backend == "torch" or (_compiling() and _autograd.needs_grad(p)):
+        # (gradients under torch.compile: the torch backend, traced and differentiated by
+        # AOTAutograd, the scans through AffineScanFunction; the fused kernel has no traceable backward)
         from rollbuf import vectorized
 
         outs, carry = vectorized.run(p)
