@@ -31,6 +31,7 @@ from gpu_kernels import provenance  # noqa: E402
 from llm_cpu import make_batch, verl_multi_turn_gae  # noqa: E402
 
 from rollbuf import llm  # noqa: E402
+from rollbuf.bench.suite import time_cuda  # noqa: E402  (do_bench median; CUDA-graph device time)
 
 
 def wall(fn, reps=1):
@@ -42,36 +43,6 @@ def wall(fn, reps=1):
         torch.cuda.synchronize()
         best = min(best, time.perf_counter() - t0)
     return best
-
-
-def graph_time(fn, reps=20):
-    """Device time of ``fn`` from a CUDA-graph replay (NaN, with the reason printed, if it cannot be
-    captured)."""
-    try:
-        return _graph_time(fn, reps)
-    except Exception as e:  # reported, not hidden
-        print(f"graph capture failed: {type(e).__name__}: {e}", flush=True)
-        torch.cuda.synchronize()
-        return float("nan")
-
-
-def _graph_time(fn, reps):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    g.replay()
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    e0.record()
-    for _ in range(reps):
-        g.replay()
-    e1.record()
-    torch.cuda.synchronize()
-    return e0.elapsed_time(e1) * 1e-3 / reps
 
 
 def main():
@@ -95,10 +66,9 @@ def main():
         t_loop = wall(lambda: out.__setitem__("adv", verl_multi_turn_gae(r, v, mf, gamma, lam)[0]))
         err = (adv - out["adv"])[m].abs().max().item()
         del out
-        t_call = do_bench(call, warmup=10, rep=100, return_mode="median") * 1e-3
-        t_dev = graph_time(call)
+        t_call, t_dev, _ = time_cuda([call])
         rb, vb = r.bfloat16(), v.bfloat16()
-        t_bf16 = graph_time(lambda: llm.compute_gae_advantage_return(rb, vb, m, gamma, lam, backend="triton"))
+        t_bf16 = time_cuda([lambda: llm.compute_gae_advantage_return(rb, vb, m, gamma, lam, backend="triton")])[1]
         t_white = do_bench(lambda: llm.compute_gae_advantage_return(r, v, m, gamma, lam, whiten=True,
                                                                       backend="triton"),
                            warmup=5, rep=50, return_mode="median") * 1e-3

@@ -226,7 +226,7 @@ def _time_cpu(fn, reps):
     return statistics.median(ts), abs(a - b) / max(min(a, b), 1e-12)
 
 
-def _time_cuda(fns, graph=True):
+def time_cuda(fns, graph=True):
     """(full call s, device s, spread): do_bench median; CUDA-graph replay over rotated inputs
     (``graph=False``: launch-bound competitors such as the eager loop, device time not taken)."""
     from triton.testing import do_bench
@@ -340,7 +340,7 @@ def _run_one(case, name, f, ref, tol, device, sets, copy_bw, reps, prov):
         while len(sets) < n_sets:  # input sets rotated past the L2, made once per shape
             sets.append(make_fields(case, device, seed=len(sets)))
         graph = getattr(fn, "graph", True)
-        call, dev, spread = _time_cuda([lambda s=s: fn(case.estimator, s, PARAMS[case.estimator])
+        call, dev, spread = time_cuda([lambda s=s: fn(case.estimator, s, PARAMS[case.estimator])
                                         for s in sets[:n_sets]], graph=graph)
         row.update(call_us=call * 1e6, device_us=dev * 1e6, spread=spread)
         if copy_bw and dev == dev:
