@@ -125,29 +125,9 @@ def check(name, f):
 
 def device_time(fns, reps=20):
     """Seconds per call, from CUDA-graph replay of one call per rotated input set."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for fn in fns:
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for fn in fns:
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(5):
-        t0.record()
-        for _ in range(reps):
-            graph.replay()
-        t1.record()
-        torch.cuda.synchronize()
-        times.append(t0.elapsed_time(t1) * 1e-3 / (reps * len(fns)))
-    times.sort()
-    return times[len(times) // 2]
+    from rollbuf.bench.suite import graph_time
+
+    return graph_time(fns, reps)[0]
 
 
 def rotated_sets(N, T, dtype, trunc, per_set_bytes, first=0):

@@ -235,35 +235,40 @@ def time_cuda(fns, graph=True):
     call = do_bench(lambda: fns[next(it) % len(fns)](), warmup=5, rep=25, return_mode="median") * 1e-3
     if not graph:
         return call, math.nan, math.nan
+    reps = max(1, min(10, int(2e-3 / max(call * len(fns), 1e-7))))
     try:
-        g = torch.cuda.CUDAGraph()
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for fn in fns:
-                fn()
-        torch.cuda.current_stream().wait_stream(s)
-        with torch.cuda.graph(g):
-            for fn in fns:
-                fn()
-        reps = max(1, min(10, int(2e-3 / max(call * len(fns), 1e-7))))
-        g.replay()
-        times = []
-        for _ in range(6):
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            e0.record()
-            for _ in range(reps):
-                g.replay()
-            e1.record()
-            torch.cuda.synchronize()
-            times.append(e0.elapsed_time(e1) * 1e-3 / (reps * len(fns)))
-        dev = statistics.median(times)
-        spread = abs(statistics.median(times[:3]) - statistics.median(times[3:])) / dev
-        del g
+        dev, spread = graph_time(fns, reps)
     except Exception:  # a competitor that cannot be captured: no device time
         torch.cuda.synchronize()
         dev, spread = math.nan, math.nan
     return call, dev, spread
+
+
+def graph_time(fns, reps=10):
+    """(device s per call, spread): one CUDA graph of one call per rotated input set, replayed
+    ``reps`` times in each of 6 timed batches (median; spread = relative gap of the halves)."""
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # warm-up (compilation, allocations) outside the capture
+        for fn in fns:
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    with torch.cuda.graph(g):
+        for fn in fns:
+            fn()
+    g.replay()
+    times = []
+    for _ in range(6):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        for _ in range(reps):
+            g.replay()
+        e1.record()
+        torch.cuda.synchronize()
+        times.append(e0.elapsed_time(e1) * 1e-3 / (reps * len(fns)))
+    dev = statistics.median(times)
+    return dev, abs(statistics.median(times[:3]) - statistics.median(times[3:])) / dev
 
 
 def run_cases(cases: Iterable[Case], competitors: Iterable[str], device: str, *, copy_bw: float | None = None,
