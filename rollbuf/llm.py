@@ -46,7 +46,6 @@ __all__ = [
 #: Values of ``fill_masked``: what the outputs hold at tokens with ``response_mask = 0``.
 FILL_MASKED = ("zero", "carry")
 
-_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 # ----------------------------------------------------------------------------------- helpers
@@ -62,11 +61,7 @@ def _scalar(name, v):
 
 
 def _float_tensor(name, x):
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if x.dtype not in _FLOATS:
-        raise TypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
-    return x
+    return F._tensor(name, x, F._FLOATS, "a floating-point tensor")
 
 
 def _row_flags(name, x, batch_shape, device):
