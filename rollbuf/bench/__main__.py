@@ -4,6 +4,7 @@
     python -m rollbuf.bench --grid gpu --out $OUT                      # the H200 scoreboard
     python -m rollbuf.bench --grid gpu --out $OUT --compare old.csv   # regression check
     python -m rollbuf.bench --grid gpu --part 0/2 --budget-s 500 --out $OUT  # half the grid
+    python -m rollbuf.bench --grid gpu --redo a/results.csv --out $OUT # the cases that failed there, again
     python -m rollbuf.bench --from-csv a/results.csv b/results.csv --out DIR  # scoreboard of parts
 
 Writes ``results.csv`` (one row per case and competitor, with provenance), ``scoreboard.md`` and,
@@ -101,7 +102,9 @@ def _plots(rows, ours, out, gpu):
 
 
 def _read_csv(paths):
-    rows = []
+    """The rows of ``paths``, one per (case, implementation): a row of a later file replaces one of an
+    earlier file (a case run again), except that a ``skipped`` row (budget) never replaces a result."""
+    rows: dict[tuple, dict] = {}
     for path in paths:
         with open(path) as fh:
             for r in csv.DictReader(fh):
@@ -109,8 +112,11 @@ def _read_csv(paths):
                     r[k] = int(r[k])
                 for k in ("rel_err", "call_us", "device_us", "spread", "pct_copy", "bytes", "first_call_s"):
                     r[k] = float(r[k]) if r.get(k) not in (None, "") else None
-                rows.append(r)
-    return rows
+                key = row_key(r) + (r["impl"],)
+                if r.get("status") == "skipped" and key in rows:
+                    continue
+                rows[key] = r
+    return list(rows.values())
 
 
 def main(argv=None):
@@ -124,6 +130,8 @@ def main(argv=None):
     ap.add_argument("--budget-s", type=float, default=None, help="start no case after this many seconds")
     ap.add_argument("--skip-done", nargs="+", default=None,
                     help="results.csv files: cases our implementation already passed there are not run again")
+    ap.add_argument("--redo", nargs="+", default=None,
+                    help="results.csv files: run only the cases where some implementation was wrong or failed there")
     ap.add_argument("--from-csv", nargs="+", default=None,
                     help="no run: scoreboard and plots from results.csv files (e.g. the parts of one run)")
     args = ap.parse_args(argv)
@@ -146,6 +154,9 @@ def main(argv=None):
         if args.part:
             i, k = (int(x) for x in args.part.split("/"))
             cases = part(cases, i, k)
+        if args.redo:
+            again = {row_key(r) for r in _read_csv(args.redo) if r.get("status") in ("wrong", "error")}
+            cases = [c for c in cases if c.key in again]
         if args.skip_done:
             done = {row_key(r) for r in _read_csv(args.skip_done)
                     if r["impl"] == ours and r.get("status") == "ok"}

@@ -16,7 +16,7 @@ import torch
 from rollbuf.bench.competitors import COMPETITORS, Unsupported, rollbuf_backend
 
 _ORACLE_TORCH = rollbuf_backend("torch")  # float64 torch backend (tested against the reference), any size
-from rollbuf.testing import default_tolerance, make_rollout, reference_outputs
+from rollbuf.testing import default_tolerance, make_rollout, reference_outputs, window_end_index
 
 L2_BYTES = 60 * 2**20  # H200
 
@@ -146,6 +146,13 @@ def make_fields(case: Case, device, seed=0) -> dict:
                          p_truncated=ptr, p_masked=pm, device=device, garbage=True)
         if not pm:
             f["mask"] = None  # no mask at all, as most trainers call it
+        # the window-end bootstrap finite even where the last step terminates (as _device_fields
+        # makes it): a trainer always has a value there, and loops that multiply it by 0 must not
+        # be failed by a NaN no trainer passes
+        bv = f["bootstrap_values"]
+        end = window_end_index(f["mask"], tuple(bv.shape)).clamp_min(0).to(bv.device).unsqueeze(-1)
+        fill = torch.randn(bv.shape[:-1] + (1,), generator=torch.Generator().manual_seed(seed + 7)).to(bv)
+        f["bootstrap_values"] = bv.scatter(-1, end, torch.where(bv.gather(-1, end).isnan(), fill, bv.gather(-1, end)))
     if case.layout == "time":
         f = {k: (v.mT.contiguous().mT if isinstance(v, torch.Tensor) and v.dim() == 2 else v) for k, v in f.items()}
     return f
