@@ -30,6 +30,8 @@ def _poison_and_chunk(request):
     K.BLOCK_T_OVERRIDE = None
     K.SPLIT_OVERRIDE = None
     K.SHIFT_LOAD_OVERRIDE = None
+    K.BLOCK_N_OVERRIDE = None
+    K.OUTPUT_LAYOUT_OVERRIDE = None
 
 
 @pytest.fixture(params=[(False, False), (False, True), (True, False), (True, True)],
@@ -162,13 +164,40 @@ def test_flag_dtypes(name, flag_dtype):
     assert_ref(call(name, f, "triton"), call(name, f, "reference"), 1e-5)
 
 
+@pytest.mark.parametrize("block_n", [None, 4])
 @pytest.mark.parametrize("name", ESTIMATORS)
-def test_time_major_views_are_read_in_place(name):
-    """CleanRL/SB3 buffers are [T, N]; their transposed views go in without a copy."""
-    f = make(3, 29, "term+trunc+mask", seed=11)
+def test_time_major_views_are_read_in_place(name, split, block_n):
+    """CleanRL/SB3 buffers are [T, N]; their transposed views go in without a copy, and the outputs
+    come back time-major too ([T, N] buffers seen as [N, T]), in every strategy, with row tiles."""
+    K.BLOCK_N_OVERRIDE = block_n
+    f = make(5, 29, "term+trunc+mask", seed=11)
     tm = {k: (None if v is None else v.mT.contiguous().mT) for k, v in f.items()}  # [N, T] views of [T, N]
     assert not tm["rewards"].is_contiguous()
-    assert_ref(call(name, tm, "triton"), call(name, f, "reference"), 1e-5)
+    got = call(name, tm, "triton")
+    assert_ref(got, call(name, f, "reference"), 1e-5)
+    for o in got:
+        if o.dim() == 2 and o.shape[1] == 29:
+            assert o.stride() == (1, 5), (name, o.stride())
+
+
+def test_output_layout_override():
+    f = make(5, 29, "term+trunc", seed=12)
+    tm = {k: (None if v is None else v.mT.contiguous().mT) for k, v in f.items()}
+    K.OUTPUT_LAYOUT_OVERRIDE = "env"
+    got = call("gae", tm, "triton")
+    assert got[0].is_contiguous()
+    assert_ref(got, call("gae", f, "reference"), 1e-5)
+
+
+def test_time_major_features():
+    """x stored [T, N, F] and passed as its [N, T, F] view: traces come back in that layout."""
+    f = make(3, 23, "term+trunc+mask", seed=13)
+    x = torch.randn(23, 3, 4, device=DEV).transpose(0, 1)
+    kw = dict(terminated=f["terminated"], truncated=f["truncated"], mask=f["mask"])
+    got = F.eligibility_traces(x, 0.9, 0.7, **kw, backend="triton")
+    ref = F.eligibility_traces(x.contiguous(), 0.9, 0.7, **kw, backend="reference")
+    assert got.traces.stride() == x.stride()
+    assert_ref(got, ref, 1e-5)
 
 
 @pytest.mark.parametrize("name", ["gae", "vtrace", "retrace", "eligibility_traces"])

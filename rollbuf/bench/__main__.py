@@ -182,7 +182,9 @@ def main(argv=None):
         if progress is not None:
             progress.close()
     board = scoreboard(rows, ours)
-    prov = {k: rows[0][k] for k in ("device", "torch", "triton", "commit", "date")} if rows else {}
+    # a scoreboard merged from several runs names every commit and date it holds
+    prov = {k: ",".join(dict.fromkeys(str(r.get(k)) for r in rows)) for k in ("device", "torch", "triton", "commit", "date")} \
+        if rows else {}
     if bw:
         prov["copy_GBps"] = round(bw / 1e9)
     elif rows and rows[0].get("copy_GBps"):

@@ -31,6 +31,10 @@ BLOCK_T_OVERRIDE: int | None = None
 SPLIT_OVERRIDE: bool | None = None
 SHIFT_LOAD_OVERRIDE: bool | None = None
 MAX_CHUNK_OVERRIDE: int | None = None
+BLOCK_N_OVERRIDE: int | None = None
+#: Output memory layout: ``None`` = the rule below (time-major outputs for time-major inputs),
+#: ``"env"`` = always ``[N, T]`` contiguous, ``"input"`` = always the layout of the main input.
+OUTPUT_LAYOUT_OVERRIDE: str | None = None
 
 TILE = 2048  # elements per program for tiles of short rows
 FILL_PROGRAMS = 132 * 8  # programs below which long rows are split (132 SMs on an H200)
@@ -62,7 +66,7 @@ def _pow2(x: int) -> int:
 @functools.lru_cache(maxsize=4096)
 def strategy(R: int, T: int, time_contiguous: bool = True, block_t: int | None = None,
              split: bool | None = None, shift_load: bool | None = None,
-             max_chunk: int | None = None) -> Strategy:
+             max_chunk: int | None = None, block_n: int | None = None) -> Strategy:
     """Tile sizes, split and warps for ``R`` rows of ``T`` steps (see docs/benchmarks.md)."""
     mc = max_chunk or MAX_CHUNK
     bt = block_t or (min(_pow2(T), mc) if time_contiguous else min(_pow2(T), 32))
@@ -72,7 +76,10 @@ def strategy(R: int, T: int, time_contiguous: bool = True, block_t: int | None =
     if split is None:
         split = chunks > 1 and R < FILL_PROGRAMS
     if split:
-        return Strategy(1, bt, True, chunks, max(1, min(8, bt // 256)), sl)
+        bn = block_n or 1
+        return Strategy(bn, bt, True, chunks, max(1, min(8, bn * bt // 256)), sl)
+    if block_n:
+        return Strategy(block_n, bt, False, 1, max(1, min(8, block_n * bt // 256)), sl)
     bn = max(1, min(TILE // bt, _pow2(R)))
     if not time_contiguous:
         bn = max(bn, min(64, _pow2(R)))
@@ -126,7 +133,15 @@ def run(p: Problem):
     is_trace = p.family in ("trace", "affine")
     adjoint = p.family == "lambda_adjoint"  # forward in time; its carry out is W_T
     n_out = len([o for o in p.outputs if o != "final"])
-    outs = [torch.empty((N, T, *feat), dtype=p.out_dtype, device=dev) for _ in range(n_out)]
+    src = f["x"] if is_trace else main
+    time_contiguous = T == 1 or src.stride(1) == 1
+    # outputs in the layout of the input: a time-major input ([T, N] buffer seen as [N, T]) gets
+    # time-major outputs, so that neighbouring rows are written where they are read
+    layout = OUTPUT_LAYOUT_OVERRIDE or "input"
+    if layout == "input" and not time_contiguous and src.stride(0) < src.stride(1):
+        outs = [torch.empty((T, N, *feat), dtype=p.out_dtype, device=dev).transpose(0, 1) for _ in range(n_out)]
+    else:
+        outs = [torch.empty((N, T, *feat), dtype=p.out_dtype, device=dev) for _ in range(n_out)]
     if POISON_OUTPUTS:
         for o in outs:
             o.fill_(float("nan"))
@@ -173,17 +188,15 @@ def run(p: Problem):
     if is_trace:
         x = f["x"].reshape(N, T, Fn) if feat else f["x"].unsqueeze(-1)
         s_x_n, s_x_t, s_x_f = x.stride(0), x.stride(1), x.stride(2)
-        time_contiguous = s_x_t == 1 or T == 1
     else:
         x, s_x_n, s_x_t, s_x_f = _dummy(dev), 0, 0, 0
-        time_contiguous = s_r_t == 1 or T == 1
     o1 = outs[0]
     o2 = outs[1] if n_out > 1 else outs[0]
-    s_o_n, s_o_t, s_o_f = T * Fn, Fn, 1
+    s_o_n, s_o_t, s_o_f = o1.stride(0), o1.stride(1), 1  # every output has the same layout
     boot_mode = 0 if boot is None or p.no_bootstrap else (1 if boot.dim() == 1 else 2)
     R = N * Fn
     st = strategy(R, T, time_contiguous, BLOCK_T_OVERRIDE, SPLIT_OVERRIDE, SHIFT_LOAD_OVERRIDE,
-                  MAX_CHUNK_OVERRIDE)
+                  MAX_CHUNK_OVERRIDE, BLOCK_N_OVERRIDE)
     tiles = -(-R // st.block_n)
     if st.split:
         ws, flags, cnt = _workspace(dev, p.compute_dtype, tiles * st.num_seg, st.block_n)
