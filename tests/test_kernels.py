@@ -180,6 +180,19 @@ def test_time_major_views_are_read_in_place(name, split, block_n):
             assert o.stride() == (1, 5), (name, o.stride())
 
 
+@pytest.mark.parametrize("T", [37, 300])
+@pytest.mark.parametrize("name", ["gae", "vtrace", "retrace", "eligibility_traces"])
+def test_time_major_default_strategy(name, T):
+    """The time-major strategy table itself (no override): 16 x T tiles up to 128 steps, 32-row x
+    128-step tiles split across programs beyond."""
+    K.BLOCK_T_OVERRIDE = None
+    st = K.strategy(5, T, False)
+    assert st.split == (T > 128) and st.block_n == (32 if T > 128 else 16)
+    f = make(5, T, "term+trunc+mask", seed=T)
+    tm = {k: (None if v is None else v.mT.contiguous().mT) for k, v in f.items()}
+    assert_ref(call(name, tm, "triton"), call(name, f, "reference"), 1e-5)
+
+
 def test_output_layout_override():
     f = make(5, 29, "term+trunc", seed=12)
     tm = {k: (None if v is None else v.mT.contiguous().mT) for k, v in f.items()}

@@ -69,6 +69,17 @@ def strategy(R: int, T: int, time_contiguous: bool = True, block_t: int | None =
              max_chunk: int | None = None, block_n: int | None = None) -> Strategy:
     """Tile sizes, split and warps for ``R`` rows of ``T`` steps (see docs/benchmarks.md)."""
     mc = max_chunk or MAX_CHUNK
+    if not time_contiguous and block_t is None and split is None and block_n is None \
+            and R // 16 < FILL_PROGRAMS // 2:
+        # time-major, too few rows to fill the GPU with 16-row tiles walking their rows (measured on
+        # the H200, benchmarks/time_major.py, results/time_major_2f66f1f.csv): rows up to 128 steps
+        # one 16 x T tile each (4096x128: 9.8 vs 18.8 µs); longer rows split across programs in
+        # 32-row x 128-step tiles chained by the look-back (1024x1024: 23.7 vs 127 µs; 512x4096:
+        # 44.6 vs 256 µs; 4096x4096: 251 vs 538 µs)
+        if T <= 128:
+            bt = max(_pow2(T), 2)
+            return Strategy(16, bt, False, 1, max(1, min(8, 16 * bt // 256)), bt > GATHER_MAX_T)
+        return Strategy(32, 128, True, -(-T // 128), 8, False)
     bt = block_t or (min(_pow2(T), mc) if time_contiguous else min(_pow2(T), 32))
     bt = max(bt, 2)
     chunks = -(-T // bt)
