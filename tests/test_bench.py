@@ -111,3 +111,43 @@ def test_rows_from_csvs_before_the_layout_column_are_env_major():
     old = dict(estimator="gae", n="8", t="64", dtype="float32", mix="none", impl="x")
     assert suite.row_key(old) == ("gae", 8, 64, "float32", "none", "env")
     assert suite.row_key(dict(old, layout="time"))[-1] == "time"
+
+
+def test_window_end_bootstrap_is_finite_in_small_cases():
+    """Loops that compute γ·(1 − done)·V' must not be failed by a NaN no trainer passes: the
+    window-end bootstrap value is finite even where the last step terminated (found on the H200:
+    10 GAE cases at 128 × 128 failed the gate before), while the slots that are never read stay NaN."""
+    from rollbuf.bench import suite
+
+    for seed in range(8):
+        case = Case("gae", 64, 33, mix="term")
+        f = suite.make_fields(case, "cpu", seed=seed)
+        bv = f["bootstrap_values"]
+        assert torch.isfinite(bv[:, -1]).all()
+        assert bv[:, :-1].isnan().any()  # unread slots keep their poison
+        rows = run_cases([case], ["loop"], "cpu", reps=1)
+        assert rows[0]["status"] == "ok", rows[0]
+    masked = suite.make_fields(Case("gae", 64, 33, mix="mask"), "cpu", seed=1)
+    from rollbuf.testing import window_end_index
+
+    end = window_end_index(masked["mask"], (64, 33)).clamp_min(0)
+    assert torch.isfinite(masked["bootstrap_values"].gather(1, end[:, None])).all()
+
+
+def test_redo_runs_only_failed_cases_and_later_csvs_replace_rows(tmp_path):
+    first, again, merged = tmp_path / "a", tmp_path / "b", tmp_path / "m"
+    assert cli.main(["--grid", "cpu-smoke", "--competitors", "rollbuf-torch", "--out", str(first)]) == 0
+    rows = list(csv.DictReader(open(first / "results.csv")))
+    rows[0]["status"] = "wrong"  # as if one case had failed
+    with open(first / "results.csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    assert cli.main(["--grid", "cpu-smoke", "--competitors", "rollbuf-torch", "--redo", str(first / "results.csv"),
+                     "--out", str(again)]) == 0
+    redo = list(csv.DictReader(open(again / "results.csv")))
+    assert [(r["estimator"], r["n"], r["t"], r["mix"]) for r in redo] == [
+        (rows[0]["estimator"], rows[0]["n"], rows[0]["t"], rows[0]["mix"])]
+    assert redo[0]["status"] == "ok"
+    merged_rows = cli._read_csv([str(first / "results.csv"), str(again / "results.csv")])
+    assert len(merged_rows) == len(rows) and all(r["status"] == "ok" for r in merged_rows)
