@@ -196,25 +196,51 @@ class _Adjoint:
         return self.zero(g.to(self.dt))
 
     def boundary_grads(self, out, w_end, local_bar, k, tr):
-        """Gradients of ``bootstrap_values`` and ``carry``, added to ``out``: bootstrap values enter
-        at truncated steps (weight ``γ(1−k)tr`` times the local term's gradient ``local_bar``) and
-        through the window-end carry, whose gradient is ``w_end`` (``[N]``, or ``[N, 2]`` as a pair
-        for V-trace). A few [N]-sized ops under autograd: ``_window_end_carry`` defines the carry."""
-        V, p, dt, m = self.V, self.p, self.dt, self.m
-        want = [(n, x) for n, x in zip(self.names, self.saved)
-                if n in ("bootstrap_values", "carry") and x.requires_grad]
+        """Gradients of ``bootstrap_values`` and ``carry``, added to ``out``, in closed form (no
+        autograd graph: a handful of elementwise ops). Bootstrap values enter at truncated,
+        unmasked, not terminated steps with weight ``γ`` times the local term's gradient
+        ``local_bar``, and through the window-end carry, whose gradient is ``w_end`` (``[N]``, or
+        ``[N, 2]`` = (u, V) for V-trace, whose window end feeds V). The window end is the rule of
+        :func:`rollbuf.vectorized._window_end_carry`: an explicit ``carry`` takes ``w_end`` whole;
+        otherwise ``V(s_T)`` is ``bootstrap_values`` at the last unmasked step (the last column of a
+        row with none), not read where that step terminated, and absent for a terminal window end.
+        ``k`` and ``tr`` are the 0/1 flags of :meth:`flag` (0 at masked steps; 0-d zeros if absent).
+        """
+        p = self.p
+        want = {n for n, x in zip(self.names, self.saved) if n in ("bootstrap_values", "carry") and x.requires_grad}
         if not want:
             return
-        with torch.enable_grad():
-            leaves = {n: x.detach().requires_grad_() for n, x in want}
-            fields = dict(p.fields, **{n: x for n, x in leaves.items() if n != "carry"})
-            q = attrs.evolve(p, fields=fields, carry=leaves.get("carry", p.carry))
-            boot = V._read_bootstrap(q, dt, m)
-            terms = [(V._window_end_carry(q, dt, m) * w_end).sum()]
-            if boot.requires_grad:
-                terms.append((boot * (p.gamma * (1.0 - k) * tr) * local_bar).sum())
-            got = torch.autograd.grad(sum(terms), list(leaves.values()), allow_unused=True)
-        out.update({n: g for n, g in zip(leaves, got)})
+        if "carry" in want:
+            out["carry"] = w_end
+        if "bootstrap_values" not in want:
+            return
+        bv = self.f["bootstrap_values"]
+        dt, T = self.dt, self.T
+        if p.fields.get("truncated") is not None and not (p.family == "lambda" and p.no_bootstrap):
+            g = local_bar * (p.gamma * (1.0 - k) * tr)
+            g = g.sum(-1) if bv.dim() == 1 else g  # [N]: the window-end column only (validated)
+        else:
+            g = torch.zeros(bv.shape, dtype=dt, device=bv.device)
+        if p.carry is not None or p.window_end == "terminal" or p.no_bootstrap or T == 0:
+            out["bootstrap_values"] = g
+            return
+        w = w_end[..., 1] if p.family == "vtrace" else w_end
+        if self.m is None:
+            j = None  # the last column
+            k_end = k[..., -1] if k.dim() else None
+        else:
+            last = self.V.last_unmasked_index(self.m)
+            j = torch.where(last >= 0, last, T - 1).unsqueeze(-1)
+            k_end = k.gather(-1, j).squeeze(-1) if k.dim() else None  # 0 at a masked last column
+        if k_end is not None:
+            w = w * (1.0 - k_end)  # a terminated window end never reads V(s_T)
+        if bv.dim() == 1:
+            g = g + w
+        elif j is None:
+            g[..., -1] += w
+        else:
+            g = g.scatter_add(-1, j, w.unsqueeze(-1))
+        out["bootstrap_values"] = g
 
     def result(self, out):
         return [None if not x.requires_grad or out.get(n) is None else out[n].to(x.dtype)

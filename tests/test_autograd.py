@@ -73,6 +73,33 @@ def test_backend_gradients_equal_reference_gradients(name):
             torch.testing.assert_close(b, a, msg=lambda m: f"{backend} d/d{k}: {m}")
 
 
+@pytest.mark.parametrize("masked", [False, True], ids=["nomask", "mask"])
+@pytest.mark.parametrize("name", ["gae", "lambda_returns", "discounted_returns", "vtrace", "retrace"])
+def test_terminated_window_end_gets_no_bootstrap_gradient(name, masked):
+    """A row whose window end (its last unmasked step) terminated never reads V(s_T): its bootstrap
+    value gets no gradient, on every backend; a truncated window end next to it does."""
+    f = _inputs(5, masked)
+    live = f["mask"] if masked else torch.ones_like(f["terminated"])
+    idx = torch.arange(9, device=DEV)
+    end = torch.where(live, idx, -1).amax(-1)
+    assert (end >= 0).all()
+    k, tr = f["terminated"].clone(), f["truncated"].clone()
+    k[0, end[0]], tr[0, end[0]] = True, False  # row 0: terminated window end
+    k[1, end[1]], tr[1, end[1]] = False, True  # row 1: truncated window end
+    f = dict(f, terminated=k, truncated=tr)
+    keys = [k for k in FLOATS if f.get(k) is not None]
+    grads = {}
+    for backend in ("reference", "torch", "triton"):
+        xs = [f[k].clone().requires_grad_() for k in keys]
+        out = run_estimator(name, dict(f, **dict(zip(keys, xs))), backend=backend, **PARAMS[name])
+        out = out if isinstance(out, tuple) else (out,)
+        gb = torch.autograd.grad(sum(o.sum() for o in out), xs, allow_unused=True)[keys.index("bootstrap_values")]
+        grads[backend] = torch.zeros_like(f["bootstrap_values"]) if gb is None else gb
+    assert grads["reference"][0, end[0]] == 0 and grads["reference"][1, end[1]] != 0
+    for backend in ("torch", "triton"):
+        torch.testing.assert_close(grads[backend], grads["reference"], msg=lambda m: f"{backend}: {m}")
+
+
 @pytest.mark.parametrize("name", ["gae", "vtrace", "retrace", "eligibility_traces"])
 def test_carry_and_initial_gradients(name):
     """Gradients flow into the chaining carry (backward) and ``initial`` (forward) too."""
