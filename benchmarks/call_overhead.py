@@ -6,6 +6,10 @@ The full call at 4096 × 128 (PERF.md P2: ≤ 8 µs) is our Python (validation, 
 strategy, argument marshalling) plus Triton's launcher plus the kernel. This measures the first part
 alone: ``scan_kernel[grid](...)`` is replaced by a no-op, the inputs are CPU tensors, and the call
 is timed over many repetitions (median of 7 batches). ``--profile`` prints the top functions.
+
+``--backward``: the same for one forward + backward call (``torch.autograd.grad`` of every output
+with respect to every floating input) on small ``4 × 8`` inputs, where the time is all host work,
+with the number of aten ops (each a kernel launch on a GPU) and of scan-kernel launches per call.
 """
 
 from __future__ import annotations
@@ -62,10 +66,77 @@ def timeit(fn, n=2000):
     return statistics.median(batches)
 
 
+_VIEWS = {"detach", "view", "t", "as_strided", "alias", "unsqueeze", "squeeze", "select", "slice", "expand",
+          "transpose", "permute", "_unsafe_view", "reshape", "promote_types"}
+
+
+def backward_cases(N=4, T=8):
+    g = torch.Generator().manual_seed(0)
+    r, v, bv, lp, tlp, q, x = (torch.randn(N, T, generator=g) for _ in range(7))
+    k = torch.rand(N, T, generator=g) < 0.1
+    tr = torch.rand(N, T, generator=g) < 0.1
+    kw = dict(terminated=k, truncated=tr, backend="triton")
+    return {
+        "gae": (lambda a: F.gae(0.99, 0.95, rewards=a[0], values=a[1], bootstrap_values=a[2], **kw), [r, v, bv]),
+        "vtrace": (lambda a: F.vtrace(a[4], 0.99, log_probs=a[3], rewards=a[0], values=a[1], bootstrap_values=a[2],
+                                      **kw), [r, v, bv, lp, tlp]),
+        "retrace": (lambda a: F.retrace(a[5], a[4], 0.99, 0.95, log_probs=a[3], rewards=a[0], values=a[1],
+                                        bootstrap_values=a[2], **kw), [r, v, bv, lp, tlp, q]),
+        "eligibility_traces": (lambda a: F.eligibility_traces(a[0], 0.99, 0.95, **kw), [x]),
+    }
+
+
+def backward_table():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    launches = [0]
+
+    class Counting(_Stub):
+        def __getitem__(self, grid):
+            def launch(*a, **k):
+                launches[0] += 1
+            return launch
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.n += func.overloadpacket.__name__ not in _VIEWS
+            return func(*args, **(kwargs or {}))
+
+    S.scan_kernel = Counting()
+    print("| estimator | fwd+bwd host µs | aten ops forward | aten ops backward | scan launches fwd + bwd |")
+    print("|---|---|---|---|---|")
+    for name, (fn, ins) in backward_cases().items():
+        def fwd_bwd(fn=fn, ins=ins):
+            xs = [t.detach().requires_grad_() for t in ins]
+            out = fn(xs)
+            outs = [o for o in (out if isinstance(out, tuple) else (out,)) if o.requires_grad]
+            torch.autograd.grad(outs, xs, [torch.ones_like(o) for o in outs], allow_unused=True)
+            return xs, outs
+
+        xs = [t.detach().requires_grad_() for t in ins]
+        launches[0] = 0
+        with Ops() as of:
+            out = fn(xs)
+        outs = [o for o in (out if isinstance(out, tuple) else (out,)) if o.requires_grad]
+        with Ops() as ob:
+            torch.autograd.grad(outs, xs, [torch.ones_like(o) for o in outs], allow_unused=True)
+        n_launch = launches[0]
+        print(f"| {name} | {timeit(fwd_bwd, 300) * 1e6:.0f} | {of.n} | {ob.n - len(outs)} | {n_launch} |")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--backward", action="store_true")
     args = ap.parse_args()
+    if args.backward:
+        print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; launch stubbed, CPU tensors 4 x 8\n")
+        backward_table()
+        return
     S.scan_kernel = _Stub()
     names = ["gae", "gae (no truncations, [N] bootstrap)", "gae (mask)", "vtrace"]
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; launch stubbed, CPU tensors 4096 x 128\n")

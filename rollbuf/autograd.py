@@ -224,16 +224,15 @@ class _Adjoint:
         if p.carry is not None or p.window_end == "terminal" or p.no_bootstrap or T == 0:
             out["bootstrap_values"] = g
             return
+        # a terminated window end never reads V(s_T): no factor needed here, because every path
+        # into the window-end carry passes the window end's continuation γ·(1−k)·(1−tr), so w_end
+        # is already 0 there (tests: test_terminated_window_end_gets_no_bootstrap_gradient)
         w = w_end[..., 1] if p.family == "vtrace" else w_end
         if self.m is None:
             j = None  # the last column
-            k_end = k[..., -1] if k.dim() else None
         else:
             last = self.V.last_unmasked_index(self.m)
             j = torch.where(last >= 0, last, T - 1).unsqueeze(-1)
-            k_end = k.gather(-1, j).squeeze(-1) if k.dim() else None  # 0 at a masked last column
-        if k_end is not None:
-            w = w * (1.0 - k_end)  # a terminated window end never reads V(s_T)
         if bv.dim() == 1:
             g = g + w
         elif j is None:
