@@ -57,11 +57,15 @@ def test_rollout_method_compiles():
     torch.testing.assert_close(torch.compile(step, fullgraph=True)(ro), step(ro))
 
 
-def test_custom_op_passes_opcheck():
-    """The op's schema, fake (meta) implementation and dispatch agree (torch.library.opcheck)."""
+@pytest.mark.parametrize("layout", ["env", "time"])
+def test_custom_op_passes_opcheck(layout):
+    """The op's schema, fake (meta) implementation and dispatch agree (torch.library.opcheck),
+    strides included: time-major inputs give time-major outputs in the fake too."""
     from rollbuf.kernels import op
 
     f = make_rollout(2, 19, seed=3, p_masked=0.3, device=DEV)
+    if layout == "time":
+        f = {k: (v.mT.contiguous().mT if isinstance(v, torch.Tensor) else v) for k, v in f.items()}
     args = (f["rewards"], f["values"], f["terminated"], f["truncated"], f["bootstrap_values"], f["mask"],
             None, None, None, None, None, "lambda", "advantages,returns", 0.99, 0.95, 1.0, 1.0, 1.0, 1.0,
             "bootstrap", False, True, torch.float32, torch.float32, [], True)

@@ -130,6 +130,18 @@ def _ptr(x, device):
     return x, x.stride(0), x.stride(1)
 
 
+def output_buffers(src: torch.Tensor, feat: tuple, dtype: torch.dtype, n: int) -> list[torch.Tensor]:
+    """``n`` empty ``[N, T, *feat]`` outputs in the layout of ``src`` (the main input): a time-major
+    input (a ``[T, N]`` buffer seen as ``[N, T]``) gets time-major outputs, so that neighbouring rows
+    are written where they are read; ``OUTPUT_LAYOUT_OVERRIDE = "env"`` always gives ``[N, T]``.
+    Shared with the custom op's fake implementation, so compiled graphs see the real strides."""
+    N, T = src.shape[0], src.shape[1]
+    if (OUTPUT_LAYOUT_OVERRIDE or "input") == "input" and T > 1 and src.stride(1) != 1 \
+            and src.stride(0) < src.stride(1):
+        return [torch.empty((T, N, *feat), dtype=dtype, device=src.device).transpose(0, 1) for _ in range(n)]
+    return [torch.empty((N, T, *feat), dtype=dtype, device=src.device) for _ in range(n)]
+
+
 def run(p: Problem):
     from triton.language import float32, float64
 
@@ -146,13 +158,7 @@ def run(p: Problem):
     n_out = len([o for o in p.outputs if o != "final"])
     src = f["x"] if is_trace else main
     time_contiguous = T == 1 or src.stride(1) == 1
-    # outputs in the layout of the input: a time-major input ([T, N] buffer seen as [N, T]) gets
-    # time-major outputs, so that neighbouring rows are written where they are read
-    layout = OUTPUT_LAYOUT_OVERRIDE or "input"
-    if layout == "input" and not time_contiguous and src.stride(0) < src.stride(1):
-        outs = [torch.empty((T, N, *feat), dtype=p.out_dtype, device=dev).transpose(0, 1) for _ in range(n_out)]
-    else:
-        outs = [torch.empty((N, T, *feat), dtype=p.out_dtype, device=dev) for _ in range(n_out)]
+    outs = output_buffers(src, feat, p.out_dtype, n_out)
     if POISON_OUTPUTS:
         for o in outs:
             o.fill_(float("nan"))

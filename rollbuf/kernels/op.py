@@ -47,9 +47,11 @@ def _(rewards, values, terminated, truncated, bootstrap_values, mask, log_probs,
       q_values, x, carry, family, outputs, gamma, lam, rho_bar, c_bar, pg_rho_bar, decay, window_end,
       no_bootstrap, want_carry, compute_dtype, out_dtype, feature_shape, reverse):
     main = x if family in ("trace", "affine") else rewards
-    N, T = main.shape[0], main.shape[1]
+    N = main.shape[0]
     F = tuple(feature_shape)
-    res = [main.new_empty((N, T, *F), dtype=out_dtype) for o in outputs.split(",") if o != "final"]
+    from rollbuf.kernels import output_buffers
+
+    res = output_buffers(main, F, out_dtype, len([o for o in outputs.split(",") if o != "final"]))
     if family in ("trace", "affine"):
         res.append(main.new_empty((N, *F), dtype=compute_dtype))
     elif want_carry:
