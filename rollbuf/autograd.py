@@ -195,7 +195,7 @@ class _Adjoint:
             return torch.zeros(shape or (self.N, self.T), dtype=self.dt, device=self.dev)
         return self.zero(g.to(self.dt))
 
-    def boundary_grads(self, out, w_end, local_bar, k, tr):
+    def boundary_grads(self, out, w_end, local_bar):
         """Gradients of ``bootstrap_values`` and ``carry``, added to ``out``, in closed form (no
         autograd graph: a handful of elementwise ops). Bootstrap values enter at truncated,
         unmasked, not terminated steps with weight ``γ`` times the local term's gradient
@@ -204,7 +204,6 @@ class _Adjoint:
         :func:`rollbuf.vectorized._window_end_carry`: an explicit ``carry`` takes ``w_end`` whole;
         otherwise ``V(s_T)`` is ``bootstrap_values`` at the last unmasked step (the last column of a
         row with none), not read where that step terminated, and absent for a terminal window end.
-        ``k`` and ``tr`` are the 0/1 flags of :meth:`flag` (0 at masked steps; 0-d zeros if absent).
         """
         p = self.p
         want = {n for n, x in zip(self.names, self.saved) if n in ("bootstrap_values", "carry") and x.requires_grad}
@@ -216,8 +215,12 @@ class _Adjoint:
             return
         bv = self.f["bootstrap_values"]
         dt, T = self.dt, self.T
-        if p.fields.get("truncated") is not None and not (p.family == "lambda" and p.no_bootstrap):
-            g = local_bar * (p.gamma * (1.0 - k) * tr)
+        tr = self.V._flag(p, "truncated")
+        if tr is not None and not (p.family == "lambda" and p.no_bootstrap):
+            k = self.V._flag(p, "terminated")
+            read = tr if k is None else tr & ~k  # terminated wins
+            read = read if self.m is None else read & self.m
+            g = torch.where(read, local_bar, 0) * p.gamma  # on the 1-byte flags: no float copies
             g = g.sum(-1) if bv.dim() == 1 else g  # [N]: the window-end column only (validated)
         else:
             g = torch.zeros(bv.shape, dtype=dt, device=bv.device)
@@ -269,7 +272,6 @@ def lambda_backward(p: Problem, names, saved, grads):
     g_carry = grads[n_out] if len(grads) > n_out and grads[n_out] is not None else None
     w0 = g_carry.to(dt) if g_carry is not None else None
     has_v = "values" in names
-    k, tr = a.flag("terminated"), a.flag("truncated")
     if _FUSED_SCAN.get() and not torch.compiler.is_compiling():
         # one fused kernel: reads the output gradients and flags, writes r̄, V̄ and W_T (0 at masked
         # steps, which it never reads); Ḡ = ḡ_G + ḡ_A is formed in registers
@@ -289,6 +291,7 @@ def lambda_backward(p: Problem, names, saved, grads):
         if has_v:
             out["values"] = a.zero(outs[1] - g_ret.to(dt)) if adv_only else outs[1]
     else:
+        k, tr = a.flag("terminated"), a.flag("truncated")
         g_adv = None if g_adv is None else a.grad(g_adv)
         g_bar = a.grad(g_ret) + (g_adv if g_adv is not None else 0.0)
         alpha, beta = C.lambda_adjoint_step(g_bar, k, tr, p.gamma, p.lam)
@@ -303,7 +306,7 @@ def lambda_backward(p: Problem, names, saved, grads):
         out = {"rewards": a.zero(r_bar)}
         if has_v:
             out["values"] = a.zero(v_bar)
-    a.boundary_grads(out, w_end, out["rewards"], k, tr)
+    a.boundary_grads(out, w_end, out["rewards"])
     return a.result(out)
 
 
@@ -369,7 +372,7 @@ def retrace_backward(p: Problem, names, saved, q_out, grads):
     ratio_bar = torch.where(unclipped, p.lam * c_bar, 0) * ratio
     out = {"rewards": a.zero(g_q + c * u_bar), "values": a.zero(u_bar), "q_values": a.zero(-c * u_bar),
            "target_log_probs": a.zero(ratio_bar), "log_probs": a.zero(-ratio_bar)}
-    a.boundary_grads(out, u[..., -1], out["rewards"], k, tr)
+    a.boundary_grads(out, u[..., -1], out["rewards"])
     return a.result(out)
 
 
@@ -435,7 +438,7 @@ def vtrace_backward(p: Problem, names, saved, vs_out, grads):
                + torch.where(ratio <= p.pg_rho_bar, d_pg, 0)) * ratio
     out = {"rewards": zero(local_bar), "values": zero(g_vs - rho * u_bar - rpg * g_pg + e_prev),
            "target_log_probs": zero(d_ratio), "log_probs": zero(-d_ratio)}
-    a.boundary_grads(out, torch.stack([y[..., -1], dv_end], -1), out["rewards"], k, tr)
+    a.boundary_grads(out, torch.stack([y[..., -1], dv_end], -1), out["rewards"])
     return a.result(out)
 
 

@@ -112,7 +112,7 @@ def _flag(p: Problem, name):
     f = p.fields.get(name)
     if f is None:
         return None
-    return f != 0
+    return f if f.dtype == torch.bool else f != 0
 
 
 _PAIR_IDENTITY = (1.0, 0.0, 1.0, 0.0, 0.0)  # (p, q, s, a, w) of the identity map on (u, V)
