@@ -2,8 +2,9 @@
 # One device call of a GPU session, for the lent H200 (see benchmarks/NOTES.md). Usage, from the
 # repository root on the GPU machine, with the tensordict/pyvers wheels carried in .whl/:
 #
-#   bash benchmarks/gpu_session.sh check   # GPU tests + backward benchmark         (~4 min)
-#   bash benchmarks/gpu_session.sh grid    # the scoreboard cases not measured yet  (≤ 9 min)
+#   bash benchmarks/gpu_session.sh check   # GPU tests + backward benchmark              (~4 min)
+#   bash benchmarks/gpu_session.sh grid    # masked GAE cases again (in-kernel window end) (~2 min)
+#   bash benchmarks/gpu_session.sh layout  # time-major strategy sweep + checks            (~2 min)
 #
 # Everything it writes goes under $OUT (logs, CSVs). ROLLBUF_COMMIT names the commit in the CSVs.
 set -uo pipefail
@@ -22,8 +23,13 @@ case "${1:-check}" in
     timeout 200 python benchmarks/backward.py --out "$OUT" 2>&1 | tee "$OUT/backward.log" | tail -28
     ;;
   grid)
-    timeout 560 python -m rollbuf.bench --grid gpu --competitors rollbuf-triton,loop,doubling-compiled \
-      --skip-done benchmarks/results/bench_gpu_*.csv --budget-s 450 --out "$OUT" 2>&1 | tail -12
+    # the scoreboard is complete (2424 cases); the masked GAE cases measured before the window end
+    # moved into the kernel (bc20951) are re-timed here, merged with --from-csv (later rows win)
+    timeout 400 python -m rollbuf.bench --grid gpu --estimators gae --mixes mask \
+      --competitors rollbuf-triton --budget-s 330 --out "$OUT" 2>&1 | tail -12
     ;;
-  *) echo "usage: $0 check|grid"; exit 2 ;;
+  layout)
+    timeout 300 python benchmarks/time_major.py --out "$OUT" 2>&1 | tail -24
+    ;;
+  *) echo "usage: $0 check|grid|layout"; exit 2 ;;
 esac

@@ -126,6 +126,7 @@ def main(argv=None):
     ap.add_argument("--out", default="bench-out")
     ap.add_argument("--compare", default=None, help="baseline results.csv from the same GPU")
     ap.add_argument("--estimators", default=None, help="comma-separated subset")
+    ap.add_argument("--mixes", default=None, help="comma-separated subset of none,term,term+trunc,mask")
     ap.add_argument("--layouts", default=None, help="comma-separated subset of env,time")
     ap.add_argument("--part", default=None, help="i/k: run the i-th (0-based) of k parts of the grid")
     ap.add_argument("--budget-s", type=float, default=None, help="start no case after this many seconds")
@@ -149,6 +150,9 @@ def main(argv=None):
         names = args.competitors.split(",") if args.competitors else [
             n for n in COMPETITORS if gpu or n != "rollbuf-triton"]
         cases = GRIDS[args.grid]
+        if args.mixes:
+            keep = set(args.mixes.split(","))
+            cases = [c for c in cases if c.mix in keep]
         if args.layouts:
             keep = set(args.layouts.split(","))
             cases = [c for c in cases if c.layout in keep]
