@@ -1,14 +1,17 @@
 """The ``triton`` backend: launches :func:`rollbuf.kernels.scan.scan_kernel` for a :class:`Problem`.
 
 Inputs are passed with their own strides and dtypes (no copies, no casts: a time-major ``[T, N]``
-buffer passed as its transposed view is read in place); flags may be bool, uint8 or float. The only
-allocations are the outputs (and the ``[N]`` carry when asked for); rows split across programs pass
-their carries through a small workspace kept per device, left clean by every launch.
+buffer passed as its transposed view is read in place, and its outputs are written time-major too);
+flags may be bool, uint8 or float. The only allocations are the outputs (and the ``[N]`` carry when
+asked for); rows split across programs pass their carries through a small workspace kept per device,
+left clean by every launch.
 
 Strategy per shape (:func:`strategy`): short rows are tiled many to a program; rows up to
 ``MAX_CHUNK`` steps are one chunk; longer rows are walked in chunks by one program when there are
 enough rows to fill the GPU, and otherwise split across programs, one chunk each, chained by a
-decoupled look-back.
+decoupled look-back. Time-major inputs get tiles that span rows (adjacent in memory): 16 × T tiles
+up to 128 steps and 32 × 128 split tiles beyond when rows are few, 16-row walking tiles when many.
+The measurements behind both tables are in docs/benchmarks.md.
 """
 
 from __future__ import annotations
