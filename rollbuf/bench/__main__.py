@@ -58,46 +58,82 @@ def _markdown(board, rows, ours, prov):
     return "\n".join(lines) + "\n"
 
 
+def _speedup_points(rows, mine, impl):
+    """(T, N, layout, speedup, measure) of ``ours`` over ``impl``: device time where both have one
+    (the CUDA-graph replay), else full call (launch-bound competitors such as the eager loop)."""
+    pts = []
+    for r in rows:
+        if r["impl"] != impl or r.get("status") != "ok" or (m := mine.get(row_key(r))) is None:
+            continue
+        for key in ("device_us", "call_us"):
+            a, b = r.get(key), m.get(key)
+            if a is not None and b is not None and a == a and b == b and b > 0:
+                pts.append((r["t"], r["n"], r.get("layout") or "env", a / b, key))
+                break
+    return pts
+
+
 def _plots(rows, ours, out, gpu):
+    """``speedup.png``: one panel per competitor, speedup of ``ours`` against T, coloured by N,
+    env-major dots and time-major crosses; ``bandwidth.png`` (GPU): % of copy bandwidth per case
+    against N·T, one colour per estimator."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.colors import LogNorm
     except ImportError:
         return []
     files = []
-    mine = {row_key(r): r for r in rows
-            if r["impl"] == ours and r.get("status") == "ok"}
-    key = "device_us" if gpu else "call_us"
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for impl in sorted({r["impl"] for r in rows} - {ours}):
-        pts = sorted((r["t"], r["n"], r[key] / mine[k][key]) for r in rows
-                     if r["impl"] == impl and r.get("status") == "ok" and r.get(key) is not None
-                     and r[key] == r[key]
-                     and (k := row_key(r)) in mine)
-        if pts:
-            ax.scatter([p[0] for p in pts], [p[2] for p in pts], label=impl, s=14)
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.axhline(1.0, color="grey", lw=0.8)
-    ax.set_xlabel("T (steps per row)")
-    ax.set_ylabel(f"speedup of {ours}")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    files.append(os.path.join(out, "speedup.png"))
-    fig.savefig(files[-1], dpi=120)
+    mine = {row_key(r): r for r in rows if r["impl"] == ours and r.get("status") == "ok"}
+    panels = [(impl, pts) for impl in sorted({r["impl"] for r in rows} - {ours})
+              if (pts := _speedup_points(rows, mine, impl))]
+    if panels:
+        cols = min(2, len(panels))
+        rows_ = -(-len(panels) // cols)
+        fig, axes = plt.subplots(rows_, cols, figsize=(5 * cols + 1, 3.6 * rows_), squeeze=False,
+                                 layout="constrained")
+        ns = [p[1] for _, pts in panels for p in pts]
+        norm = LogNorm(vmin=min(ns), vmax=max(max(ns), min(ns) + 1))
+        sc = None
+        for ax, (impl, pts) in zip(axes.ravel(), panels):
+            for layout, marker in (("env", "o"), ("time", "x")):
+                sel = [p for p in pts if p[2] == layout]
+                if sel:
+                    sc = ax.scatter([p[0] for p in sel], [p[3] for p in sel], c=[p[1] for p in sel], norm=norm,
+                                    cmap="viridis", marker=marker, s=16, label=f"{layout}-major")
+            what = "device time" if all(p[4] == "device_us" for p in pts) else "full call"
+            ax.set_title(f"vs {impl} ({what}, {len(pts)} cases)", fontsize=9)
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.axhline(1.0, color="grey", lw=0.8)
+            ax.set_xlabel("T (steps per row)")
+            ax.set_ylabel(f"speedup of {ours}")
+            leg = ax.legend(fontsize=7)
+            for h in leg.legend_handles:  # the markers, not one case's colour
+                h.set_facecolor("grey")
+                h.set_edgecolor("grey")
+        for ax in axes.ravel()[len(panels):]:
+            ax.set_visible(False)
+        fig.colorbar(sc, ax=axes.ravel().tolist(), label="N (rows)")
+        files.append(os.path.join(out, "speedup.png"))
+        fig.savefig(files[-1], dpi=120)
+        plt.close(fig)
     if gpu:
         fig, ax = plt.subplots(figsize=(7, 4))
-        pts = [(r["n"] * r["t"], r["pct_copy"]) for r in mine.values() if r.get("pct_copy") is not None]
-        ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=14)
+        for est in sorted({k[0] for k in mine}):
+            pts = [(k[1] * k[2], r["pct_copy"]) for k, r in mine.items() if k[0] == est and r.get("pct_copy") is not None]
+            ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=10, label=est)
         ax.axhline(85, color="grey", lw=0.8)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("elements (N·T)")
         ax.set_ylabel("% of copy bandwidth")
+        ax.legend(fontsize=6, ncol=2)
         fig.tight_layout()
         files.append(os.path.join(out, "bandwidth.png"))
         fig.savefig(files[-1], dpi=120)
+        plt.close(fig)
     return files
 
 
