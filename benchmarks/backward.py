@@ -6,9 +6,10 @@ Per case (fp32, 1% terminations and 1% truncations, every floating input requiri
 
 * **forward**: the fused kernel alone (no input requires grad);
 * **fwd+bwd**: forward with the inputs requiring grad, then ``torch.autograd.grad`` of the outputs
-  with random output gradients, on the ``triton`` backend (fused forward; the backward recomputes the
-  elementwise parts with torch and runs both its scans on the fused kernel) and on the ``torch``
-  backend (blocked scan, analytic scan adjoint);
+  with random output gradients, on the ``triton`` backend (fused forward; analytic backward: one
+  fused adjoint kernel for the TD(λ) family, an adjoint scan on the fused kernel plus torch
+  elementwise passes for the others) and on the ``torch`` backend (blocked scan, analytic scan
+  adjoint);
 * a correctness gate first: the triton gradients against float64 torch-backend gradients (steps
   whose importance ratio lies within 1e-5 of the clip point excluded: there fp32 and fp64 may clip
   differently and the gradient of ``min(ratio, 1)`` jumps);
