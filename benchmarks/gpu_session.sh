@@ -21,6 +21,7 @@ case "${1:-check}" in
     timeout 150 python -m pytest -q -p no:cacheprovider tests/test_autograd.py -k "triton or variants or equal" \
       2>&1 | tee -a "$OUT/gpu_tests.log" | tail -3
     timeout 200 python benchmarks/backward.py --out "$OUT" 2>&1 | tee "$OUT/backward.log" | tail -28
+    timeout 90 python benchmarks/launch_overhead.py --out "$OUT" 2>&1 | tail -6  # P2: where the full call goes
     for e in gae vtrace; do  # host time and launches of one fwd+bwd call
       timeout 60 python benchmarks/profile_backward.py --estimator $e 2>&1 | grep -E "host loop|cudaLaunchKernel "
     done

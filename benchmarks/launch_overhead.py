@@ -1,0 +1,145 @@
+"""Where the full call's time goes at small shapes, on a CUDA GPU (PERF.md P2: ≤ 8 µs at 4096 × 128).
+
+    ROLLBUF_COMMIT=$(git rev-parse --short HEAD) python benchmarks/launch_overhead.py [--out DIR]
+
+For GAE fp32 4096 × 128 (terminations + truncations) and V-trace at the same shape, each timed as
+the median of ``triton.testing.do_bench`` (full call, host included) and, for the kernel, CUDA-graph
+replay (device time):
+
+1. ``rollbuf.gae(...)``: the whole call (validation, problem, strategy, argument marshalling, launch);
+2. ``scan_kernel[grid](*args, **constexprs)`` with the arguments the call recorded: Triton's JIT
+   path alone (binder, specialization of ~70 arguments, cache lookup, launcher);
+3. the ``CompiledKernel`` that path returned, launched directly (``compiled[grid](*args)``: no
+   binder, no specialization, no cache lookup) — what a cached launcher could reach;
+4. a 4-argument Triton kernel (copy of one fp32 row block) through its JIT path: the floor of a
+   Triton launch on this host;
+5. ``torch.empty`` of the two outputs alone.
+
+``--device cpu`` runs step 1 and the argument recording under the interpreter (a dry run of the
+script's logic; nothing is timed that means anything there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def record_launch(call):
+    """Run ``call()`` once with ``scan_kernel`` wrapped: returns a dict of grid, args, kwargs, the
+    ``CompiledKernel`` the launch returned, and the call's result."""
+    import rollbuf.kernels.scan as S
+
+    real = S.scan_kernel
+    seen = {}
+
+    class Recorder:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                seen.update(grid=grid, args=args, kwargs=kwargs)
+                seen["compiled"] = real[grid](*args, **kwargs)
+                return seen["compiled"]
+            return launch
+
+    S.scan_kernel = Recorder()
+    try:
+        seen["result"] = call()
+    finally:
+        S.scan_kernel = real
+    return seen
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--device", default="cuda")
+    args = ap.parse_args()
+    dev = args.device
+    import triton
+    import triton.language as tl
+
+    from rollbuf import functional as F
+    from rollbuf.kernels.scan import scan_kernel
+
+    N, T = 4096, 128
+    g = torch.Generator(device=dev).manual_seed(0)
+    r, v, bv = (torch.randn(N, T, device=dev, generator=g) for _ in range(3))
+    lp, tlp = (torch.randn(N, T, device=dev, generator=g) * 0.3 for _ in range(2))
+    k = torch.rand(N, T, device=dev, generator=g) < 0.01
+    tr = torch.rand(N, T, device=dev, generator=g) < 0.01
+    calls = {
+        "gae": lambda: F.gae(0.99, 0.95, rewards=r, values=v, terminated=k, truncated=tr, bootstrap_values=bv,
+                             backend="triton"),
+        "vtrace": lambda: F.vtrace(tlp, 0.99, log_probs=lp, rewards=r, values=v, terminated=k, truncated=tr,
+                                   bootstrap_values=bv, backend="triton"),
+    }
+    if dev != "cuda":
+        for name, call in calls.items():
+            seen = record_launch(call)
+            print(f"{name}: grid {seen['grid']}, {len(seen['args'])} positional + {len(seen['kwargs'])} keyword "
+                  f"arguments recorded")
+        return
+
+    from triton.testing import do_bench
+
+    from gpu_kernels import provenance
+
+    @triton.jit
+    def _copy(x, y, n, BLOCK: tl.constexpr):
+        o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(y + o, tl.load(x + o, mask=o < n), mask=o < n)
+
+    def us(fn):
+        return do_bench(fn, warmup=50, rep=300, return_mode="median") * 1e3
+
+    rows = []
+    prov = provenance()
+    x, y = torch.randn(N * T, device=dev), torch.empty(N * T, device=dev)
+    floor = us(lambda: _copy[(N * T // 1024,)](x, y, N * T, BLOCK=1024))
+    empty = us(lambda: (torch.empty(N, T, device=dev), torch.empty(N, T, device=dev)))
+    for name, call in calls.items():
+        seen = record_launch(call)
+        grid, a, kw, compiled = seen["grid"], seen["args"], seen["kwargs"], seen["compiled"]
+        full = us(call)
+        jit = us(lambda: scan_kernel[grid](*a, **kw))
+        # the compiled kernel's runner takes every parameter in declaration order, constexprs included
+        names = scan_kernel.arg_names
+        ordered = list(a) + [kw[n] for n in names[len(a):] if n in kw]
+        runner = compiled[tuple(grid) + (1,) * (3 - len(grid))]
+        # the direct launch must write what the JIT path wrote: poison the recorded outputs, relaunch
+        want = [o.clone() for o in seen["result"]]
+        for o in seen["result"]:
+            o.fill_(float("nan"))
+        runner(*ordered)
+        torch.cuda.synchronize()
+        same = all(torch.equal(o, w) for o, w in zip(seen["result"], want))
+        direct = us(lambda: runner(*ordered))
+        row = dict(direct_launch_matches=same, estimator=name, N=N, T=T, full_call_us=full, triton_jit_us=jit, compiled_direct_us=direct,
+                   small_triton_kernel_us=floor, two_empty_us=empty, n_args=len(ordered), **prov)
+        rows.append(row)
+        print(row, flush=True)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "launch_overhead.csv"), "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    print(f"\n{prov}\n")
+    print("| estimator | full call µs | Triton JIT launch µs | compiled kernel direct µs | 4-arg Triton kernel µs "
+          "| 2 × torch.empty µs | kernel args |")
+    print("|---|---|---|---|---|---|---|")
+    for r_ in rows:
+        print(f"| {r_['estimator']} | {r_['full_call_us']:.1f} | {r_['triton_jit_us']:.1f} | "
+              f"{r_['compiled_direct_us']:.1f} | {r_['small_triton_kernel_us']:.1f} | {r_['two_empty_us']:.1f} "
+              f"| {r_['n_args']} |")
+    bad = [r_["estimator"] for r_ in rows if not r_["direct_launch_matches"]]
+    print("direct launch wrote the same outputs as the JIT path" if not bad else f"DIRECT LAUNCH DIFFERS: {bad}")
+
+
+if __name__ == "__main__":
+    main()
