@@ -426,17 +426,17 @@ def vtrace_backward(p: Problem, names, saved, vs_out, grads):
     u_next = _next_live(zero(vs_out.detach().to(dt) - v), m, cu)
     pc = gn * c
     alpha = pc * g_vs + rpg * gn * g_pg
-    beta = torch.where(m, pc, 1.0) if m is not None else pc * torch.ones_like(alpha)
+    beta = torch.where(m, pc, 1.0) if m is not None else pc  # [N, T]: c is per step
     y = _scan(alpha, beta, False, g_cu)
     u_bar = zero(g_vs + torch.cat([g_cu.unsqueeze(-1), y[..., :-1]], dim=-1))
-    e_prev, dv_end = _prev_live(zero(gn * (rho * u_bar + rpg * g_pg)), m, g_cv)
     local_bar = rho * u_bar + rpg * g_pg
+    e_prev, dv_end = _prev_live(zero(gn * local_bar), m, g_cv)
     d_rho = u_bar * (local - v + gn * v_next)
     d_c = p.lam * u_bar * gn * u_next
     d_pg = g_pg * (local + gn * (v_next + u_next) - v)
     d_ratio = (torch.where(ratio <= p.rho_bar, d_rho, 0) + torch.where(ratio <= p.c_bar, d_c, 0)
                + torch.where(ratio <= p.pg_rho_bar, d_pg, 0)) * ratio
-    out = {"rewards": zero(local_bar), "values": zero(g_vs - rho * u_bar - rpg * g_pg + e_prev),
+    out = {"rewards": zero(local_bar), "values": zero(g_vs - local_bar + e_prev),
            "target_log_probs": zero(d_ratio), "log_probs": zero(-d_ratio)}
     a.boundary_grads(out, torch.stack([y[..., -1], dv_end], -1), out["rewards"])
     return a.result(out)
