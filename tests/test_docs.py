@@ -208,3 +208,41 @@ def test_generated_reference_is_up_to_date():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     assert (ROOT / "docs" / "reference.md").read_text() == mod.render()
+
+
+# ------------------------------------------------------------------------------ howto/cleanrl.md
+
+
+def test_cleanrl_snippet_is_the_tested_example():
+    text = (DOCS / "howto" / "cleanrl.md").read_text(encoding="utf-8")
+    snippet = _between(text, "<!-- cleanrl-snippet -->", "<!-- /cleanrl-snippet -->")
+    snippet = snippet.removeprefix("```python").removesuffix("```").strip()
+    source = (EXAMPLES / "cleanrl_gae.py").read_text(encoding="utf-8")
+    assert snippet == _between(source, "# --8<-- [start:rollbuf]", "# --8<-- [end:rollbuf]")
+
+
+@pytest.mark.parametrize("backend", ["auto", "triton"])
+def test_cleanrl_replacement_equals_cleanrl_loop(backend, monkeypatch):
+    """CleanRL's loop as written and the how-to's replacement give the same advantages and returns
+    on [T, N] buffers with episode starts inside the window, at its first step and after it; the
+    triton backend's [T, N] results are contiguous (no copy for CleanRL's reshape(-1))."""
+    import torch
+
+    ex = _load("cleanrl_gae")
+    if backend == "triton":
+        real = F.gae
+        monkeypatch.setattr(F, "gae", lambda *a, **k: real(*a, **k, backend="triton"))
+    g = torch.Generator().manual_seed(4)
+    T, N = 37, 6
+    rewards, values = torch.randn(T, N, generator=g), torch.randn(T, N, generator=g)
+    dones = (torch.rand(T, N, generator=g) < 0.1).float()
+    dones[0] = 1.0  # CleanRL's first observation after a reset
+    next_value = torch.randn(1, N, generator=g)
+    next_done = torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0, 1.0])
+    want = ex.cleanrl_loop(rewards, values, dones, next_value, next_done, 0.99, 0.95)
+    got = ex.rollbuf_gae(rewards, values, dones, next_value, next_done, 0.99, 0.95)
+    for a, b in zip(got, want):
+        assert a.shape == (T, N)
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    if backend == "triton":
+        assert all(a.is_contiguous() for a in got)
