@@ -28,8 +28,11 @@ from rollbuf.bench.suite import graph_time  # noqa: E402
 SHAPES = [(32768, 8), (16384, 128), (4096, 128), (1024, 1024), (16384, 1024), (4096, 4096), (512, 4096),
           (128, 4096)]
 ESTIMATORS = ["gae", "vtrace"]
+OUTPUTS = {"gae": 2, "lambda_returns": 1, "vtrace": 2, "retrace": 1}
 READS = {"gae": ("rewards", "values", "terminated", "truncated"),
-         "vtrace": ("rewards", "values", "terminated", "truncated", "log_probs", "target_log_probs")}
+         "lambda_returns": ("rewards", "values", "terminated", "truncated"),
+         "vtrace": ("rewards", "values", "terminated", "truncated", "log_probs", "target_log_probs"),
+         "retrace": ("rewards", "values", "terminated", "truncated", "log_probs", "target_log_probs", "q_values")}
 
 
 def variants(T, sweep):
@@ -52,14 +55,18 @@ def set_knobs(**kw):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--sweep", default="gae", help="estimators whose tile variants are swept (comma-separated)")
+    ap.add_argument("--estimators", default=",".join(ESTIMATORS))
     args = ap.parse_args()
+    sweep = set(args.sweep.split(","))
+    estimators = args.estimators.split(",")
     prov = provenance()
     bw = copy_bandwidth()
     rows = []
-    for (N, T), name in itertools.product(SHAPES, ESTIMATORS):
+    for (N, T), name in itertools.product(SHAPES, estimators):
         sets_env = []
-        nb = N * T * sum(4 if k in ("rewards", "values", "log_probs", "target_log_probs") else 1 for k in READS[name])
-        nb += N * T * 4 * 2  # two outputs
+        nb = N * T * sum(1 if k in ("terminated", "truncated") else 4 for k in READS[name])
+        nb += N * T * 4 * OUTPUTS[name]
         n_sets = max(2, min(8, -(-3 * L2_BYTES // nb)))
         for s in range(n_sets):
             sets_env.append(make_inputs(N, T, torch.float32, True, seed=s))
@@ -84,7 +91,7 @@ def main():
             return row
 
         env = measure("env-major", sets_env)
-        for label, knobs in variants(T, name == "gae"):
+        for label, knobs in variants(T, name in sweep):
             measure(label, sets_tm, **knobs)
         shape_rows = [r for r in rows if r["estimator"] == name and r["N"] == N and r["T"] == T]
         best = min((r for r in shape_rows if r["variant"] not in ("env-major",) and "device_us" in r),
@@ -103,7 +110,7 @@ def main():
     print("| estimator | N × T | env-major µs (% copy) | time-major default, [N,T] out | time-major default "
           "| best time-major variant | µs (% copy) |")
     print("|---|---|---|---|---|---|---|")
-    for (N, T), name in itertools.product(SHAPES, ESTIMATORS):
+    for (N, T), name in itertools.product(SHAPES, estimators):
         rs = {r["variant"]: r for r in rows if r["estimator"] == name and r["N"] == N and r["T"] == T}
         ok = [r for r in rs.values() if "device_us" in r and r["variant"] != "env-major"]
         best = min(ok, key=lambda r: r["device_us"])
