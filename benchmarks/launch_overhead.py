@@ -67,7 +67,7 @@ def main():
     from rollbuf import functional as F
     from rollbuf.kernels.scan import scan_kernel
 
-    N, T = 4096, 128
+    N, T = (4096, 128) if dev == "cuda" else (5, 37)  # the dry run: tiny, interpreted
     g = torch.Generator(device=dev).manual_seed(0)
     r, v, bv = (torch.randn(N, T, device=dev, generator=g) for _ in range(3))
     lp, tlp = (torch.randn(N, T, device=dev, generator=g) * 0.3 for _ in range(2))

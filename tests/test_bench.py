@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 
+import pytest
 import torch
 
 from rollbuf.bench import GRIDS, Case, compare, run_cases, scoreboard
@@ -151,3 +152,25 @@ def test_redo_runs_only_failed_cases_and_later_csvs_replace_rows(tmp_path):
     assert redo[0]["status"] == "ok"
     merged_rows = cli._read_csv([str(first / "results.csv"), str(again / "results.csv")])
     assert len(merged_rows) == len(rows) and all(r["status"] == "ok" for r in merged_rows)
+
+
+@pytest.mark.parametrize("script,argv", [
+    ("launch_overhead.py", ["--device", "cpu"]),
+    ("time_major.py", ["--device", "cpu", "--estimators", "gae", "--sweep", "none"]),
+])
+def test_gpu_session_scripts_dry_run(script, argv, tmp_path):
+    """The scripts `benchmarks/gpu_session.sh` runs on the lent GPU, in their CPU dry-run mode under
+    the interpreter: their logic (argument recording, every variant's float64 gate) must not fail
+    where device time is scarce."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    res = subprocess.run([sys.executable, str(root / "benchmarks" / script), *argv, "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=600, env=env)
+    assert res.returncode == 0, res.stderr[-2000:]
+    if script == "time_major.py":
+        assert "0 wrong variant(s)" in res.stdout
