@@ -152,7 +152,8 @@ def make_fields(case: Case, device, seed=0) -> dict:
         bv = f["bootstrap_values"]
         end = window_end_index(f["mask"], tuple(bv.shape)).clamp_min(0).to(bv.device).unsqueeze(-1)
         fill = torch.randn(bv.shape[:-1] + (1,), generator=torch.Generator().manual_seed(seed + 7)).to(bv)
-        f["bootstrap_values"] = bv.scatter(-1, end, torch.where(bv.gather(-1, end).isnan(), fill, bv.gather(-1, end)))
+        at_end = bv.gather(-1, end)
+        f["bootstrap_values"] = bv.scatter(-1, end, torch.where(at_end.isnan(), fill, at_end))
     if case.layout == "time":
         f = {k: (v.mT.contiguous().mT if isinstance(v, torch.Tensor) and v.dim() == 2 else v) for k, v in f.items()}
     return f
