@@ -73,18 +73,16 @@ def test_cleanrl_float_flags(dtype):
 
 
 def _cleanrl_gae(rewards, values, dones, next_value, next_done, gamma, lam):
-    """CleanRL ppo.py, verbatim logic: [T, N], dones observation-aligned."""
-    T = rewards.shape[0]
-    adv = torch.zeros_like(rewards)
-    last = 0
-    for t in reversed(range(T)):
-        if t == T - 1:
-            nonterminal, nextvalues = 1.0 - next_done, next_value
-        else:
-            nonterminal, nextvalues = 1.0 - dones[t + 1], values[t + 1]
-        delta = rewards[t] + gamma * nextvalues * nonterminal - values[t]
-        adv[t] = last = delta + gamma * lam * nonterminal * last
-    return adv
+    """CleanRL ppo.py, verbatim logic: [T, N], dones observation-aligned (the loop of
+    docs/examples/cleanrl_gae.py, which the CleanRL how-to is tested against too)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "docs" / "examples" / "cleanrl_gae.py"
+    spec = importlib.util.spec_from_file_location("_docs_cleanrl_gae", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.cleanrl_loop(rewards, values, dones, next_value, next_done, gamma, lam)[0]
 
 
 def _gae_transition_aligned(rewards, values, terminated, bootstrap_last, gamma, lam):
