@@ -7,6 +7,9 @@ strategy, argument marshalling) plus Triton's launcher plus the kernel. This mea
 alone: ``scan_kernel[grid](...)`` is replaced by a no-op, the inputs are CPU tensors, and the call
 is timed over many repetitions (median of 7 batches). ``--profile`` prints the top functions.
 
+``--device cuda``: the same with CUDA inputs (our Python on the GPU machine's host; nothing is
+launched but the two output allocations).
+
 ``--backward``: the same for one forward + backward call (``torch.autograd.grad`` of every output
 with respect to every floating input) on small ``4 × 8`` inputs, where the time is all host work,
 with the number of aten ops (each a kernel launch on a GPU) and of scan-kernel launches per call.
@@ -34,13 +37,13 @@ class _Stub:
         return lambda *a, **k: None
 
 
-def case(name, N=4096, T=128):
+def case(name, N=4096, T=128, device="cpu"):
     g = torch.Generator().manual_seed(0)
-    r, v = torch.randn(N, T, generator=g), torch.randn(N, T, generator=g)
-    k = torch.rand(N, T, generator=g) < 0.01
-    tr = torch.rand(N, T, generator=g) < 0.01
-    bv = torch.randn(N, T, generator=g)
-    m = torch.rand(N, T, generator=g) < 0.9
+    r, v = torch.randn(N, T, generator=g).to(device), torch.randn(N, T, generator=g).to(device)
+    k = (torch.rand(N, T, generator=g) < 0.01).to(device)
+    tr = (torch.rand(N, T, generator=g) < 0.01).to(device)
+    bv = torch.randn(N, T, generator=g).to(device)
+    m = (torch.rand(N, T, generator=g) < 0.9).to(device)
     lp, tlp = r * 0.1, v * 0.1
     calls = {
         "gae": lambda: F.gae(0.99, 0.95, rewards=r, values=v, terminated=k, truncated=tr, bootstrap_values=bv,
@@ -132,6 +135,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--backward", action="store_true")
+    ap.add_argument("--device", default="cpu", help="where the inputs live (cuda: our Python on the GPU host)")
     args = ap.parse_args()
     if args.backward:
         print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; launch stubbed, CPU tensors 4 x 8\n")
@@ -139,17 +143,18 @@ def main():
         return
     S.scan_kernel = _Stub()
     names = ["gae", "gae (no truncations, [N] bootstrap)", "gae (mask)", "vtrace"]
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; launch stubbed, CPU tensors 4096 x 128\n")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; launch stubbed, {args.device} tensors "
+          "4096 x 128\n")
     print("| call | our Python per call |")
     print("|---|---|")
     for name in names:
-        fn = case(name)
+        fn = case(name, device=args.device)
         print(f"| {name} | {timeit(fn, 200 if 'mask' in name else 2000) * 1e6:.1f} µs |")
     if args.profile:
         import cProfile
         import pstats
 
-        fn = case("gae")
+        fn = case("gae", device=args.device)
         cProfile.runctx("for _ in range(5000): fn()", globals(), {"fn": fn}, "/tmp/rollbuf_call.prof")
         pstats.Stats("/tmp/rollbuf_call.prof").sort_stats("tottime").print_stats(18)
 

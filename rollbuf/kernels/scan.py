@@ -17,6 +17,7 @@ Bytes per step from HBM: the inputs once, the outputs once; ``bootstrap_values``
 truncated step or the window end reads it. Coefficients never leave registers.
 """
 
+import os
 import types
 
 import triton
@@ -70,9 +71,28 @@ def _ld(ptr, off, m_, ACC: tl.constexpr):
     return tl.load(ptr + off, mask=m_, other=0).to(ACC)
 
 
+# A/B knob (temporary): 1 = masked steps' fields loaded under the data-dependent mask (the old way)
+LIVE_LOADS = tl.constexpr(os.environ.get("ROLLBUF_LIVE_LOADS", "0") == "1")
+
+
 @triton.jit
-def _ld_flag(ptr, off, m_, ACC: tl.constexpr):
-    return (tl.load(ptr + off, mask=m_, other=0) != 0).to(ACC)
+def _ld_live(ptr, off, ok, live, HAS_M: tl.constexpr, ACC: tl.constexpr):
+    """A field at the steps ``off`` (``ok``: inside the row), 0 where not ``live``. With a mask, the
+    load itself is under ``ok`` alone (a mask that depends on loaded data keeps the compiler from
+    vectorising the load); the masked steps' values are then dropped by a select, so garbage
+    (NaN, Inf) there never reaches the arithmetic."""
+    if HAS_M and not LIVE_LOADS:
+        return tl.where(live, tl.load(ptr + off, mask=ok, other=0).to(ACC), 0.0)
+    else:
+        return tl.load(ptr + off, mask=live, other=0).to(ACC)
+
+
+@triton.jit
+def _ld_flag_live(ptr, off, ok, live, HAS_M: tl.constexpr, ACC: tl.constexpr):
+    if HAS_M and not LIVE_LOADS:
+        return (live & (tl.load(ptr + off, mask=ok, other=0) != 0)).to(ACC)
+    else:
+        return (tl.load(ptr + off, mask=live, other=0) != 0).to(ACC)
 
 
 @triton.jit
@@ -92,19 +112,19 @@ def _step_fields(
     else:
         live = ok
     if IS_TRACE:
-        r = _ld(p_x, n * s_x_n + f * s_x_f + o_t * s_x_t, live, ACC)
+        r = _ld_live(p_x, n * s_x_n + f * s_x_f + o_t * s_x_t, ok, live, HAS_M, ACC)
     else:
-        r = _ld(p_r, n * s_r_n + o_t * s_r_t, live, ACC)
+        r = _ld_live(p_r, n * s_r_n + o_t * s_r_t, ok, live, HAS_M, ACC)
     if HAS_V:
-        v = _ld(p_v, n * s_v_n + o_t * s_v_t, live, ACC)
+        v = _ld_live(p_v, n * s_v_n + o_t * s_v_t, ok, live, HAS_M, ACC)
     else:
         v = tl.zeros_like(r)
     if HAS_K:
-        k = _ld_flag(p_k, n * s_k_n + o_t * s_k_t, live, ACC)
+        k = _ld_flag_live(p_k, n * s_k_n + o_t * s_k_t, ok, live, HAS_M, ACC)
     else:
         k = tl.zeros_like(r)
     if HAS_TR:
-        tr = _ld_flag(p_tr, n * s_tr_n + o_t * s_tr_t, live, ACC)
+        tr = _ld_flag_live(p_tr, n * s_tr_n + o_t * s_tr_t, ok, live, HAS_M, ACC)
     else:
         tr = tl.zeros_like(r)
     # bootstrap values are read only where a live, truncated, non-terminated step needs them
@@ -119,9 +139,10 @@ def _step_fields(
 
 
 @triton.jit
-def _ratio(p_lp, s_lp_n, s_lp_t, p_tlp, s_tlp_n, s_tlp_t, n, o_t, live, ACC: tl.constexpr):
-    lp = _ld(p_lp, n * s_lp_n + o_t * s_lp_t, live, ACC)
-    tlp = _ld(p_tlp, n * s_tlp_n + o_t * s_tlp_t, live, ACC)
+def _ratio(p_lp, s_lp_n, s_lp_t, p_tlp, s_tlp_n, s_tlp_t, n, o_t, ok, live, HAS_M: tl.constexpr,
+           ACC: tl.constexpr):
+    lp = _ld_live(p_lp, n * s_lp_n + o_t * s_lp_t, ok, live, HAS_M, ACC)
+    tlp = _ld_live(p_tlp, n * s_tlp_n + o_t * s_tlp_t, ok, live, HAS_M, ACC)
     return tl.exp(tlp - lp)
 
 
@@ -148,7 +169,7 @@ def _scan_chunk(
         p_tr, s_tr_n, s_tr_t, p_bv, s_bv_n, s_bv_t, b_bv_row, p_m, s_m_n, s_m_t,
         p_x, s_x_n, s_x_t, s_x_f, HAS_V, HAS_K, HAS_TR, BOOT, HAS_M, IS_TRACE, ACC)
     if FAMILY == 2:
-        ratio_s = _ratio(p_lp, s_lp_n, s_lp_t, p_tlp, s_tlp_n, s_tlp_t, n, o_s, live_s, ACC)
+        ratio_s = _ratio(p_lp, s_lp_n, s_lp_t, p_tlp, s_tlp_n, s_tlp_t, n, o_s, ok_s, live_s, HAS_M, ACC)
         rho_s = tl.minimum(ratio_s, rho_bar)
         c_s = lam * tl.minimum(ratio_s, c_bar)
         ep, eq, es, ea, ew = vtrace_step(r_s, v_s, k_s, tr_s, boot_s, rho_s, c_s, gamma)
@@ -162,8 +183,8 @@ def _scan_chunk(
         if FAMILY == 0:
             ea, eb = lambda_step(r_s, v_s, k_s, tr_s, boot_s, gamma, lam)
         elif FAMILY == 1:
-            ratio_s = _ratio(p_lp, s_lp_n, s_lp_t, p_tlp, s_tlp_n, s_tlp_t, n, o_s, live_s, ACC)
-            q_s = _ld(p_q, n * s_q_n + o_s * s_q_t, live_s, ACC)
+            ratio_s = _ratio(p_lp, s_lp_n, s_lp_t, p_tlp, s_tlp_n, s_tlp_t, n, o_s, ok_s, live_s, HAS_M, ACC)
+            q_s = _ld_live(p_q, n * s_q_n + o_s * s_q_t, ok_s, live_s, HAS_M, ACC)
             ea, eb = retrace_step(r_s, v_s, k_s, tr_s, boot_s, q_s, lam * tl.minimum(ratio_s, c_bar), gamma)
         elif FAMILY == 3:
             ea, eb = trace_step(r_s, k_s, tr_s, decay)
@@ -207,7 +228,7 @@ def _emit_chunk(
     if WRITE_CARRY:
         has = (tl.max(edge.to(tl.int32), axis=1) > 0) & (tl.max(row_ok.to(tl.int32), axis=1) > 0)
     if FAMILY == 2:
-        ratio = _ratio(p_lp, s_lp_n, s_lp_t, p_tlp, s_tlp_n, s_tlp_t, n, o_t, live, ACC)
+        ratio = _ratio(p_lp, s_lp_n, s_lp_t, p_tlp, s_tlp_n, s_tlp_t, n, o_t, ok_t, live, HAS_M, ACC)
         rho = tl.minimum(ratio, rho_bar)
         c = lam * tl.minimum(ratio, c_bar)
         out1, out2 = vtrace_out(r, v, k, tr, boot, rho, c, tl.minimum(ratio, pg_rho_bar), gamma, zu, zv)
@@ -235,8 +256,8 @@ def _emit_chunk(
                 if FAMILY == 0:
                     a0, b0 = lambda_step(r, v, k, tr, boot, gamma, lam)
                 elif FAMILY == 1:
-                    ratio0 = _ratio(p_lp, s_lp_n, s_lp_t, p_tlp, s_tlp_n, s_tlp_t, n, o_t, live, ACC)
-                    q0 = _ld(p_q, n * s_q_n + o_t * s_q_t, live, ACC)
+                    ratio0 = _ratio(p_lp, s_lp_n, s_lp_t, p_tlp, s_tlp_n, s_tlp_t, n, o_t, ok_t, live, HAS_M, ACC)
+                    q0 = _ld_live(p_q, n * s_q_n + o_t * s_q_t, ok_t, live, HAS_M, ACC)
                     a0, b0 = retrace_step(r, v, k, tr, boot, q0, lam * tl.minimum(ratio0, c_bar), gamma)
                 elif FAMILY == 3:
                     a0, b0 = trace_step(r, k, tr, decay)

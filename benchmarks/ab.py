@@ -1,0 +1,132 @@
+"""A/B of kernel variants on chosen benchmark cases, on a CUDA GPU.
+
+    ROLLBUF_COMMIT=$(git rev-parse --short HEAD) python benchmarks/ab.py --out DIR \\
+        --variants "new=,old=ROLLBUF_LIVE_LOADS=1" --cases gae:4096x128:mask,gae:256x1048576:mask
+
+Each variant is a set of environment variables (``NAME=VALUE`` joined by ``+``; empty = the
+defaults), so every variant runs in its own process: variables read by the kernels at import, and
+``ROLLBUF_K_<KNOB>=<literal>``, which sets the strategy knob ``rollbuf.kernels.<KNOB>`` (e.g.
+``ROLLBUF_K_SPLIT_OVERRIDE=True``). Each case goes
+through the benchmark suite exactly as in the scoreboard (``rollbuf.bench``: float64 gate first,
+then full-call time and CUDA-graph device time over input sets rotated past the L2, % of the
+measured copy bandwidth). Rows go to ``DIR/ab.csv`` (with a ``variant`` column); the table printed
+last has one line per case, device time per variant and the ratio to the first variant.
+
+``--device cpu`` gates every case on tiny shapes under the interpreter (a dry run of the logic).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import subprocess
+import sys
+
+
+def parse_cases(spec: str):
+    from rollbuf.bench.suite import Case
+
+    out = []
+    for item in spec.split(","):
+        parts = item.split(":")
+        name, shape = parts[0], parts[1]
+        mix = parts[2] if len(parts) > 2 else "term+trunc"
+        dtype = parts[3] if len(parts) > 3 else "float32"
+        n, t = (int(x) for x in shape.lower().split("x"))
+        out.append(Case(name, n, t, dtype=dtype, mix=mix))
+    return out
+
+
+def parse_variants(spec: str):
+    out = []
+    for item in spec.split(","):
+        name, _, env = item.partition("=")
+        pairs = [kv.split("=", 1) for kv in env.split("+") if kv]
+        out.append((name, dict(pairs)))
+    return out
+
+
+def child(args):
+    """Run the cases in this process (the variant's environment is already set)."""
+    if args.device == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    import ast
+
+    import rollbuf.kernels as K
+    from rollbuf.bench.suite import run_cases
+
+    for key, val in os.environ.items():  # ROLLBUF_K_SPLIT_OVERRIDE=True → K.SPLIT_OVERRIDE = True
+        if key.startswith("ROLLBUF_K_"):
+            attr = key[len("ROLLBUF_K_"):]
+            if not hasattr(K, attr):
+                raise SystemExit(f"rollbuf.kernels has no knob {attr}")
+            setattr(K, attr, ast.literal_eval(val))
+    cases = parse_cases(args.cases)
+    if args.device == "cpu":  # tiny, interpreted: the gate only
+        from rollbuf.bench.suite import Case
+
+        cases = [Case(c.estimator, 3, 37, dtype=c.dtype, mix=c.mix) for c in cases]
+    copy_bw = None
+    if args.device == "cuda":
+        from rollbuf.bench.__main__ import _copy_bandwidth
+
+        copy_bw = _copy_bandwidth()
+    rows = run_cases(cases, ["rollbuf-triton"], args.device, copy_bw=copy_bw)
+    print(json.dumps(rows))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cases", required=True, help="estimator:NxT[:mix[:dtype]],...")
+    ap.add_argument("--variants", default="default=", help="name=ENV=VAL+ENV=VAL,...")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        child(args)
+        return
+    rows = []
+    for name, env in parse_variants(args.variants):
+        cmd = [sys.executable, os.path.abspath(__file__), "--child", "--cases", args.cases, "--device", args.device]
+        res = subprocess.run(cmd, env=dict(os.environ, **env), capture_output=True, text=True)
+        if res.returncode != 0:
+            print(res.stderr[-3000:])
+            raise SystemExit(f"variant {name} failed")
+        for r in json.loads(res.stdout.strip().splitlines()[-1]):
+            rows.append(dict(variant=name, **r))
+    os.makedirs(args.out, exist_ok=True)
+    fields = list(dict.fromkeys(k for r in rows for k in r))
+    with open(os.path.join(args.out, "ab.csv"), "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=fields)
+        w.writeheader()
+        w.writerows(rows)
+    names = list(dict.fromkeys(r["variant"] for r in rows))
+    bad = [r for r in rows if r.get("status") != "ok"]
+    key = "device_us" if args.device == "cuda" else "rel_err"
+    print("| case | " + " | ".join(f"{n} {'µs' if key == 'device_us' else 'rel. err'}" for n in names)
+          + (" | " + " | ".join(f"{n} / {names[0]}" for n in names[1:]) if key == "device_us" else "") + " |")
+    print("|---" * (1 + len(names) + (len(names) - 1 if key == "device_us" else 0)) + "|")
+    by = {}
+    for r in rows:
+        by.setdefault((r["estimator"], r["n"], r["t"], r["mix"], r["dtype"]), {})[r["variant"]] = r
+    for c, vs in by.items():
+        vals = [vs.get(n, {}).get(key) for n in names]
+        cells = [f"{v:.1f}" if key == "device_us" and v is not None else f"{v:.1e}" if v is not None else "–"
+                 for v in vals]
+        ratios = []
+        if key == "device_us":
+            ratios = [f"{v / vals[0]:.2f}" if v and vals[0] else "–" for v in vals[1:]]
+        pct = vs.get(names[-1], {}).get("pct_copy")
+        label = f"{c[0]} {c[1]}×{c[2]} {c[3]} {c[4]}" + (f" ({pct:.0f}% of copy)" if pct else "")
+        print(f"| {label} | " + " | ".join(cells + ratios) + " |")
+    print(f"{len(bad)} rows not ok" + (": " + "; ".join(f"{r['variant']} {r['estimator']} {r['n']}x{r['t']} "
+                                                     f"{r.get('status')} {r.get('note')}" for r in bad) if bad else ""))
+    if bad:
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()
