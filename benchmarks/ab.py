@@ -34,8 +34,9 @@ def parse_cases(spec: str):
         name, shape = parts[0], parts[1]
         mix = parts[2] if len(parts) > 2 else "term+trunc"
         dtype = parts[3] if len(parts) > 3 else "float32"
+        layout = parts[4] if len(parts) > 4 else "env"
         n, t = (int(x) for x in shape.lower().split("x"))
-        out.append(Case(name, n, t, dtype=dtype, mix=mix))
+        out.append(Case(name, n, t, dtype=dtype, mix=mix, layout=layout))
     return out
 
 
@@ -67,7 +68,7 @@ def child(args):
     if args.device == "cpu":  # tiny, interpreted: the gate only
         from rollbuf.bench.suite import Case
 
-        cases = [Case(c.estimator, 3, 37, dtype=c.dtype, mix=c.mix) for c in cases]
+        cases = [Case(c.estimator, 3, 37, dtype=c.dtype, mix=c.mix, layout=c.layout) for c in cases]
     copy_bw = None
     if args.device == "cuda":
         from rollbuf.bench.__main__ import _copy_bandwidth
@@ -79,7 +80,7 @@ def child(args):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--cases", required=True, help="estimator:NxT[:mix[:dtype]],...")
+    ap.add_argument("--cases", required=True, help="estimator:NxT[:mix[:dtype[:layout]]],...")
     ap.add_argument("--variants", default="default=", help="name=ENV=VAL+ENV=VAL,...")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -89,6 +90,7 @@ def main():
         child(args)
         return
     rows = []
+    os.makedirs(args.out, exist_ok=True)
     for name, env in parse_variants(args.variants):
         cmd = [sys.executable, os.path.abspath(__file__), "--child", "--cases", args.cases, "--device", args.device]
         res = subprocess.run(cmd, env=dict(os.environ, **env), capture_output=True, text=True)
@@ -97,12 +99,12 @@ def main():
             raise SystemExit(f"variant {name} failed")
         for r in json.loads(res.stdout.strip().splitlines()[-1]):
             rows.append(dict(variant=name, **r))
-    os.makedirs(args.out, exist_ok=True)
-    fields = list(dict.fromkeys(k for r in rows for k in r))
-    with open(os.path.join(args.out, "ab.csv"), "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=fields)
-        w.writeheader()
-        w.writerows(rows)
+        fields = list(dict.fromkeys(k for r in rows for k in r))
+        with open(os.path.join(args.out, "ab.csv"), "w", newline="") as fh:  # after every variant
+            w = csv.DictWriter(fh, fieldnames=fields)
+            w.writeheader()
+            w.writerows(rows)
+        print(f"variant {name}: {len(rows)} rows", flush=True)
     names = list(dict.fromkeys(r["variant"] for r in rows))
     bad = [r for r in rows if r.get("status") != "ok"]
     key = "device_us" if args.device == "cuda" else "rel_err"
@@ -111,7 +113,7 @@ def main():
     print("|---" * (1 + len(names) + (len(names) - 1 if key == "device_us" else 0)) + "|")
     by = {}
     for r in rows:
-        by.setdefault((r["estimator"], r["n"], r["t"], r["mix"], r["dtype"]), {})[r["variant"]] = r
+        by.setdefault((r["estimator"], r["n"], r["t"], r["mix"], r["dtype"], r.get("layout", "env")), {})[r["variant"]] = r
     for c, vs in by.items():
         vals = [vs.get(n, {}).get(key) for n in names]
         cells = [f"{v:.1f}" if key == "device_us" and v is not None else f"{v:.1e}" if v is not None else "–"
@@ -120,7 +122,7 @@ def main():
         if key == "device_us":
             ratios = [f"{v / vals[0]:.2f}" if v and vals[0] else "–" for v in vals[1:]]
         pct = vs.get(names[-1], {}).get("pct_copy")
-        label = f"{c[0]} {c[1]}×{c[2]} {c[3]} {c[4]}" + (f" ({pct:.0f}% of copy)" if pct else "")
+        label = f"{c[0]} {c[1]}×{c[2]} {c[3]} {c[4]}" + (" time-major" if c[5] == "time" else "") + (f" ({pct:.0f}% of copy)" if pct else "")
         print(f"| {label} | " + " | ".join(cells + ratios) + " |")
     print(f"{len(bad)} rows not ok" + (": " + "; ".join(f"{r['variant']} {r['estimator']} {r['n']}x{r['t']} "
                                                      f"{r.get('status')} {r.get('note')}" for r in bad) if bad else ""))

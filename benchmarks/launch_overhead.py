@@ -6,7 +6,9 @@ For GAE fp32 4096 × 128 (terminations + truncations) and V-trace at the same sh
 the median of ``triton.testing.do_bench`` (full call, host included) and, for the kernel, CUDA-graph
 replay (device time):
 
-1. ``rollbuf.gae(...)``: the whole call (validation, problem, strategy, argument marshalling, launch);
+1. ``rollbuf.gae(...)``: the whole call (validation, problem, strategy, argument marshalling, launch
+   of the cached compiled kernel: ``rollbuf.kernels.LEAN_LAUNCH``), and the same call through
+   Triton's JIT launch (``LEAN_LAUNCH = False``);
 2. ``scan_kernel[grid](*args, **constexprs)`` with the arguments the call recorded: Triton's JIT
    path alone (binder, specialization of ~70 arguments, cache lookup, launcher);
 3. the ``CompiledKernel`` that path returned, launched directly (``compiled[grid](*args)``: no
@@ -34,9 +36,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 def record_launch(call):
     """Run ``call()`` once with ``scan_kernel`` wrapped: returns a dict of grid, args, kwargs, the
     ``CompiledKernel`` the launch returned, and the call's result."""
+    import rollbuf.kernels as K
     import rollbuf.kernels.scan as S
 
-    real = S.scan_kernel
+    real, lean = S.scan_kernel, K.LEAN_LAUNCH
+    K.LEAN_LAUNCH = False  # through scan_kernel[grid], where the recorder sits
     seen = {}
 
     class Recorder:
@@ -51,7 +55,7 @@ def record_launch(call):
     try:
         seen["result"] = call()
     finally:
-        S.scan_kernel = real
+        S.scan_kernel, K.LEAN_LAUNCH = real, lean
     return seen
 
 
@@ -64,6 +68,7 @@ def main():
     import triton
     import triton.language as tl
 
+    import rollbuf.kernels as K
     from rollbuf import functional as F
     from rollbuf.kernels.scan import scan_kernel
 
@@ -125,6 +130,9 @@ def main():
         seen = record_launch(call)
         grid, a, kw, compiled = seen["grid"], seen["args"], seen["kwargs"], seen["compiled"]
         full = us(call)
+        K.LEAN_LAUNCH = False
+        full_jit, full_jit_loop = us(call), loop_us(call)
+        K.LEAN_LAUNCH = True
         jit = us(lambda: scan_kernel[grid](*a, **kw))
         # the compiled kernel's runner takes every parameter in declaration order, constexprs included
         names = scan_kernel.arg_names
@@ -138,7 +146,8 @@ def main():
         torch.cuda.synchronize()
         same = all(torch.equal(o, w) for o, w in zip(seen["result"], want))
         direct = us(lambda: runner(*ordered))
-        row = dict(direct_launch_matches=same, estimator=name, N=N, T=T, full_call_us=full, triton_jit_us=jit,
+        row = dict(direct_launch_matches=same, estimator=name, N=N, T=T, full_call_us=full,
+                   full_call_jit_us=full_jit, full_call_jit_loop_us=full_jit_loop, triton_jit_us=jit,
                    compiled_direct_us=direct, small_triton_kernel_us=floor, two_empty_us=empty,
                    full_call_loop_us=loop_us(call), triton_jit_loop_us=loop_us(lambda: scan_kernel[grid](*a, **kw)),
                    compiled_direct_loop_us=loop_us(lambda: runner(*ordered)), small_triton_kernel_loop_us=floor_loop,
@@ -152,11 +161,12 @@ def main():
         w.writerows(rows)
     print(f"\n{prov}\n")
     print("do_bench median (back-to-back host loop, µs per call)\n")
-    print("| estimator | full call µs | Triton JIT launch µs | compiled kernel direct µs | 4-arg Triton kernel µs "
+    print("| estimator | full call µs | full call, JIT launch µs | Triton JIT launch µs | compiled kernel direct µs | 4-arg Triton kernel µs "
           "| 2 × torch.empty µs | kernel args |")
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for r_ in rows:
         print(f"| {r_['estimator']} | {r_['full_call_us']:.1f} ({r_['full_call_loop_us']:.1f}) | "
+              f"{r_['full_call_jit_us']:.1f} ({r_['full_call_jit_loop_us']:.1f}) | "
               f"{r_['triton_jit_us']:.1f} ({r_['triton_jit_loop_us']:.1f}) | "
               f"{r_['compiled_direct_us']:.1f} ({r_['compiled_direct_loop_us']:.1f}) | "
               f"{r_['small_triton_kernel_us']:.1f} ({r_['small_triton_kernel_loop_us']:.1f}) | {r_['two_empty_us']:.1f} "

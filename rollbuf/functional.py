@@ -102,7 +102,7 @@ def _flag_field(name, x, shape, device):
 
 
 def _same(name, x, shape, device):
-    if tuple(x.shape) != tuple(shape):
+    if x.shape != shape:  # torch.Size against a tuple: element-wise
         raise ValueError(
             f"{name} must have shape {tuple(shape)} (the shape of the rollout, [*batch, T]), "
             f"got {tuple(x.shape)}; nothing is broadcast"
@@ -134,7 +134,7 @@ def _choice(name, v, options):
 
 
 def _compiling() -> bool:
-    return bool(getattr(torch, "compiler", None) and torch.compiler.is_compiling())
+    return torch.compiler.is_compiling()
 
 
 class _Call:
@@ -298,7 +298,8 @@ _RUN_HOOK: contextvars.ContextVar = contextvars.ContextVar("rollbuf_run_hook", d
 
 
 def _run(p: Problem, backend: str, reference_call, return_carry: bool):
-    hook = None if _compiling() else _RUN_HOOK.get()
+    compiling = _compiling()
+    hook = None if compiling else _RUN_HOOK.get()
     if hook is not None:
         return hook(p, backend, reference_call, return_carry)
     B = p.batch_shape
@@ -312,13 +313,13 @@ def _run(p: Problem, backend: str, reference_call, return_carry: bool):
         outs = reference_call()
         outs = outs if isinstance(outs, tuple) else (outs,)
         carry = None
-    elif backend == "torch" or (_compiling() and _autograd.needs_grad(p)):
+    elif backend == "torch" or (compiling and _autograd.needs_grad(p)):
         # (gradients under torch.compile: the torch backend, traced and differentiated by
         # AOTAutograd, the scans through AffineScanFunction; the fused kernel has no traceable backward)
         from rollbuf import vectorized
 
         outs, carry = vectorized.run(p)
-    elif _compiling():  # one opaque custom op for Dynamo; the eager path launches directly
+    elif compiling:  # one opaque custom op for Dynamo; the eager path launches directly
         from rollbuf.kernels import op
 
         outs, carry = op.run(p)

@@ -193,6 +193,44 @@ def test_time_major_default_strategy(name, T):
     assert_ref(call(name, tm, "triton"), call(name, f, "reference"), 1e-5)
 
 
+@pytest.mark.parametrize("layout", ["env", "time", "strided", "mixed", "env-general"])
+@pytest.mark.parametrize("name", ["gae", "vtrace", "retrace", "eligibility_traces"])
+def test_stride_kinds(name, layout, split):
+    """The kernel's unit-stride specialisations (``UNIT``): env-major (time stride 1), time-major
+    (row stride 1), every other step of a wider buffer and a mix of layouts (general strides), and
+    env-major forced through the general-stride code; each against the reference."""
+    f = make(5, 29, "term+trunc+mask", seed=21)
+
+    def wide(x):  # [N, T] view of every other column of an [N, 2T] buffer: time stride 2
+        buf = torch.empty(x.shape[0], 2 * x.shape[1], dtype=x.dtype, device=x.device)
+        buf[:, ::2] = x
+        return buf[:, ::2]
+
+    views = {}
+    for i, (key, x) in enumerate(f.items()):
+        if x is None:
+            views[key] = None
+        elif layout == "time" or (layout == "mixed" and i % 2):
+            views[key] = x.mT.contiguous().mT
+        elif layout == "strided":
+            views[key] = wide(x)
+        else:
+            views[key] = x
+    want = {"env": 1, "time": 2, "strided": 0, "mixed": 0, "env-general": 0}[layout]
+    if layout == "env-general":
+        K.UNIT_STRIDE_OVERRIDE = 0
+    try:
+        seen = []
+        real = K._unit_stride
+        K._unit_stride = lambda *a: seen.append(real(*a)) or seen[-1]
+        got = call(name, views, "triton")
+    finally:
+        K._unit_stride = real
+        K.UNIT_STRIDE_OVERRIDE = None
+    assert seen and all(u == want for u in seen), (seen, want)
+    assert_ref(got, call(name, f, "reference"), 1e-5)
+
+
 def test_output_layout_override():
     f = make(5, 29, "term+trunc", seed=12)
     tm = {k: (None if v is None else v.mT.contiguous().mT) for k, v in f.items()}
@@ -313,6 +351,51 @@ def test_more_than_2_31_elements():
                 bootstrap_values=bv[rows].cpu(), backend="reference")
     assert rel_err(adv[rows], ref.advantages) < 2e-2
     assert rel_err(ret[rows], ref.returns) < 2e-2
+
+
+@pytest.mark.gpu
+def test_lean_launch_respecializes():
+    """The cached compiled kernels (``LEAN_LAUNCH``) are reused only for calls Triton would
+    specialize the same way: calls of one shape whose inputs differ in 16-byte alignment (views at
+    an odd element offset), dtype, strides (time-major) or flag dtype each give the reference
+    result, in an order that hits the cache between them, and equal the JIT launch exactly."""
+    assert K.LEAN_LAUNCH
+    N, T = 64, 300
+    base = make(N, T, "term+trunc+mask", seed=5)
+
+    def views(kind):
+        f = {}
+        for key, x in base.items():
+            if not isinstance(x, torch.Tensor) or x.dim() != 2:
+                f[key] = x
+                continue
+            if kind == "offset":  # one element in: not 16-byte aligned, same strides
+                y = torch.empty(N * T + 1, dtype=x.dtype, device=x.device)[1:].view(N, T)
+                f[key] = y.copy_(x)
+            elif kind == "time-major":
+                f[key] = x.t().contiguous().t()
+            elif kind == "bf16" and x.is_floating_point():
+                f[key] = x.to(torch.bfloat16)
+            elif kind == "uint8 flags" and x.dtype == torch.bool:
+                f[key] = x.to(torch.uint8)
+            else:
+                f[key] = x.clone()
+        return f
+
+    kinds = ["aligned", "offset", "aligned", "time-major", "offset", "bf16", "uint8 flags", "aligned"]
+    for name in ("gae", "vtrace", "retrace"):
+        for kind in kinds:
+            f = views(kind)
+            tol = 2e-2 if kind == "bf16" else 2e-5
+            got = call(name, f, "triton")
+            assert_ref(got, call(name, f, "reference"), tol)
+            K.LEAN_LAUNCH = False
+            try:
+                jit = call(name, f, "triton")
+            finally:
+                K.LEAN_LAUNCH = True
+            for a, b in zip(got if isinstance(got, tuple) else (got,), jit if isinstance(jit, tuple) else (jit,)):
+                assert torch.equal(a, b), (name, kind)
 
 
 @pytest.mark.parametrize("outputs", ["gae", "returns", "adv-only"])

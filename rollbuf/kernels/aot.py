@@ -47,18 +47,26 @@ def variants() -> list[dict]:
     for fam, fc in fams.items():
         for mode, mc in modes.items():
             reverse = fc["FAMILY"] not in (3, 5)
-            c = dict(HAS_K=True, HAS_TR=True, HAS_M=True, WRITE_CARRY=True, REVERSE=reverse, **fc, **mc)
+            c = dict(HAS_K=True, HAS_TR=True, HAS_M=True, WRITE_CARRY=True, REVERSE=reverse, UNIT=1, **fc, **mc)
             out.append(dict(name=f"{fam}/{mode}/fp32", dtype="fp32", cx=c))
+    # general strides (UNIT = 0) and time-major unit row stride (UNIT = 2)
+    for fam in ("gae", "vtrace", "traces"):
+        for mode in ("tile", "split-gather", "walk-reload"):
+            for unit in (0, 2):
+                reverse = fams[fam]["FAMILY"] not in (3, 5)
+                c = dict(HAS_K=True, HAS_TR=True, HAS_M=True, WRITE_CARRY=True, REVERSE=reverse, UNIT=unit,
+                         **fams[fam], **modes[mode])
+                out.append(dict(name=f"{fam}/{mode}/fp32-unit{unit}", dtype="fp32", cx=c))
     # the window end at the last unmasked step, found in the kernel (masked rows, CARRY_IN = 3)
     for fam in ("gae", "vtrace", "retrace"):
         for mode in ("tile", "walk-reload", "split-gather", "split-reload"):
-            c = dict(HAS_K=True, HAS_TR=True, HAS_M=True, WRITE_CARRY=False, REVERSE=True,
+            c = dict(HAS_K=True, HAS_TR=True, HAS_M=True, WRITE_CARRY=False, REVERSE=True, UNIT=1,
                      **dict(fams[fam], CARRY_IN=3), **modes[mode])
             out.append(dict(name=f"{fam}/{mode}/fp32-mask-window-end", dtype="fp32", cx=c))
     # bf16 inputs, no flags at all, no mask
     for fam in ("gae", "vtrace", "lambda_adjoint"):
         c = dict(HAS_K=False, HAS_TR=False, HAS_M=False, WRITE_CARRY=False, REVERSE=fam != "lambda_adjoint",
-                 **fams[fam], **modes["split-reload"])
+                 UNIT=1, **fams[fam], **modes["split-reload"])
         out.append(dict(name=f"{fam}/split-reload/bf16-noflags", dtype="bf16", cx=c))
     return out
 

@@ -17,7 +17,6 @@ Bytes per step from HBM: the inputs once, the outputs once; ``bootstrap_values``
 truncated step or the window end reads it. Coefficients never leave registers.
 """
 
-import os
 import types
 
 import triton
@@ -71,17 +70,15 @@ def _ld(ptr, off, m_, ACC: tl.constexpr):
     return tl.load(ptr + off, mask=m_, other=0).to(ACC)
 
 
-# A/B knob (temporary): 1 = masked steps' fields loaded under the data-dependent mask (the old way)
-LIVE_LOADS = tl.constexpr(os.environ.get("ROLLBUF_LIVE_LOADS", "0") == "1")
-
-
 @triton.jit
 def _ld_live(ptr, off, ok, live, HAS_M: tl.constexpr, ACC: tl.constexpr):
     """A field at the steps ``off`` (``ok``: inside the row), 0 where not ``live``. With a mask, the
     load itself is under ``ok`` alone (a mask that depends on loaded data keeps the compiler from
     vectorising the load); the masked steps' values are then dropped by a select, so garbage
-    (NaN, Inf) there never reaches the arithmetic."""
-    if HAS_M and not LIVE_LOADS:
+    (NaN, Inf) there never reaches the arithmetic. Measured on the H200 (benchmarks/ab.py,
+    results/ab_masked_loads_3b98468.csv): masked GAE 1.2–2.3× faster than loads under the mask
+    (256 × 2^20: 9.38 → 4.12 ms; 4096 × 128: 10.5 → 8.3 µs), V-trace 1.35–1.39×."""
+    if HAS_M:
         return tl.where(live, tl.load(ptr + off, mask=ok, other=0).to(ACC), 0.0)
     else:
         return tl.load(ptr + off, mask=live, other=0).to(ACC)
@@ -89,7 +86,7 @@ def _ld_live(ptr, off, ok, live, HAS_M: tl.constexpr, ACC: tl.constexpr):
 
 @triton.jit
 def _ld_flag_live(ptr, off, ok, live, HAS_M: tl.constexpr, ACC: tl.constexpr):
-    if HAS_M and not LIVE_LOADS:
+    if HAS_M:
         return (live & (tl.load(ptr + off, mask=ok, other=0) != 0)).to(ACC)
     else:
         return (tl.load(ptr + off, mask=live, other=0) != 0).to(ACC)
@@ -329,7 +326,7 @@ def scan_kernel(
     BOOT: tl.constexpr, HAS_M: tl.constexpr, CARRY_IN: tl.constexpr, WRITE_CARRY: tl.constexpr,
     TWO_OUT: tl.constexpr, ADV_OUT: tl.constexpr, ACC: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, REVERSE: tl.constexpr, SPLIT: tl.constexpr,
-    SHIFT_LOAD: tl.constexpr, SINGLE: tl.constexpr,
+    SHIFT_LOAD: tl.constexpr, SINGLE: tl.constexpr, UNIT: tl.constexpr,
 ):
     """One program = a tile of ``BLOCK_N`` rows (``R = N·F`` rows in all) and either the whole row,
     walked in ``BLOCK_T`` chunks with the carry in registers (``SPLIT`` off), or one chunk of it
@@ -338,7 +335,42 @@ def scan_kernel(
     CARRY_IN: 0 = zero (terminal window end, forward default), 1 = V(s_T) read at the last column
     (0 if that step terminated), 2 = explicit carry / initial from ``p_ci``, 3 = V(s_T) read at the
     last unmasked step of each row (0 if that step terminated).
+
+    UNIT: 1 = every field read along time and every output has time stride 1 (env-major), 2 = row
+    stride 1 (time-major); both with one feature. That stride (and F) becomes the constant 1, so the compiler knows
+    the offsets are contiguous along it and vectorises the loads and stores (a runtime stride,
+    even one equal to 1, makes every access a scalar one with a multiply); 0 = general strides.
     """
+    if UNIT == 1:
+        F = 1
+        s_o_f = 1
+        s_x_f = 1
+        s_r_t = 1
+        s_v_t = 1
+        s_k_t = 1
+        s_tr_t = 1
+        s_bv_t = 1
+        s_m_t = 1
+        s_lp_t = 1
+        s_tlp_t = 1
+        s_q_t = 1
+        s_x_t = 1
+        s_o_t = 1
+    elif UNIT == 2:
+        F = 1
+        s_o_f = 1
+        s_x_f = 1
+        s_r_n = 1
+        s_v_n = 1
+        s_k_n = 1
+        s_tr_n = 1
+        s_bv_n = 1
+        s_m_n = 1
+        s_lp_n = 1
+        s_tlp_n = 1
+        s_q_n = 1
+        s_x_n = 1
+        s_o_n = 1
     PAIR: tl.constexpr = FAMILY == 2
     # scalars arrive in float64 (exact for float64 rollouts) and are rounded once to ACC
     gamma = tl.full((), gamma, ACC)
