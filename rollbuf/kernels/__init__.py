@@ -52,6 +52,11 @@ FILL_PROGRAMS = 132 * 8  # programs below which long rows are split (132 SMs on 
 # (265 vs 299 µs at 16384x2048; 5.33 vs 5.83 ms at 256x1048576).
 GATHER_MAX_T = 512
 MAX_CHUNK = 2048
+# V-trace carries a pair state (five map components per lane): its 2048-step chunks hold too many
+# registers per program. Measured on the H200 at c612211 (benchmarks/ab.py,
+# results/ab_unit_chunk_c612211.csv): 1024-step chunks 16384x4096 1672 -> 1134 µs; for GAE the
+# same change was +5% at 16384x4096 and +15% at 1x2^20, Retrace +18%.
+FAMILY_MAX_CHUNK = {"vtrace": 1024}
 
 
 @attrs.frozen
@@ -292,7 +297,7 @@ def run(p: Problem):
     boot_mode = 0 if boot is None or p.no_bootstrap else (1 if boot.dim() == 1 else 2)
     R = N * Fn
     st = strategy(R, T, time_contiguous, BLOCK_T_OVERRIDE, SPLIT_OVERRIDE, SHIFT_LOAD_OVERRIDE,
-                  MAX_CHUNK_OVERRIDE, BLOCK_N_OVERRIDE)
+                  MAX_CHUNK_OVERRIDE or FAMILY_MAX_CHUNK.get(p.family), BLOCK_N_OVERRIDE)
     tiles = -(-R // st.block_n)
     if st.split:
         ws, flags, cnt = _workspace(dev, p.compute_dtype, tiles * st.num_seg, st.block_n)
