@@ -2,7 +2,10 @@
 
 Inputs are passed with their own strides and dtypes (no copies, no casts: a time-major ``[T, N]``
 buffer passed as its transposed view is read in place, and its outputs are written time-major too);
-flags may be bool, uint8 or float. The only allocations are the outputs (and the ``[N]`` carry when
+flags may be bool, uint8 or float. When every field has time stride 1 (or every one row stride 1) the
+kernel is told so (``UNIT``), and its loads and stores are vectorised. After the first launch of a
+specialisation, later calls launch the compiled kernel directly (``LEAN_LAUNCH``), not through
+Triton's argument binder. The only allocations are the outputs (and the ``[N]`` carry when
 asked for); rows split across programs pass their carries through a small workspace kept per device,
 left clean by every launch.
 
