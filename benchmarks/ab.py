@@ -75,6 +75,12 @@ def child(args):
 
         copy_bw = _copy_bandwidth()
     rows = run_cases(cases, ["rollbuf-triton"], args.device, copy_bw=copy_bw)
+    # registers and spills of every kernel compiled here (GPU only): keyed by its constexprs
+    for key, (compiled, _, _) in K._COMPILED.items():
+        const = dict(zip(K._CONST_NAMES, key[1]))
+        print(f"kernel FAMILY={const['FAMILY']} BLOCK_N={const['BLOCK_N']} BLOCK_T={const['BLOCK_T']} "
+              f"SPLIT={const['SPLIT']} SHIFT_LOAD={const['SHIFT_LOAD']} HAS_M={const['HAS_M']} UNIT={const['UNIT']} "
+              f"warps={key[2]}: {compiled.n_regs} registers, {compiled.n_spills} spills", file=sys.stderr)
     print(json.dumps(rows))
 
 
@@ -105,6 +111,8 @@ def main():
             w.writeheader()
             w.writerows(rows)
         print(f"variant {name}: {len(rows)} rows", flush=True)
+        for line in sorted(set(x for x in res.stderr.splitlines() if x.startswith("kernel "))):
+            print(f"  {name} {line}")
     names = list(dict.fromkeys(r["variant"] for r in rows))
     bad = [r for r in rows if r.get("status") != "ok"]
     key = "device_us" if args.device == "cuda" else "rel_err"

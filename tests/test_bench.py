@@ -157,6 +157,8 @@ def test_redo_runs_only_failed_cases_and_later_csvs_replace_rows(tmp_path):
 @pytest.mark.parametrize("script,argv", [
     ("launch_overhead.py", ["--device", "cpu"]),
     ("time_major.py", ["--device", "cpu", "--estimators", "gae", "--sweep", "none"]),
+    ("ab.py", ["--device", "cpu", "--variants", "new=,general=ROLLBUF_K_UNIT_STRIDE_OVERRIDE=0",
+               "--cases", "gae:4096x128:mask,vtrace:8x8:term+trunc:bfloat16:time"]),
 ])
 def test_gpu_session_scripts_dry_run(script, argv, tmp_path):
     """The scripts `benchmarks/gpu_session.sh` runs on the lent GPU, in their CPU dry-run mode under
@@ -174,3 +176,9 @@ def test_gpu_session_scripts_dry_run(script, argv, tmp_path):
     assert res.returncode == 0, res.stderr[-2000:]
     if script == "time_major.py":
         assert "0 wrong variant(s)" in res.stdout
+    if script == "ab.py":
+        import csv
+
+        rows = list(csv.DictReader(open(tmp_path / "ab.csv")))
+        assert len(rows) == 4 and all(r["status"] == "ok" for r in rows), rows
+        assert {r["variant"] for r in rows} == {"new", "general"} and "0 rows not ok" in res.stdout

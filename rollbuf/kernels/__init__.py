@@ -38,6 +38,7 @@ SPLIT_OVERRIDE: bool | None = None
 SHIFT_LOAD_OVERRIDE: bool | None = None
 MAX_CHUNK_OVERRIDE: int | None = None
 BLOCK_N_OVERRIDE: int | None = None
+NUM_WARPS_OVERRIDE: int | None = None
 #: ``0``: never tell the kernel that a stride is 1 (the general-stride code, for A/B runs).
 UNIT_STRIDE_OVERRIDE: int | None = None
 #: Output memory layout: ``None`` = the rule below (time-major outputs for time-major inputs),
@@ -328,7 +329,7 @@ def run(p: Problem):
             ci, co, ws, flags, cnt,
             R, T, Fn, st.num_seg,
             p.gamma, p.lam, p.rho_bar, p.c_bar, p.pg_rho_bar, p.decay)
-    _launch(tiles * st.num_seg, args, const, st.num_warps, ints, (r, v, k, tr, bv, m, lp, tlp, q, x, ci, o1))
+    _launch(tiles * st.num_seg, args, const, NUM_WARPS_OVERRIDE or st.num_warps, ints, (r, v, k, tr, bv, m, lp, tlp, q, x, ci, o1))
     if is_trace:
         return tuple(outs) + (carry_out,), None
     return tuple(outs), carry_out
