@@ -5,6 +5,7 @@
 #   bash benchmarks/gpu_session.sh check   # GPU tests + backward benchmark              (~4 min)
 #   bash benchmarks/gpu_session.sh grid    # masked GAE cases again (in-kernel window end) (~2 min)
 #   bash benchmarks/gpu_session.sh layout  # time-major strategy sweep + checks            (~2 min)
+#   bash benchmarks/gpu_session.sh presolve # split rows: look-back vs three passes (ab.py) (~3 min)
 #
 # Everything it writes goes under $OUT (logs, CSVs). ROLLBUF_COMMIT names the commit in the CSVs.
 set -uo pipefail
@@ -35,5 +36,15 @@ case "${1:-check}" in
   layout)
     timeout 300 python benchmarks/time_major.py --out "$OUT" 2>&1 | tail -24
     ;;
-  *) echo "usage: $0 check|grid|layout"; exit 2 ;;
+  presolve)
+    # PRESOLVE (three passes for split rows) is off until this says it wins; the kernel tests of
+    # the new passes on CUDA first
+    timeout 200 python -m pytest -q -p no:cacheprovider tests/test_kernels.py -k presolve -x 2>&1 | tail -2
+    C=gae:1x16384,gae:1x1048576,gae:8x1048576,gae:64x1048576,gae:256x1048576,gae:64x131072,gae:256x131072
+    C=$C,gae:1x16777216,vtrace:1x1048576,vtrace:256x131072,retrace:64x1048576,gae:256x1048576:mask
+    C=$C,gae:1024x1024:term+trunc:float32:time,gae:512x4096:term+trunc:float32:time
+    timeout 330 python benchmarks/ab.py --out "$OUT" --variants "lookback=,presolve=ROLLBUF_K_PRESOLVE=True" \
+      --cases $C 2>&1 | tail -20
+    ;;
+  *) echo "usage: $0 check|grid|layout|presolve"; exit 2 ;;
 esac

@@ -32,15 +32,22 @@ def _poison_and_chunk(request):
     K.SHIFT_LOAD_OVERRIDE = None
     K.BLOCK_N_OVERRIDE = None
     K.OUTPUT_LAYOUT_OVERRIDE = None
+    K.PRESOLVE = False
+    K.RESOLVE_BLOCK_R = None
 
 
-@pytest.fixture(params=[(False, False), (False, True), (True, False), (True, True)],
-                ids=["walk-gather", "walk-reload", "split-gather", "split-reload"])
+@pytest.fixture(params=[(False, False, False), (False, True, False), (True, False, False), (True, True, False),
+                        (True, False, True), (True, True, True)],
+                ids=["walk-gather", "walk-reload", "split-gather", "split-reload", "presolve-gather",
+                     "presolve-reload"])
 def split(request):
-    """Rows walked in chunks by one program, or split across programs (decoupled look-back); the
-    exclusive state from an in-register shift, or from re-loading the neighbouring step."""
-    K.SPLIT_OVERRIDE, K.SHIFT_LOAD_OVERRIDE = request.param
-    return request.param
+    """Rows walked in chunks by one program, or split across programs (one pass chained by the
+    decoupled look-back, or three passes with the chunk carries resolved in between, two chunks per
+    block of the middle pass so that it loops); the exclusive state from an in-register shift, or
+    from re-loading the neighbouring step."""
+    K.SPLIT_OVERRIDE, K.SHIFT_LOAD_OVERRIDE, K.PRESOLVE = request.param
+    K.RESOLVE_BLOCK_R = 2 if K.PRESOLVE else None
+    return request.param[:2]
 
 
 def make(N, T, mix, *, dtype=torch.float32, seed=0, device=DEV, flag_dtype=torch.bool):

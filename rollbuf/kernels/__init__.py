@@ -12,7 +12,8 @@ left clean by every launch.
 Strategy per shape (:func:`strategy`): short rows are tiled many to a program; rows up to
 ``MAX_CHUNK`` steps are one chunk; longer rows are walked in chunks by one program when there are
 enough rows to fill the GPU, and otherwise split across programs, one chunk each, chained by a
-decoupled look-back. Time-major inputs get tiles that span rows (adjacent in memory): 16 × T tiles
+decoupled look-back (or, with ``PRESOLVE``, in three passes: chunk aggregates, one scan of them per
+row tile, outputs). Time-major inputs get tiles that span rows (adjacent in memory): 16 × T tiles
 up to 128 steps and 32 × 128 split tiles beyond when rows are few, 16-row walking tiles when many.
 The measurements behind both tables are in docs/benchmarks.md.
 """
@@ -39,6 +40,10 @@ SHIFT_LOAD_OVERRIDE: bool | None = None
 MAX_CHUNK_OVERRIDE: int | None = None
 BLOCK_N_OVERRIDE: int | None = None
 NUM_WARPS_OVERRIDE: int | None = None
+#: Split rows in three passes (chunk aggregates; one scan over them per row tile; outputs) instead
+#: of one pass chained by the decoupled look-back. Off by default: not yet timed on a GPU.
+PRESOLVE: bool = False
+RESOLVE_BLOCK_R: int | None = None  # chunks per block of the middle pass (tests force it small)
 #: ``0``: never tell the kernel that a stride is 1 (the general-stride code, for A/B runs).
 UNIT_STRIDE_OVERRIDE: int | None = None
 #: Output memory layout: ``None`` = the rule below (time-major outputs for time-major inputs),
@@ -170,7 +175,8 @@ def output_buffers(src: torch.Tensor, feat: tuple, dtype: torch.dtype, n: int) -
 #: Launch cached compiled kernels directly (``False``: always through Triton's JIT launch).
 LEAN_LAUNCH = True
 _CONST_NAMES = ("FAMILY", "HAS_V", "HAS_K", "HAS_TR", "BOOT", "HAS_M", "CARRY_IN", "WRITE_CARRY", "TWO_OUT",
-                "ADV_OUT", "ACC", "BLOCK_N", "BLOCK_T", "REVERSE", "SPLIT", "SHIFT_LOAD", "SINGLE", "UNIT")
+                "ADV_OUT", "ACC", "BLOCK_N", "BLOCK_T", "REVERSE", "SPLIT", "SHIFT_LOAD", "SINGLE", "UNIT",
+                "PHASE")
 _COMPILED: dict[tuple, tuple] = {}
 _DRIVER: list = []  # (get_current_device, get_current_stream, knobs.runtime) once Triton is loaded
 
@@ -329,7 +335,19 @@ def run(p: Problem):
             ci, co, ws, flags, cnt,
             R, T, Fn, st.num_seg,
             p.gamma, p.lam, p.rho_bar, p.c_bar, p.pg_rho_bar, p.decay)
-    _launch(tiles * st.num_seg, args, const, NUM_WARPS_OVERRIDE or st.num_warps, ints, (r, v, k, tr, bv, m, lp, tlp, q, x, ci, o1))
+    warps = NUM_WARPS_OVERRIDE or st.num_warps
+    user = (r, v, k, tr, bv, m, lp, tlp, q, x, ci, o1)
+    if st.split and PRESOLVE:
+        from rollbuf.kernels.scan import resolve_kernel
+
+        pair = p.family == "vtrace"
+        br = RESOLVE_BLOCK_R or max(1, min(_pow2(st.num_seg - 1), (2048 if pair else 4096) // st.block_n))
+        _launch(tiles * st.num_seg, args, const + (1,), warps, ints, user)
+        resolve_kernel[(tiles,)](ws, st.num_seg, BLOCK_N=st.block_n, BLOCK_R=br, PAIR=pair,
+                                 num_warps=max(1, min(8, br * st.block_n // 256)))
+        _launch(tiles * st.num_seg, args, const + (2,), warps, ints, user)
+    else:
+        _launch(tiles * st.num_seg, args, const + (0,), warps, ints, user)
     if is_trace:
         return tuple(outs) + (carry_out,), None
     return tuple(outs), carry_out

@@ -63,6 +63,18 @@ def variants() -> list[dict]:
             c = dict(HAS_K=True, HAS_TR=True, HAS_M=True, WRITE_CARRY=False, REVERSE=True, UNIT=1,
                      **dict(fams[fam], CARRY_IN=3), **modes[mode])
             out.append(dict(name=f"{fam}/{mode}/fp32-mask-window-end", dtype="fp32", cx=c))
+    # split rows in three passes (PHASE 1: aggregates, PHASE 2: outputs) and the middle pass
+    for fam in ("gae", "vtrace", "retrace", "traces"):
+        for mode in ("split-gather", "split-reload"):
+            for phase in (1, 2):
+                reverse = fams[fam]["FAMILY"] not in (3, 5)
+                c = dict(HAS_K=True, HAS_TR=True, HAS_M=True, WRITE_CARRY=True, REVERSE=reverse, UNIT=1,
+                         PHASE=phase, **fams[fam], **modes[mode])
+                out.append(dict(name=f"{fam}/{mode}/fp32-phase{phase}", dtype="fp32", cx=c))
+    for pair in (False, True):
+        for bn, br in ((1, 2048), (32, 64)):
+            out.append(dict(name=f"resolve/{'pair' if pair else 'scalar'}/{bn}x{br}", kernel="resolve",
+                            cx=dict(BLOCK_N=bn, BLOCK_R=br, PAIR=pair)))
     # bf16 inputs, no flags at all, no mask
     for fam in ("gae", "vtrace", "lambda_adjoint"):
         c = dict(HAS_K=False, HAS_TR=False, HAS_M=False, WRITE_CARRY=False, REVERSE=fam != "lambda_adjoint",
@@ -82,7 +94,10 @@ def compile_one(v: dict, arch: int = 90) -> tuple[str, float, str]:
 
     if not hasattr(scan_kernel, "fn") or type(scan_kernel).__name__ == "InterpretedFunction":
         return v["name"], 0.0, "TRITON_INTERPRET is set: nothing to compile"
+    if v.get("kernel") == "resolve":
+        return _compile_resolve(v, arch)
     cx = dict(v["cx"])
+    cx.setdefault("PHASE", 0)
     warps = cx.pop("_warps")
     cx["ACC"] = float32
     params = list(inspect.signature(scan_kernel.fn).parameters)
@@ -112,6 +127,29 @@ def compile_one(v: dict, arch: int = 90) -> tuple[str, float, str]:
         k = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=warps))
         err = "" if k.asm.get("cubin") else "no cubin produced"
     except Exception as e:  # reported per variant
+        err = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"[:300]
+    return v["name"], time.perf_counter() - t0, err
+
+
+def _compile_resolve(v: dict, arch: int) -> tuple[str, float, str]:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from rollbuf.kernels.scan import resolve_kernel
+
+    if type(resolve_kernel).__name__ == "InterpretedFunction":
+        return v["name"], 0.0, "TRITON_INTERPRET is set: nothing to compile"
+    cx = v["cx"]
+    params = list(inspect.signature(resolve_kernel.fn).parameters)
+    sig = {"p_ws": "*fp32", "NUM_SEG": "i32", **{k: "constexpr" for k in cx}}
+    src = ASTSource(resolve_kernel, sig, constexprs={(params.index(k),): val for k, val in cx.items()})
+    t0 = time.perf_counter()
+    try:
+        warps = max(1, min(8, cx["BLOCK_R"] * cx["BLOCK_N"] // 256))
+        k = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=warps))
+        err = "" if k.asm.get("cubin") else "no cubin produced"
+    except Exception as e:
         err = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"[:300]
     return v["name"], time.perf_counter() - t0, err
 

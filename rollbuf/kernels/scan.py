@@ -326,7 +326,7 @@ def scan_kernel(
     BOOT: tl.constexpr, HAS_M: tl.constexpr, CARRY_IN: tl.constexpr, WRITE_CARRY: tl.constexpr,
     TWO_OUT: tl.constexpr, ADV_OUT: tl.constexpr, ACC: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, REVERSE: tl.constexpr, SPLIT: tl.constexpr,
-    SHIFT_LOAD: tl.constexpr, SINGLE: tl.constexpr, UNIT: tl.constexpr,
+    SHIFT_LOAD: tl.constexpr, SINGLE: tl.constexpr, UNIT: tl.constexpr, PHASE: tl.constexpr,
 ):
     """One program = a tile of ``BLOCK_N`` rows (``R = N·F`` rows in all) and either the whole row,
     walked in ``BLOCK_T`` chunks with the carry in registers (``SPLIT`` off), or one chunk of it
@@ -335,6 +335,12 @@ def scan_kernel(
     CARRY_IN: 0 = zero (terminal window end, forward default), 1 = V(s_T) read at the last column
     (0 if that step terminated), 2 = explicit carry / initial from ``p_ci``, 3 = V(s_T) read at the
     last unmasked step of each row (0 if that step terminated).
+
+    PHASE (split rows only): 0 = one pass, chunks chained by the decoupled look-back; 1 = the first
+    of three passes: every chunk stores its aggregate map (the first chunk in scan order: its
+    inclusive state, from the row's carry in) and writes nothing else; :func:`resolve_kernel`
+    then turns the aggregates into every chunk's inclusive state; 2 = the last pass: every chunk
+    reads its predecessor's inclusive state and writes its outputs. No atomics, no waiting.
 
     UNIT: 1 = every field read along time and every output has time stride 1 (env-major), 2 = row
     stride 1 (time-major); both with one feature. That stride (and F) becomes the constant 1, so the compiler knows
@@ -398,7 +404,10 @@ def scan_kernel(
         # that started before it, so the look-back cannot deadlock
         # consecutive tickets go to different row tiles at the same rank, so that the programs in
         # flight advance many rows' chains at once instead of queueing along one row
-        vid = tl.atomic_add(p_cnt, 1).to(tl.int64)
+        if PHASE == 0:
+            vid = tl.atomic_add(p_cnt, 1).to(tl.int64)
+        else:  # the passes never wait on each other inside a launch
+            vid = tl.program_id(0).to(tl.int64)
         tiles = tl.cdiv(R, BLOCK_N)
         tile = vid % tiles
         rank = vid // tiles  # 0 = first in scan order
@@ -483,7 +492,23 @@ def scan_kernel(
         o_b = tl.arange(0, BLOCK_N)
         slot = tile * NUM_SEG + rank
         p_slot = p_ws + slot * (7 * BLOCK_N) + o_b
-        if rank > 0:
+        if PHASE == 2:  # the predecessor's inclusive state, resolved by the earlier passes
+            if rank > 0:
+                p_pr = p_ws + (slot - 1) * (7 * BLOCK_N) + o_b
+                cu = tl.load(p_pr + 5 * BLOCK_N)
+                cv = tl.load(p_pr + 6 * BLOCK_N)
+        elif PHASE == 1:
+            if rank > 0:
+                tl.store(p_slot, g0)
+                tl.store(p_slot + BLOCK_N, g1)
+                tl.store(p_slot + 2 * BLOCK_N, g2)
+                tl.store(p_slot + 3 * BLOCK_N, g3)
+                tl.store(p_slot + 4 * BLOCK_N, g4)
+            else:
+                iu0, iv0 = _apply(g0, g1, g2, g3, g4, cu, cv, PAIR)
+                tl.store(p_slot + 5 * BLOCK_N, iu0)
+                tl.store(p_slot + 6 * BLOCK_N, iv0)
+        elif rank > 0:
             # publish the aggregate (flag 1), then look back for the carry
             tl.store(p_slot, g0)
             tl.store(p_slot + BLOCK_N, g1)
@@ -518,40 +543,43 @@ def scan_kernel(
                     a4 = tl.load(p_pr + 4 * BLOCK_N, volatile=True)
                     m0, m1, m2, m3, m4 = _compose_maps(m0, m1, m2, m3, m4, a0, a1, a2, a3, a4, PAIR)
                     pr -= 1
-        # publish the inclusive state (flag 2)
-        iu, iv = _apply(g0, g1, g2, g3, g4, cu, cv, PAIR)
-        tl.store(p_slot + 5 * BLOCK_N, iu)
-        tl.store(p_slot + 6 * BLOCK_N, iv)
-        tl.debug_barrier()
-        tl.atomic_xchg(p_flag + slot, 2, sem="release")
-        iu, iv = _apply(e0, e1, e2, e3, e4, cu[:, None], cv[:, None], PAIR)
-        if SHIFT_LOAD:
-            zu, zv = iu, iv
-        else:
-            zu = _shift(iu, cu[:, None], lanes, REVERSE, BLOCK_T)
-            if PAIR:
-                zv = _shift(iv, cv[:, None], lanes, REVERSE, BLOCK_T)
+        if PHASE == 0:
+            # publish the inclusive state (flag 2)
+            iu, iv = _apply(g0, g1, g2, g3, g4, cu, cv, PAIR)
+            tl.store(p_slot + 5 * BLOCK_N, iu)
+            tl.store(p_slot + 6 * BLOCK_N, iv)
+            tl.debug_barrier()
+            tl.atomic_xchg(p_flag + slot, 2, sem="release")
+        if PHASE != 1:
+            iu, iv = _apply(e0, e1, e2, e3, e4, cu[:, None], cv[:, None], PAIR)
+            if SHIFT_LOAD:
+                zu, zv = iu, iv
             else:
-                zv = zu
-        _emit_chunk(
-            start, n, f, rows, row_ok2, lanes, zu, zv, iu, iv,
-            p_r, s_r_n, s_r_t, p_v, s_v_n, s_v_t, p_k, s_k_n, s_k_t, p_tr, s_tr_n, s_tr_t,
-            p_bv, s_bv_n, s_bv_t, b_bv_row, p_m, s_m_n, s_m_t,
-            p_lp, s_lp_n, s_lp_t, p_tlp, s_tlp_n, s_tlp_t, p_q, s_q_n, s_q_t, p_x, s_x_n, s_x_t, s_x_f,
-            p_o1, p_o2, s_o_n, s_o_t, s_o_f, p_co,
-            T, gamma, lam, rho_bar, c_bar, pg_rho_bar, decay,
-            FAMILY, HAS_V, HAS_K, HAS_TR, BOOT, HAS_M, ACC, REVERSE, WRITE_CARRY, TWO_OUT, ADV_OUT,
-            not SHIFT_LOAD)
-        # the last program to finish leaves the workspace clean for the next launch
-        tl.debug_barrier()
-        total = tl.cdiv(R, BLOCK_N) * NUM_SEG
-        done = tl.atomic_add(p_cnt + 1, 1, sem="acq_rel")
-        if done == total - 1:
-            for i in range(0, total, 1024):
-                o_i = i + tl.arange(0, 1024)
-                tl.store(p_flag + o_i, 0, mask=o_i < total)
-            tl.store(p_cnt, 0)
-            tl.store(p_cnt + 1, 0)
+                zu = _shift(iu, cu[:, None], lanes, REVERSE, BLOCK_T)
+                if PAIR:
+                    zv = _shift(iv, cv[:, None], lanes, REVERSE, BLOCK_T)
+                else:
+                    zv = zu
+            _emit_chunk(
+                start, n, f, rows, row_ok2, lanes, zu, zv, iu, iv,
+                p_r, s_r_n, s_r_t, p_v, s_v_n, s_v_t, p_k, s_k_n, s_k_t, p_tr, s_tr_n, s_tr_t,
+                p_bv, s_bv_n, s_bv_t, b_bv_row, p_m, s_m_n, s_m_t,
+                p_lp, s_lp_n, s_lp_t, p_tlp, s_tlp_n, s_tlp_t, p_q, s_q_n, s_q_t, p_x, s_x_n, s_x_t, s_x_f,
+                p_o1, p_o2, s_o_n, s_o_t, s_o_f, p_co,
+                T, gamma, lam, rho_bar, c_bar, pg_rho_bar, decay,
+                FAMILY, HAS_V, HAS_K, HAS_TR, BOOT, HAS_M, ACC, REVERSE, WRITE_CARRY, TWO_OUT, ADV_OUT,
+                not SHIFT_LOAD)
+        if PHASE == 0:
+            # the last program to finish leaves the workspace clean for the next launch
+            tl.debug_barrier()
+            total = tl.cdiv(R, BLOCK_N) * NUM_SEG
+            done = tl.atomic_add(p_cnt + 1, 1, sem="acq_rel")
+            if done == total - 1:
+                for i in range(0, total, 1024):
+                    o_i = i + tl.arange(0, 1024)
+                    tl.store(p_flag + o_i, 0, mask=o_i < total)
+                tl.store(p_cnt, 0)
+                tl.store(p_cnt + 1, 0)
     else:
         num_chunks = (T + BLOCK_T - 1) // BLOCK_T
         for i in range(0, num_chunks):
@@ -588,3 +616,43 @@ def scan_kernel(
                 cu = _edge(iu, lanes, EDGE)
                 if PAIR:
                     cv = _edge(iv, lanes, EDGE)
+
+
+@triton.jit
+def resolve_kernel(p_ws, NUM_SEG, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, PAIR: tl.constexpr):
+    """The middle pass of a three-pass split (``PHASE``): in each row tile, every chunk's inclusive
+    state, from the first chunk's (stored by pass 1 with the row's carry in) and the later chunks'
+    aggregate maps — a scan over the chunks in scan order, ``BLOCK_R`` of them at a time, the state
+    carried between blocks. Workspace slot ``tile · NUM_SEG + rank`` holds 7 × BLOCK_N values: the
+    map's five components, then the inclusive state (u, v)."""
+    tile = tl.program_id(0).to(tl.int64)
+    o_b = tl.arange(0, BLOCK_N)[None, :]
+    base = p_ws + tile * NUM_SEG * (7 * BLOCK_N)
+    cu = tl.load(base + 5 * BLOCK_N + o_b)  # [1, BLOCK_N]
+    cv = tl.load(base + 6 * BLOCK_N + o_b)
+    ranks = tl.arange(0, BLOCK_R)[:, None]
+    last = ranks == BLOCK_R - 1
+    for r0 in range(1, NUM_SEG, BLOCK_R):
+        rr = r0 + ranks
+        ok = (rr < NUM_SEG) & (o_b >= 0)
+        p = base + rr * (7 * BLOCK_N) + o_b
+        if PAIR:  # identity past the last chunk: (1, 0, 1, 0, 0)
+            a0 = tl.load(p, mask=ok, other=1.0)
+            a1 = tl.load(p + BLOCK_N, mask=ok, other=0.0)
+            a2 = tl.load(p + 2 * BLOCK_N, mask=ok, other=1.0)
+            a3 = tl.load(p + 3 * BLOCK_N, mask=ok, other=0.0)
+            a4 = tl.load(p + 4 * BLOCK_N, mask=ok, other=0.0)
+            m0, m1, m2, m3, m4 = tl.associative_scan((a0, a1, a2, a3, a4), 0, _combine_pair)
+        else:  # identity: (0, 1)
+            a0 = tl.load(p, mask=ok, other=0.0)
+            a1 = tl.load(p + BLOCK_N, mask=ok, other=1.0)
+            m0, m1 = tl.associative_scan((a0, a1), 0, _combine)
+            m2 = m0
+            m3 = m0
+            m4 = m0
+        su, sv = _apply(m0, m1, m2, m3, m4, cu, cv, PAIR)
+        tl.store(p + 5 * BLOCK_N, su, mask=ok)
+        tl.store(p + 6 * BLOCK_N, sv, mask=ok)
+        # padded chunks are the identity: the state at the block's last lane is the carry
+        cu = tl.sum(tl.where(last, su, 0.0), axis=0)[None, :]
+        cv = tl.sum(tl.where(last, sv, 0.0), axis=0)[None, :]
