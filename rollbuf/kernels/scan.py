@@ -313,6 +313,45 @@ def _edge(x, lanes, EDGE: tl.constexpr):
 
 
 @triton.jit
+def _carry_and_emit(
+    e0, e1, e2, e3, e4, cu, cv, start, n, f, rows, row_ok, lanes,
+    p_r, s_r_n, s_r_t, p_v, s_v_n, s_v_t, p_k, s_k_n, s_k_t, p_tr, s_tr_n, s_tr_t,
+    p_bv, s_bv_n, s_bv_t, b_bv_row, p_m, s_m_n, s_m_t,
+    p_lp, s_lp_n, s_lp_t, p_tlp, s_tlp_n, s_tlp_t, p_q, s_q_n, s_q_t, p_x, s_x_n, s_x_t, s_x_f,
+    p_o1, p_o2, s_o_n, s_o_t, s_o_f, p_co,
+    T, gamma, lam, rho_bar, c_bar, pg_rho_bar, decay,
+    FAMILY: tl.constexpr, HAS_V: tl.constexpr, HAS_K: tl.constexpr, HAS_TR: tl.constexpr,
+    BOOT: tl.constexpr, HAS_M: tl.constexpr, ACC: tl.constexpr, REVERSE: tl.constexpr,
+    WRITE_CARRY: tl.constexpr, TWO_OUT: tl.constexpr, ADV_OUT: tl.constexpr,
+    SHIFT_LOAD: tl.constexpr, BLOCK_T: tl.constexpr,
+):
+    """A chunk's scan ``e`` applied to the carry into it ``(cu, cv)``: the inclusive state at every
+    lane, the exclusive one (the scan of the neighbours' maps itself with ``SHIFT_LOAD``, else the
+    inclusive one shifted by a lane in registers), and the chunk's outputs written. Returns the
+    inclusive state."""
+    PAIR: tl.constexpr = FAMILY == 2
+    iu, iv = _apply(e0, e1, e2, e3, e4, cu[:, None], cv[:, None], PAIR)
+    if SHIFT_LOAD:
+        zu, zv = iu, iv
+    else:
+        zu = _shift(iu, cu[:, None], lanes, REVERSE, BLOCK_T)
+        if PAIR:
+            zv = _shift(iv, cv[:, None], lanes, REVERSE, BLOCK_T)
+        else:
+            zv = zu
+    _emit_chunk(
+        start, n, f, rows, row_ok, lanes, zu, zv, iu, iv,
+        p_r, s_r_n, s_r_t, p_v, s_v_n, s_v_t, p_k, s_k_n, s_k_t, p_tr, s_tr_n, s_tr_t,
+        p_bv, s_bv_n, s_bv_t, b_bv_row, p_m, s_m_n, s_m_t,
+        p_lp, s_lp_n, s_lp_t, p_tlp, s_tlp_n, s_tlp_t, p_q, s_q_n, s_q_t, p_x, s_x_n, s_x_t, s_x_f,
+        p_o1, p_o2, s_o_n, s_o_t, s_o_f, p_co,
+        T, gamma, lam, rho_bar, c_bar, pg_rho_bar, decay,
+        FAMILY, HAS_V, HAS_K, HAS_TR, BOOT, HAS_M, ACC, REVERSE, WRITE_CARRY, TWO_OUT, ADV_OUT,
+        not SHIFT_LOAD)
+    return iu, iv
+
+
+@triton.jit
 def scan_kernel(
     p_r, s_r_n, s_r_t, p_v, s_v_n, s_v_t, p_k, s_k_n, s_k_t, p_tr, s_tr_n, s_tr_t,
     p_bv, s_bv_n, s_bv_t, p_m, s_m_n, s_m_t,
@@ -551,24 +590,15 @@ def scan_kernel(
             tl.debug_barrier()
             tl.atomic_xchg(p_flag + slot, 2, sem="release")
         if PHASE != 1:
-            iu, iv = _apply(e0, e1, e2, e3, e4, cu[:, None], cv[:, None], PAIR)
-            if SHIFT_LOAD:
-                zu, zv = iu, iv
-            else:
-                zu = _shift(iu, cu[:, None], lanes, REVERSE, BLOCK_T)
-                if PAIR:
-                    zv = _shift(iv, cv[:, None], lanes, REVERSE, BLOCK_T)
-                else:
-                    zv = zu
-            _emit_chunk(
-                start, n, f, rows, row_ok2, lanes, zu, zv, iu, iv,
+            _carry_and_emit(
+                e0, e1, e2, e3, e4, cu, cv, start, n, f, rows, row_ok2, lanes,
                 p_r, s_r_n, s_r_t, p_v, s_v_n, s_v_t, p_k, s_k_n, s_k_t, p_tr, s_tr_n, s_tr_t,
                 p_bv, s_bv_n, s_bv_t, b_bv_row, p_m, s_m_n, s_m_t,
                 p_lp, s_lp_n, s_lp_t, p_tlp, s_tlp_n, s_tlp_t, p_q, s_q_n, s_q_t, p_x, s_x_n, s_x_t, s_x_f,
                 p_o1, p_o2, s_o_n, s_o_t, s_o_f, p_co,
                 T, gamma, lam, rho_bar, c_bar, pg_rho_bar, decay,
                 FAMILY, HAS_V, HAS_K, HAS_TR, BOOT, HAS_M, ACC, REVERSE, WRITE_CARRY, TWO_OUT, ADV_OUT,
-                not SHIFT_LOAD)
+                SHIFT_LOAD, BLOCK_T)
         if PHASE == 0:
             # the last program to finish leaves the workspace clean for the next launch
             tl.debug_barrier()
@@ -594,24 +624,15 @@ def scan_kernel(
                 p_lp, s_lp_n, s_lp_t, p_tlp, s_tlp_n, s_tlp_t, p_q, s_q_n, s_q_t, p_x, s_x_n, s_x_t, s_x_f,
                 T, gamma, lam, rho_bar, c_bar, decay,
                 FAMILY, HAS_V, HAS_K, HAS_TR, BOOT, HAS_M, ACC, REVERSE, D)
-            iu, iv = _apply(e0, e1, e2, e3, e4, cu[:, None], cv[:, None], PAIR)
-            if SHIFT_LOAD:
-                zu, zv = iu, iv
-            else:
-                zu = _shift(iu, cu[:, None], lanes, REVERSE, BLOCK_T)
-                if PAIR:
-                    zv = _shift(iv, cv[:, None], lanes, REVERSE, BLOCK_T)
-                else:
-                    zv = zu
-            _emit_chunk(
-                start, n, f, rows, row_ok2, lanes, zu, zv, iu, iv,
+            iu, iv = _carry_and_emit(
+                e0, e1, e2, e3, e4, cu, cv, start, n, f, rows, row_ok2, lanes,
                 p_r, s_r_n, s_r_t, p_v, s_v_n, s_v_t, p_k, s_k_n, s_k_t, p_tr, s_tr_n, s_tr_t,
                 p_bv, s_bv_n, s_bv_t, b_bv_row, p_m, s_m_n, s_m_t,
                 p_lp, s_lp_n, s_lp_t, p_tlp, s_tlp_n, s_tlp_t, p_q, s_q_n, s_q_t, p_x, s_x_n, s_x_t, s_x_f,
                 p_o1, p_o2, s_o_n, s_o_t, s_o_f, p_co,
                 T, gamma, lam, rho_bar, c_bar, pg_rho_bar, decay,
                 FAMILY, HAS_V, HAS_K, HAS_TR, BOOT, HAS_M, ACC, REVERSE, WRITE_CARRY, TWO_OUT, ADV_OUT,
-            not SHIFT_LOAD)
+                SHIFT_LOAD, BLOCK_T)
             if not SINGLE:  # the state at the chunk's edge carries into the next chunk
                 cu = _edge(iu, lanes, EDGE)
                 if PAIR:
