@@ -178,6 +178,7 @@ _CONST_NAMES = ("FAMILY", "HAS_V", "HAS_K", "HAS_TR", "BOOT", "HAS_M", "CARRY_IN
                 "ADV_OUT", "ACC", "BLOCK_N", "BLOCK_T", "REVERSE", "SPLIT", "SHIFT_LOAD", "SINGLE", "UNIT",
                 "PHASE")
 _COMPILED: dict[tuple, tuple] = {}
+_COMPILED_MAX = 4096
 _DRIVER: list = []  # (get_current_device, get_current_stream, knobs.runtime) once Triton is loaded
 
 
@@ -215,6 +216,8 @@ def _remember(compiled, args, const, num_warps, ints, user):
     compiled._init_handles()
     device = _DRIVER[0][0]()
     key = (device, const, num_warps, ints, tuple((t.dtype, t.data_ptr() % 16 == 0) for t in user))
+    if len(_COMPILED) >= _COMPILED_MAX:  # exact shapes are in the key: varying shapes (LLM batches
+        _COMPILED.clear()  # of varying length) must not grow it without bound; a miss costs one JIT launch
     _COMPILED[key] = (compiled, compiled.function, compiled.packed_metadata)
 
 
