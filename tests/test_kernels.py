@@ -360,6 +360,76 @@ def test_more_than_2_31_elements():
     assert rel_err(ret[rows], ref.returns) < 2e-2
 
 
+@pytest.mark.skipif(CUDA, reason="fakes the compiled kernel; on a GPU test_lean_launch_respecializes runs the real one")
+def test_lean_launch_bookkeeping(monkeypatch):
+    """The lean launch's cache on the CPU, with a stand-in for Triton's compiled kernel that runs the
+    interpreted one: the first call of a specialisation goes through the JIT launch, later ones are
+    launched directly with the same arguments; a misaligned input, another dtype or another shape is
+    a miss; a full cache is cleared; every result equals the reference."""
+    import inspect
+    import types
+
+    import rollbuf.kernels.scan as S
+
+    real = S.scan_kernel
+    n_rt = len(inspect.signature(real.fn).parameters) - len(K._CONST_NAMES)
+    calls = {"jit": 0, "direct": 0}
+
+    class Compiled:
+        packed_metadata, function = object(), object()
+
+        def _init_handles(self):
+            pass
+
+        def launch_metadata(self, *a):
+            return None
+
+        def run(self, g0, g1, g2, stream, function, meta, lm, enter, exit_, *args):
+            assert (g1, g2, stream, function, meta) == (1, 1, "stream", self.function, self.packed_metadata)
+            calls["direct"] += 1
+            real[(g0,)](*args[:n_rt], **dict(zip(K._CONST_NAMES, args[n_rt:])))
+
+    class Jit:
+        def __getitem__(self, grid):
+            def launch(*a, num_warps=None, **kw):
+                calls["jit"] += 1
+                real[grid](*a, **kw)
+                return Compiled()
+            return launch
+
+    monkeypatch.setattr(S, "scan_kernel", Jit())
+    hooks = types.SimpleNamespace(launch_enter_hook=None, launch_exit_hook=None)
+    monkeypatch.setattr(K, "_DRIVER", [(lambda: 0, lambda device: "stream", hooks)])
+    monkeypatch.setattr(K, "_COMPILED", {})
+    f = make(3, 37, "term+trunc+mask", seed=9)
+    ref = call("gae", f, "reference")
+
+    def offset(x):  # same values, one element in: not 16-byte aligned
+        y = torch.empty(x.numel() + 1, dtype=x.dtype)[1:].view(x.shape)
+        return y.copy_(x)
+
+    def check(fields, jit, direct):
+        before = dict(calls)
+        assert_ref(call("gae", fields, "triton"), ref, 1e-5)
+        assert (calls["jit"] - before["jit"], calls["direct"] - before["direct"]) == (jit, direct)
+
+    check(f, 1, 0)  # compiled, remembered
+    check(f, 0, 1)  # hit
+    check(dict(f, rewards=offset(f["rewards"])), 1, 0)  # alignment differs: miss
+    check(dict(f, rewards=offset(f["rewards"])), 0, 1)
+    check(dict(f, terminated=f["terminated"].to(torch.uint8)), 1, 0)  # dtype differs: miss
+    check(f, 0, 1)
+    assert len(K._COMPILED) == 3
+    monkeypatch.setattr(K, "_COMPILED_MAX", 3)
+    check(dict(f, values=offset(f["values"])), 1, 0)  # a fourth key: the cache starts over
+    assert len(K._COMPILED) == 1
+    check(f, 1, 0)
+    monkeypatch.setattr(K, "_COMPILED_MAX", 4096)
+    K.SPLIT_OVERRIDE, K.PRESOLVE = True, True  # two scan launches per call, each its own key
+    check(f, 2, 0)
+    check(f, 0, 2)
+
+
 @pytest.mark.gpu
 def test_lean_launch_respecializes():
     """The cached compiled kernels (``LEAN_LAUNCH``) are reused only for calls Triton would
