@@ -34,6 +34,7 @@ def _poison_and_chunk(request):
     K.OUTPUT_LAYOUT_OVERRIDE = None
     K.PRESOLVE = False
     K.RESOLVE_BLOCK_R = None
+    K.EARLY_LOADS = False
 
 
 @pytest.fixture(params=[(False, False, False), (False, True, False), (True, False, False), (True, True, False),
@@ -147,6 +148,21 @@ def assert_ref(outs, ref, tol):
 @pytest.mark.parametrize("name", ESTIMATORS)
 def test_matches_reference(name, mix, shape, split):
     f = make(*shape, mix, seed=zlib.crc32(f"{name}-{mix}-{shape}".encode()))
+    assert_ref(call(name, f, "triton"), call(name, f, "reference"), 1e-5)
+
+
+@pytest.mark.parametrize("mode", ["walk-gather", "walk-reload", "split-reload", "presolve-gather"])
+@pytest.mark.parametrize("mix", MIXES)
+@pytest.mark.parametrize("name", ESTIMATORS)
+def test_early_loads(name, mix, mode):
+    """``EARLY_LOADS``: the outputs' fields loaded before the scan give the reference result in
+    every strategy."""
+    K.EARLY_LOADS = True
+    K.SPLIT_OVERRIDE = not mode.startswith("walk")
+    K.SHIFT_LOAD_OVERRIDE = mode.endswith("reload")
+    K.PRESOLVE = mode.startswith("presolve")
+    K.RESOLVE_BLOCK_R = 2 if K.PRESOLVE else None
+    f = make(2, 65, mix, seed=zlib.crc32(f"early-{name}-{mix}".encode()))
     assert_ref(call(name, f, "triton"), call(name, f, "reference"), 1e-5)
 
 

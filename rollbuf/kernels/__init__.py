@@ -44,6 +44,9 @@ NUM_WARPS_OVERRIDE: int | None = None
 #: of one pass chained by the decoupled look-back. Off by default: not yet timed on a GPU.
 PRESOLVE: bool = False
 RESOLVE_BLOCK_R: int | None = None  # chunks per block of the middle pass (tests force it small)
+#: Load the fields a chunk's outputs read before its scan instead of after it (overlap their
+#: latency with the scan, at the cost of registers held across it). Off by default: not yet timed.
+EARLY_LOADS: bool = False
 #: ``0``: never tell the kernel that a stride is 1 (the general-stride code, for A/B runs).
 UNIT_STRIDE_OVERRIDE: int | None = None
 #: Output memory layout: ``None`` = the rule below (time-major outputs for time-major inputs),
@@ -176,7 +179,7 @@ def output_buffers(src: torch.Tensor, feat: tuple, dtype: torch.dtype, n: int) -
 LEAN_LAUNCH = True
 _CONST_NAMES = ("FAMILY", "HAS_V", "HAS_K", "HAS_TR", "BOOT", "HAS_M", "CARRY_IN", "WRITE_CARRY", "TWO_OUT",
                 "ADV_OUT", "ACC", "BLOCK_N", "BLOCK_T", "REVERSE", "SPLIT", "SHIFT_LOAD", "SINGLE", "UNIT",
-                "PHASE")
+                "PHASE", "EARLY")
 _COMPILED: dict[tuple, tuple] = {}
 _COMPILED_MAX = 4096
 _DRIVER: list = []  # (get_current_device, get_current_stream, knobs.runtime) once Triton is loaded
@@ -345,12 +348,12 @@ def run(p: Problem):
 
         pair = p.family == "vtrace"
         br = RESOLVE_BLOCK_R or max(1, min(_pow2(st.num_seg - 1), (2048 if pair else 4096) // st.block_n))
-        _launch(tiles * st.num_seg, args, const + (1,), warps, ints, user)
+        _launch(tiles * st.num_seg, args, const + (1, EARLY_LOADS), warps, ints, user)
         resolve_kernel[(tiles,)](ws, st.num_seg, BLOCK_N=st.block_n, BLOCK_R=br, PAIR=pair,
                                  num_warps=max(1, min(8, br * st.block_n // 256)))
-        _launch(tiles * st.num_seg, args, const + (2,), warps, ints, user)
+        _launch(tiles * st.num_seg, args, const + (2, EARLY_LOADS), warps, ints, user)
     else:
-        _launch(tiles * st.num_seg, args, const + (0,), warps, ints, user)
+        _launch(tiles * st.num_seg, args, const + (0, EARLY_LOADS), warps, ints, user)
     if is_trace:
         return tuple(outs) + (carry_out,), None
     return tuple(outs), carry_out

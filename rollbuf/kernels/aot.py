@@ -71,6 +71,13 @@ def variants() -> list[dict]:
                 c = dict(HAS_K=True, HAS_TR=True, HAS_M=True, WRITE_CARRY=True, REVERSE=reverse, UNIT=1,
                          PHASE=phase, **fams[fam], **modes[mode])
                 out.append(dict(name=f"{fam}/{mode}/fp32-phase{phase}", dtype="fp32", cx=c))
+    # the emit's fields loaded before the scan (EARLY), in every mode
+    for fam in ("gae", "vtrace", "retrace"):
+        for mode in modes:
+            reverse = fams[fam]["FAMILY"] not in (3, 5)
+            c = dict(HAS_K=True, HAS_TR=True, HAS_M=True, WRITE_CARRY=True, REVERSE=reverse, UNIT=1,
+                     EARLY=True, **fams[fam], **modes[mode])
+            out.append(dict(name=f"{fam}/{mode}/fp32-early", dtype="fp32", cx=c))
     for pair in (False, True):
         for bn, br in ((1, 2048), (32, 64)):
             out.append(dict(name=f"resolve/{'pair' if pair else 'scalar'}/{bn}x{br}", kernel="resolve",
@@ -98,6 +105,7 @@ def compile_one(v: dict, arch: int = 90) -> tuple[str, float, str]:
         return _compile_resolve(v, arch)
     cx = dict(v["cx"])
     cx.setdefault("PHASE", 0)
+    cx.setdefault("EARLY", False)
     warps = cx.pop("_warps")
     cx["ACC"] = float32
     params = list(inspect.signature(scan_kernel.fn).parameters)

@@ -196,8 +196,53 @@ def _scan_chunk(
 
 
 @triton.jit
+def _own_fields(
+    start, n, f, row_ok, lanes,
+    p_r, s_r_n, s_r_t, p_v, s_v_n, s_v_t, p_k, s_k_n, s_k_t, p_tr, s_tr_n, s_tr_t,
+    p_bv, s_bv_n, s_bv_t, b_bv_row, p_m, s_m_n, s_m_t, p_lp, s_lp_n, s_lp_t, p_tlp, s_tlp_n, s_tlp_t,
+    p_x, s_x_n, s_x_t, s_x_f, T,
+    FAMILY: tl.constexpr, HAS_V: tl.constexpr, HAS_K: tl.constexpr, HAS_TR: tl.constexpr,
+    BOOT: tl.constexpr, HAS_M: tl.constexpr, ACC: tl.constexpr,
+):
+    """The fields a chunk's outputs read at its own steps: ``(r, v, k, tr, boot, live, ratio)``
+    (``ratio`` for V-trace only, else ``r`` in its place)."""
+    IS_TRACE: tl.constexpr = (FAMILY == 3) or (FAMILY == 4)
+    o_t = start + lanes
+    ok_t = row_ok & (o_t < T)
+    r, v, k, tr, boot, live = _step_fields(
+        o_t, ok_t, n, f, p_r, s_r_n, s_r_t, p_v, s_v_n, s_v_t, p_k, s_k_n, s_k_t,
+        p_tr, s_tr_n, s_tr_t, p_bv, s_bv_n, s_bv_t, b_bv_row, p_m, s_m_n, s_m_t,
+        p_x, s_x_n, s_x_t, s_x_f, HAS_V, HAS_K, HAS_TR, BOOT, HAS_M, IS_TRACE, ACC)
+    if FAMILY == 2:
+        ratio = _ratio(p_lp, s_lp_n, s_lp_t, p_tlp, s_tlp_n, s_tlp_t, n, o_t, ok_t, live, HAS_M, ACC)
+    else:
+        ratio = r
+    return r, v, k, tr, boot, live, ratio
+
+
+@triton.jit
+def _early_fields(
+    start, n, f, row_ok, lanes,
+    p_r, s_r_n, s_r_t, p_v, s_v_n, s_v_t, p_k, s_k_n, s_k_t, p_tr, s_tr_n, s_tr_t,
+    p_bv, s_bv_n, s_bv_t, b_bv_row, p_m, s_m_n, s_m_t, p_lp, s_lp_n, s_lp_t, p_tlp, s_tlp_n, s_tlp_t,
+    p_x, s_x_n, s_x_t, s_x_f, T,
+    FAMILY: tl.constexpr, HAS_V: tl.constexpr, HAS_K: tl.constexpr, HAS_TR: tl.constexpr,
+    BOOT: tl.constexpr, HAS_M: tl.constexpr, ACC: tl.constexpr, EARLY: tl.constexpr,
+):
+    """:func:`_own_fields` when ``EARLY``, else a placeholder (the emit loads them itself)."""
+    if EARLY:
+        return _own_fields(
+            start, n, f, row_ok, lanes,
+            p_r, s_r_n, s_r_t, p_v, s_v_n, s_v_t, p_k, s_k_n, s_k_t, p_tr, s_tr_n, s_tr_t,
+            p_bv, s_bv_n, s_bv_t, b_bv_row, p_m, s_m_n, s_m_t, p_lp, s_lp_n, s_lp_t, p_tlp, s_tlp_n, s_tlp_t,
+            p_x, s_x_n, s_x_t, s_x_f, T, FAMILY, HAS_V, HAS_K, HAS_TR, BOOT, HAS_M, ACC)
+    else:
+        return start, start, start, start, start, start, start
+
+
+@triton.jit
 def _emit_chunk(
-    start, n, f, rows, row_ok, lanes, zu, zv, iu, iv,
+    start, n, f, rows, row_ok, lanes, zu, zv, iu, iv, own,
     p_r, s_r_n, s_r_t, p_v, s_v_n, s_v_t, p_k, s_k_n, s_k_t, p_tr, s_tr_n, s_tr_t,
     p_bv, s_bv_n, s_bv_t, b_bv_row, p_m, s_m_n, s_m_t,
     p_lp, s_lp_n, s_lp_t, p_tlp, s_tlp_n, s_tlp_t, p_q, s_q_n, s_q_t, p_x, s_x_n, s_x_t, s_x_f,
@@ -206,18 +251,23 @@ def _emit_chunk(
     FAMILY: tl.constexpr, HAS_V: tl.constexpr, HAS_K: tl.constexpr, HAS_TR: tl.constexpr,
     BOOT: tl.constexpr, HAS_M: tl.constexpr, ACC: tl.constexpr, REVERSE: tl.constexpr,
     WRITE_CARRY: tl.constexpr, TWO_OUT: tl.constexpr, ADV_OUT: tl.constexpr, OWN_INCL: tl.constexpr,
+    EARLY: tl.constexpr,
 ):
     """Outputs of one chunk from the steps' own fields and the exclusive state ``(zu, zv)``
     (``Z_{t+1}`` backward, ``F_{t−1}`` forward); writes them once, 0 at masked steps. With
     ``WRITE_CARRY`` the row's carry out (the inclusive state ``(iu, iv)`` at t = 0, or ``final`` at
-    t = T−1) is stored by the chunk that holds that step."""
-    IS_TRACE: tl.constexpr = (FAMILY == 3) or (FAMILY == 4)
+    t = T−1) is stored by the chunk that holds that step. ``EARLY``: the own fields were loaded
+    before the scan (``own``, from :func:`_own_fields`); otherwise they are loaded here."""
     o_t = start + lanes
     ok_t = row_ok & (o_t < T)
-    r, v, k, tr, boot, live = _step_fields(
-        o_t, ok_t, n, f, p_r, s_r_n, s_r_t, p_v, s_v_n, s_v_t, p_k, s_k_n, s_k_t,
-        p_tr, s_tr_n, s_tr_t, p_bv, s_bv_n, s_bv_t, b_bv_row, p_m, s_m_n, s_m_t,
-        p_x, s_x_n, s_x_t, s_x_f, HAS_V, HAS_K, HAS_TR, BOOT, HAS_M, IS_TRACE, ACC)
+    if EARLY:
+        r, v, k, tr, boot, live, ratio = own
+    else:
+        r, v, k, tr, boot, live, ratio = _own_fields(
+            start, n, f, row_ok, lanes,
+            p_r, s_r_n, s_r_t, p_v, s_v_n, s_v_t, p_k, s_k_n, s_k_t, p_tr, s_tr_n, s_tr_t,
+            p_bv, s_bv_n, s_bv_t, b_bv_row, p_m, s_m_n, s_m_t, p_lp, s_lp_n, s_lp_t, p_tlp, s_tlp_n, s_tlp_t,
+            p_x, s_x_n, s_x_t, s_x_f, T, FAMILY, HAS_V, HAS_K, HAS_TR, BOOT, HAS_M, ACC)
     if REVERSE:
         edge = o_t == 0
     else:
@@ -225,7 +275,6 @@ def _emit_chunk(
     if WRITE_CARRY:
         has = (tl.max(edge.to(tl.int32), axis=1) > 0) & (tl.max(row_ok.to(tl.int32), axis=1) > 0)
     if FAMILY == 2:
-        ratio = _ratio(p_lp, s_lp_n, s_lp_t, p_tlp, s_tlp_n, s_tlp_t, n, o_t, ok_t, live, HAS_M, ACC)
         rho = tl.minimum(ratio, rho_bar)
         c = lam * tl.minimum(ratio, c_bar)
         out1, out2 = vtrace_out(r, v, k, tr, boot, rho, c, tl.minimum(ratio, pg_rho_bar), gamma, zu, zv)
@@ -314,7 +363,7 @@ def _edge(x, lanes, EDGE: tl.constexpr):
 
 @triton.jit
 def _carry_and_emit(
-    e0, e1, e2, e3, e4, cu, cv, start, n, f, rows, row_ok, lanes,
+    e0, e1, e2, e3, e4, cu, cv, own, start, n, f, rows, row_ok, lanes,
     p_r, s_r_n, s_r_t, p_v, s_v_n, s_v_t, p_k, s_k_n, s_k_t, p_tr, s_tr_n, s_tr_t,
     p_bv, s_bv_n, s_bv_t, b_bv_row, p_m, s_m_n, s_m_t,
     p_lp, s_lp_n, s_lp_t, p_tlp, s_tlp_n, s_tlp_t, p_q, s_q_n, s_q_t, p_x, s_x_n, s_x_t, s_x_f,
@@ -323,7 +372,7 @@ def _carry_and_emit(
     FAMILY: tl.constexpr, HAS_V: tl.constexpr, HAS_K: tl.constexpr, HAS_TR: tl.constexpr,
     BOOT: tl.constexpr, HAS_M: tl.constexpr, ACC: tl.constexpr, REVERSE: tl.constexpr,
     WRITE_CARRY: tl.constexpr, TWO_OUT: tl.constexpr, ADV_OUT: tl.constexpr,
-    SHIFT_LOAD: tl.constexpr, BLOCK_T: tl.constexpr,
+    SHIFT_LOAD: tl.constexpr, BLOCK_T: tl.constexpr, EARLY: tl.constexpr,
 ):
     """A chunk's scan ``e`` applied to the carry into it ``(cu, cv)``: the inclusive state at every
     lane, the exclusive one (the scan of the neighbours' maps itself with ``SHIFT_LOAD``, else the
@@ -340,14 +389,14 @@ def _carry_and_emit(
         else:
             zv = zu
     _emit_chunk(
-        start, n, f, rows, row_ok, lanes, zu, zv, iu, iv,
+        start, n, f, rows, row_ok, lanes, zu, zv, iu, iv, own,
         p_r, s_r_n, s_r_t, p_v, s_v_n, s_v_t, p_k, s_k_n, s_k_t, p_tr, s_tr_n, s_tr_t,
         p_bv, s_bv_n, s_bv_t, b_bv_row, p_m, s_m_n, s_m_t,
         p_lp, s_lp_n, s_lp_t, p_tlp, s_tlp_n, s_tlp_t, p_q, s_q_n, s_q_t, p_x, s_x_n, s_x_t, s_x_f,
         p_o1, p_o2, s_o_n, s_o_t, s_o_f, p_co,
         T, gamma, lam, rho_bar, c_bar, pg_rho_bar, decay,
         FAMILY, HAS_V, HAS_K, HAS_TR, BOOT, HAS_M, ACC, REVERSE, WRITE_CARRY, TWO_OUT, ADV_OUT,
-        not SHIFT_LOAD)
+        not SHIFT_LOAD, EARLY)
     return iu, iv
 
 
@@ -366,6 +415,7 @@ def scan_kernel(
     TWO_OUT: tl.constexpr, ADV_OUT: tl.constexpr, ACC: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, REVERSE: tl.constexpr, SPLIT: tl.constexpr,
     SHIFT_LOAD: tl.constexpr, SINGLE: tl.constexpr, UNIT: tl.constexpr, PHASE: tl.constexpr,
+    EARLY: tl.constexpr,
 ):
     """One program = a tile of ``BLOCK_N`` rows (``R = N·F`` rows in all) and either the whole row,
     walked in ``BLOCK_T`` chunks with the carry in registers (``SPLIT`` off), or one chunk of it
@@ -380,6 +430,9 @@ def scan_kernel(
     inclusive state, from the row's carry in) and writes nothing else; :func:`resolve_kernel`
     then turns the aggregates into every chunk's inclusive state; 2 = the last pass: every chunk
     reads its predecessor's inclusive state and writes its outputs. No atomics, no waiting.
+
+    EARLY: the fields a chunk's outputs read at its own steps are loaded before its scan, so that
+    their memory latency overlaps the scan (more registers held across it), instead of after it.
 
     UNIT: 1 = every field read along time and every output has time stride 1 (env-major), 2 = row
     stride 1 (time-major); both with one feature. That stride (and F) becomes the constant 1, so the compiler knows
@@ -515,6 +568,11 @@ def scan_kernel(
         else:
             seg = rank
         start = seg * BLOCK_T
+        own = _early_fields(
+            start, n, f, row_ok2, lanes,
+            p_r, s_r_n, s_r_t, p_v, s_v_n, s_v_t, p_k, s_k_n, s_k_t, p_tr, s_tr_n, s_tr_t,
+            p_bv, s_bv_n, s_bv_t, b_bv_row, p_m, s_m_n, s_m_t, p_lp, s_lp_n, s_lp_t, p_tlp, s_tlp_n, s_tlp_t,
+            p_x, s_x_n, s_x_t, s_x_f, T, FAMILY, HAS_V, HAS_K, HAS_TR, BOOT, HAS_M, ACC, EARLY and PHASE != 1)
         e0, e1, e2, e3, e4 = _scan_chunk(
             start, n, f, row_ok2, lanes,
             p_r, s_r_n, s_r_t, p_v, s_v_n, s_v_t, p_k, s_k_n, s_k_t, p_tr, s_tr_n, s_tr_t,
@@ -591,14 +649,14 @@ def scan_kernel(
             tl.atomic_xchg(p_flag + slot, 2, sem="release")
         if PHASE != 1:
             _carry_and_emit(
-                e0, e1, e2, e3, e4, cu, cv, start, n, f, rows, row_ok2, lanes,
+                e0, e1, e2, e3, e4, cu, cv, own, start, n, f, rows, row_ok2, lanes,
                 p_r, s_r_n, s_r_t, p_v, s_v_n, s_v_t, p_k, s_k_n, s_k_t, p_tr, s_tr_n, s_tr_t,
                 p_bv, s_bv_n, s_bv_t, b_bv_row, p_m, s_m_n, s_m_t,
                 p_lp, s_lp_n, s_lp_t, p_tlp, s_tlp_n, s_tlp_t, p_q, s_q_n, s_q_t, p_x, s_x_n, s_x_t, s_x_f,
                 p_o1, p_o2, s_o_n, s_o_t, s_o_f, p_co,
                 T, gamma, lam, rho_bar, c_bar, pg_rho_bar, decay,
                 FAMILY, HAS_V, HAS_K, HAS_TR, BOOT, HAS_M, ACC, REVERSE, WRITE_CARRY, TWO_OUT, ADV_OUT,
-                SHIFT_LOAD, BLOCK_T)
+                SHIFT_LOAD, BLOCK_T, EARLY)
         if PHASE == 0:
             # the last program to finish leaves the workspace clean for the next launch
             tl.debug_barrier()
@@ -617,6 +675,11 @@ def scan_kernel(
                 start = (num_chunks - 1 - i) * BLOCK_T
             else:
                 start = i * BLOCK_T
+            own = _early_fields(
+                start, n, f, row_ok2, lanes,
+                p_r, s_r_n, s_r_t, p_v, s_v_n, s_v_t, p_k, s_k_n, s_k_t, p_tr, s_tr_n, s_tr_t,
+                p_bv, s_bv_n, s_bv_t, b_bv_row, p_m, s_m_n, s_m_t, p_lp, s_lp_n, s_lp_t, p_tlp, s_tlp_n, s_tlp_t,
+                p_x, s_x_n, s_x_t, s_x_f, T, FAMILY, HAS_V, HAS_K, HAS_TR, BOOT, HAS_M, ACC, EARLY)
             e0, e1, e2, e3, e4 = _scan_chunk(
                 start, n, f, row_ok2, lanes,
                 p_r, s_r_n, s_r_t, p_v, s_v_n, s_v_t, p_k, s_k_n, s_k_t, p_tr, s_tr_n, s_tr_t,
@@ -625,14 +688,14 @@ def scan_kernel(
                 T, gamma, lam, rho_bar, c_bar, decay,
                 FAMILY, HAS_V, HAS_K, HAS_TR, BOOT, HAS_M, ACC, REVERSE, D)
             iu, iv = _carry_and_emit(
-                e0, e1, e2, e3, e4, cu, cv, start, n, f, rows, row_ok2, lanes,
+                e0, e1, e2, e3, e4, cu, cv, own, start, n, f, rows, row_ok2, lanes,
                 p_r, s_r_n, s_r_t, p_v, s_v_n, s_v_t, p_k, s_k_n, s_k_t, p_tr, s_tr_n, s_tr_t,
                 p_bv, s_bv_n, s_bv_t, b_bv_row, p_m, s_m_n, s_m_t,
                 p_lp, s_lp_n, s_lp_t, p_tlp, s_tlp_n, s_tlp_t, p_q, s_q_n, s_q_t, p_x, s_x_n, s_x_t, s_x_f,
                 p_o1, p_o2, s_o_n, s_o_t, s_o_f, p_co,
                 T, gamma, lam, rho_bar, c_bar, pg_rho_bar, decay,
                 FAMILY, HAS_V, HAS_K, HAS_TR, BOOT, HAS_M, ACC, REVERSE, WRITE_CARRY, TWO_OUT, ADV_OUT,
-                SHIFT_LOAD, BLOCK_T)
+                SHIFT_LOAD, BLOCK_T, EARLY)
             if not SINGLE:  # the state at the chunk's edge carries into the next chunk
                 cu = _edge(iu, lanes, EDGE)
                 if PAIR:
