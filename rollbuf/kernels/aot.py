@@ -69,8 +69,9 @@ def variants() -> list[dict]:
             for phase in (1, 2):
                 reverse = fams[fam]["FAMILY"] not in (3, 5)
                 c = dict(HAS_K=True, HAS_TR=True, HAS_M=True, WRITE_CARRY=True, REVERSE=reverse, UNIT=1,
-                         PHASE=phase, **fams[fam], **modes[mode])
-                out.append(dict(name=f"{fam}/{mode}/fp32-phase{phase}", dtype="fp32", cx=c))
+                         PHASE=phase, EARLY=fam == "gae", **fams[fam], **modes[mode])
+                out.append(dict(name=f"{fam}/{mode}/fp32-phase{phase}" + ("-early" if fam == "gae" else ""),
+                                dtype="fp32", cx=c))
     # the emit's fields loaded before the scan (EARLY), in every mode
     for fam in ("gae", "vtrace", "retrace"):
         for mode in modes:
