@@ -17,7 +17,7 @@ export TRITON_CACHE_DIR=$PWD/.tcache TORCHINDUCTOR_CACHE_DIR=$PWD/.icache
 python -c "import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name())"
 case "${1:-check}" in
   check)
-    timeout 240 python -m pytest -q -p no:cacheprovider tests/test_autograd.py tests/test_compile.py \
+    timeout 240 python -m pytest -q -p no:cacheprovider tests/test_autograd.py tests/test_compile.py tests/test_docs.py \
       tests/test_kernels.py -m gpu 2>&1 | tee "$OUT/gpu_tests.log" | tail -5
     timeout 150 python -m pytest -q -p no:cacheprovider tests/test_autograd.py -k "triton or variants or equal" \
       2>&1 | tee -a "$OUT/gpu_tests.log" | tail -3
