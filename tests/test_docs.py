@@ -275,3 +275,16 @@ def test_graphed_example_cuda_graph_replays_new_data():
     """On a GPU: the CUDA-graph replay with new data each update equals the eager call."""
     diffs = _graphed_example().main()
     assert {"graph, update 1", "graph, update 2"} <= set(diffs) and all(d < 1e-5 for d in diffs.values()), diffs
+
+
+def test_per_shape_why_table_is_current():
+    """docs/benchmarks.md's per-shape table is what benchmarks/why.py prints from the committed CSVs."""
+    import importlib.util
+
+    root = DOCS.parent
+    spec = importlib.util.spec_from_file_location("why", root / "benchmarks" / "why.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    text = (DOCS / "benchmarks.md").read_text(encoding="utf-8")
+    assert _between(text, "<!-- why-table -->", "<!-- /why-table -->").strip() == mod.table(mod.default_csvs()).strip(), (
+        "docs/benchmarks.md's per-shape table is out of date: paste the output of python benchmarks/why.py")
