@@ -4,7 +4,7 @@
 
 Reads the scoreboard rows (later files replace earlier ones, as ``python -m rollbuf.bench
 --from-csv``), and prints one markdown row per shape: GAE device time and % of copy (fp32 and bf16,
-terminations + truncations, env-major), the range of % of copy over every estimator, both dtypes and
+terminations + truncations, env-major) and the fp32 full call (host included, as measured then), the range of % of copy over every estimator, both dtypes and
 both boundary mixes, the strategy the kernel takes for the shape, and the reason, by the regime the
 shape falls in. The reasons are the measured ones of docs/benchmarks.md ("Where the time goes"):
 
@@ -46,8 +46,8 @@ def table(paths) -> str:
     for r in rows:
         by.setdefault((r["n"], r["t"]), []).append(r)
     copy = statistics.median(float(r["copy_GBps"]) for r in rows if r.get("copy_GBps"))
-    out = ["| N × T | GAE fp32 µs (% of copy) | GAE bf16 µs (% of copy) | every estimator, % of copy | "
-           "strategy | why below 85% |", "|---|---|---|---|---|---|"]
+    out = ["| N × T | GAE fp32 µs (% of copy) | full call µs | GAE bf16 µs (% of copy) | every estimator, % of copy | "
+           "strategy | why below 85% |", "|---|---|---|---|---|---|---|"]
     for n, t in dict.fromkeys(SHORT + MEDIUM + LONG):
         rs = by.get((n, t), [])
 
@@ -77,7 +77,8 @@ def table(paths) -> str:
         else:
             why = "latency: load → scan → reload → store per chunk, 2–3 programs per SM"
         rng = f"{min(pct):.0f}–{max(pct):.0f}%" if pct else "–"
-        out.append(f"| {n} × {t} | {gae('float32')} | {gae('bfloat16')} | {rng} | {how} | {why} |")
+        call = f"{fp32[0]['call_us']:.0f}" if fp32 and fp32[0].get("call_us") else "–"
+        out.append(f"| {n} × {t} | {gae('float32')} | {call} | {gae('bfloat16')} | {rng} | {how} | {why} |")
     return "\n".join(out) + "\n"
 
 
