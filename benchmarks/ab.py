@@ -121,7 +121,8 @@ def main():
     print("|---" * (1 + len(names) + (len(names) - 1 if key == "device_us" else 0)) + "|")
     by = {}
     for r in rows:
-        by.setdefault((r["estimator"], r["n"], r["t"], r["mix"], r["dtype"], r.get("layout", "env")), {})[r["variant"]] = r
+        case = (r["estimator"], r["n"], r["t"], r["mix"], r["dtype"], r.get("layout", "env"))
+        by.setdefault(case, {})[r["variant"]] = r
     for c, vs in by.items():
         vals = [vs.get(n, {}).get(key) for n in names]
         cells = [f"{v:.1f}" if key == "device_us" and v is not None else f"{v:.1e}" if v is not None else "–"
@@ -130,7 +131,8 @@ def main():
         if key == "device_us":
             ratios = [f"{v / vals[0]:.2f}" if v and vals[0] else "–" for v in vals[1:]]
         pct = vs.get(names[-1], {}).get("pct_copy")
-        label = f"{c[0]} {c[1]}×{c[2]} {c[3]} {c[4]}" + (" time-major" if c[5] == "time" else "") + (f" ({pct:.0f}% of copy)" if pct else "")
+        label = (f"{c[0]} {c[1]}×{c[2]} {c[3]} {c[4]}" + (" time-major" if c[5] == "time" else "")
+                 + (f" ({pct:.0f}% of copy)" if pct else ""))
         print(f"| {label} | " + " | ".join(cells + ratios) + " |")
     print(f"{len(bad)} rows not ok" + (": " + "; ".join(f"{r['variant']} {r['estimator']} {r['n']}x{r['t']} "
                                                      f"{r.get('status')} {r.get('note')}" for r in bad) if bad else ""))

@@ -161,7 +161,8 @@ def main():
         w.writerows(rows)
     print(f"\n{prov}\n")
     print("do_bench median (back-to-back host loop, µs per call)\n")
-    print("| estimator | full call µs | full call, JIT launch µs | Triton JIT launch µs | compiled kernel direct µs | 4-arg Triton kernel µs "
+    print("| estimator | full call µs | full call, JIT launch µs | Triton JIT launch µs | compiled kernel direct µs "
+          "| 4-arg Triton kernel µs "
           "| 2 × torch.empty µs | kernel args |")
     print("|---|---|---|---|---|---|---|---|")
     for r_ in rows:
@@ -169,7 +170,8 @@ def main():
               f"{r_['full_call_jit_us']:.1f} ({r_['full_call_jit_loop_us']:.1f}) | "
               f"{r_['triton_jit_us']:.1f} ({r_['triton_jit_loop_us']:.1f}) | "
               f"{r_['compiled_direct_us']:.1f} ({r_['compiled_direct_loop_us']:.1f}) | "
-              f"{r_['small_triton_kernel_us']:.1f} ({r_['small_triton_kernel_loop_us']:.1f}) | {r_['two_empty_us']:.1f} "
+              f"{r_['small_triton_kernel_us']:.1f} ({r_['small_triton_kernel_loop_us']:.1f}) | "
+              f"{r_['two_empty_us']:.1f} "
               f"| {r_['n_args']} |")
     bad = [r_["estimator"] for r_ in rows if not r_["direct_launch_matches"]]
     print("direct launch wrote the same outputs as the JIT path" if not bad else f"DIRECT LAUNCH DIFFERS: {bad}")

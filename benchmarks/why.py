@@ -4,9 +4,9 @@
 
 Reads the scoreboard rows (later files replace earlier ones, as ``python -m rollbuf.bench
 --from-csv``), and prints one markdown row per shape: GAE device time and % of copy (fp32 and bf16,
-terminations + truncations, env-major) and the fp32 full call (host included, as measured then), the range of % of copy over every estimator, both dtypes and
-both boundary mixes, the strategy the kernel takes for the shape, and the reason, by the regime the
-shape falls in. The reasons are the measured ones of docs/benchmarks.md ("Where the time goes"):
+terminations + truncations, env-major) and the fp32 full call (host included, as measured then),
+the range of % of copy over every estimator, both dtypes and both boundary mixes, the strategy the
+kernel takes for the shape, and the reason, by the regime the shape falls in. The reasons are the measured ones of docs/benchmarks.md ("Where the time goes"):
 
 * **chain** (rows split across programs, first): few long rows are split into chunks chained by
   the decoupled look-back, and a chunk waits for its predecessors (one row of 2^20: 512 chunks in
@@ -46,8 +46,8 @@ def table(paths) -> str:
     for r in rows:
         by.setdefault((r["n"], r["t"]), []).append(r)
     copy = statistics.median(float(r["copy_GBps"]) for r in rows if r.get("copy_GBps"))
-    out = ["| N × T | GAE fp32 µs (% of copy) | full call µs | GAE bf16 µs (% of copy) | every estimator, % of copy | "
-           "strategy | why below 85% |", "|---|---|---|---|---|---|---|"]
+    out = ["| N × T | GAE fp32 µs (% of copy) | full call µs | GAE bf16 µs (% of copy) "
+           "| every estimator, % of copy | strategy | why below 85% |", "|---|---|---|---|---|---|---|"]
     for n, t in dict.fromkeys(SHORT + MEDIUM + LONG):
         rs = by.get((n, t), [])
 
