@@ -192,15 +192,15 @@ def _launch(grid: int, args: tuple, const: tuple, num_warps: int, ints: tuple, u
     if not LEAN_LAUNCH or not _DRIVER:
         compiled = scan_kernel[(grid,)](*args, **dict(zip(_CONST_NAMES, const)), num_warps=num_warps)
         if LEAN_LAUNCH and hasattr(compiled, "packed_metadata"):  # a real GPU launch: from now on, lean
-            _remember(compiled, args, const, num_warps, ints, user)
+            _remember(compiled, None, const, num_warps, ints, user)
         return
     dev, stream, rt = _DRIVER[0]
     device = dev()
-    key = (device, const, num_warps, ints, tuple((t.dtype, t.data_ptr() % 16 == 0) for t in user))
+    key = _key(device, const, num_warps, ints, user)
     hit = _COMPILED.get(key)
     if hit is None:
         compiled = scan_kernel[(grid,)](*args, **dict(zip(_CONST_NAMES, const)), num_warps=num_warps)
-        _remember(compiled, args, const, num_warps, ints, user)
+        _remember(compiled, key, const, num_warps, ints, user)
         return
     compiled, function, meta = hit
     s = stream(device)
@@ -209,7 +209,12 @@ def _launch(grid: int, args: tuple, const: tuple, num_warps: int, ints: tuple, u
     compiled.run(grid, 1, 1, s, function, meta, lm, enter, rt.launch_exit_hook, *args, *const)
 
 
-def _remember(compiled, args, const, num_warps, ints, user):
+def _key(device, const, num_warps, ints, user) -> tuple:
+    return (device, const, num_warps, ints, tuple((t.dtype, t.data_ptr() % 16 == 0) for t in user))
+
+
+def _remember(compiled, key, const, num_warps, ints, user):
+    """Keep ``compiled`` under ``key`` (``None``: computed here, on the first real launch)."""
     if not hasattr(compiled, "packed_metadata"):
         return
     if not _DRIVER:
@@ -218,8 +223,8 @@ def _remember(compiled, args, const, num_warps, ints, user):
 
         _DRIVER.append((driver.active.get_current_device, driver.active.get_current_stream, knobs.runtime))
     compiled._init_handles()
-    device = _DRIVER[0][0]()
-    key = (device, const, num_warps, ints, tuple((t.dtype, t.data_ptr() % 16 == 0) for t in user))
+    if key is None:
+        key = _key(_DRIVER[0][0](), const, num_warps, ints, user)
     if len(_COMPILED) >= _COMPILED_MAX:  # exact shapes are in the key: varying shapes (LLM batches
         _COMPILED.clear()  # of varying length) must not grow it without bound; a miss costs one JIT launch
     _COMPILED[key] = (compiled, compiled.function, compiled.packed_metadata)
