@@ -32,7 +32,7 @@ def _poison_and_chunk(request):
     K.SHIFT_LOAD_OVERRIDE = None
     K.BLOCK_N_OVERRIDE = None
     K.OUTPUT_LAYOUT_OVERRIDE = None
-    K.PRESOLVE = False
+    K.PRESOLVE = None
     K.RESOLVE_BLOCK_R = None
     K.EARLY_LOADS = False
 
@@ -214,6 +214,29 @@ def test_time_major_default_strategy(name, T):
     f = make(5, T, "term+trunc+mask", seed=T)
     tm = {k: (None if v is None else v.mT.contiguous().mT) for k, v in f.items()}
     assert_ref(call(name, tm, "triton"), call(name, f, "reference"), 1e-5)
+
+
+def test_split_rows_pass_choice():
+    """The strategy table's choice for rows split across programs (no override): a single row in
+    three passes, several rows chained by the look-back; ``PRESOLVE`` forces either."""
+    assert K.strategy(1, 1 << 20).split and K.strategy(1, 1 << 20).presolve
+    assert K.strategy(2, 1 << 20).split and not K.strategy(2, 1 << 20).presolve
+    assert not K.strategy(1, 1 << 20, presolve=False).presolve
+    assert K.strategy(64, 1 << 20, presolve=True).presolve
+    assert not K.strategy(4096, 128).split and not K.strategy(4096, 128).presolve
+
+
+@pytest.mark.parametrize("name", ["gae", "vtrace", "retrace", "eligibility_traces", "episodic_sums"])
+def test_single_row_default_strategy(name):
+    """One long row with the shipped choice (three passes), several chunks, every boundary kind,
+    against the reference and close to the look-back chain."""
+    T = 65573 if CUDA else 301  # 33 chunks of 2048 steps / 19 of the interpreter's 16
+    f = make(1, T, "term+trunc+mask", seed=zlib.crc32(f"one-row-{name}".encode()))
+    assert K.strategy(1, T, True, K.BLOCK_T_OVERRIDE).presolve
+    got = call(name, f, "triton")
+    assert_ref(got, call(name, f, "reference"), 1e-5)
+    K.PRESOLVE = False
+    assert_ref(got, call(name, f, "triton"), 1e-6)
 
 
 @pytest.mark.parametrize("layout", ["env", "time", "strided", "mixed", "env-general"])

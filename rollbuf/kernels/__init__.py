@@ -12,8 +12,8 @@ left clean by every launch.
 Strategy per shape (:func:`strategy`): short rows are tiled many to a program; rows up to
 ``MAX_CHUNK`` steps are one chunk; longer rows are walked in chunks by one program when there are
 enough rows to fill the GPU, and otherwise split across programs, one chunk each, chained by a
-decoupled look-back (or, with ``PRESOLVE``, in three passes: chunk aggregates, one scan of them per
-row tile, outputs). Time-major inputs get tiles that span rows (adjacent in memory): 16 × T tiles
+decoupled look-back (a single row: in three passes instead, chunk aggregates, one scan of them,
+outputs). Time-major inputs get tiles that span rows (adjacent in memory): 16 × T tiles
 up to 128 steps and 32 × 128 split tiles beyond when rows are few, 16-row walking tiles when many.
 The measurements behind both tables are in docs/benchmarks.md.
 """
@@ -41,8 +41,9 @@ MAX_CHUNK_OVERRIDE: int | None = None
 BLOCK_N_OVERRIDE: int | None = None
 NUM_WARPS_OVERRIDE: int | None = None
 #: Split rows in three passes (chunk aggregates; one scan over them per row tile; outputs) instead
-#: of one pass chained by the decoupled look-back. Off by default: not yet timed on a GPU.
-PRESOLVE: bool = False
+#: of one pass chained by the decoupled look-back: ``None`` = the strategy's choice (three passes for
+#: a single split row, see :data:`PRESOLVE_MAX_ROWS`), ``True``/``False`` = always / never.
+PRESOLVE: bool | None = None
 RESOLVE_BLOCK_R: int | None = None  # chunks per block of the middle pass (tests force it small)
 #: Load the fields a chunk's outputs read before its scan instead of after it (overlap their
 #: latency with the scan, at the cost of registers held across it). Off by default: not yet timed.
@@ -69,6 +70,13 @@ MAX_CHUNK = 2048
 # results/ab_unit_chunk_c612211.csv): 1024-step chunks 16384x4096 1672 -> 1134 µs; for GAE the
 # same change was +5% at 16384x4096 and +15% at 1x2^20, Retrace +18%.
 FAMILY_MAX_CHUNK = {"vtrace": 1024}
+# Split rows of at most this many rows take the three passes instead of the look-back chain. Measured
+# on the H200 at aab284d (benchmarks/ab.py, results/ab_presolve_*_aab284d.csv): one row the three
+# passes win everywhere (GAE 1x2^20 37.6 -> 23.5 µs, 1x2^24 397 -> 270, V-trace 1x2^20 56.2 -> 44.1,
+# Retrace 38.7 -> 35.7, GAE 1x65536 12.0 -> 10.4); at two rows it is mixed (GAE 2x131072 0.79x,
+# 2x2^20 0.93x, V-trace 2x2^20 1.07x), from four rows on it loses (GAE 4x2^20 1.15x, 8x2^20 1.31x,
+# 256x2^20 1.75x): the chunks are read twice, and with several rows the look-back chains overlap.
+PRESOLVE_MAX_ROWS = 1
 
 
 @attrs.frozen
@@ -79,6 +87,7 @@ class Strategy:
     num_seg: int
     num_warps: int
     shift_load: bool
+    presolve: bool = False  # split rows: three passes instead of the look-back chain
 
 
 def _pow2(x: int) -> int:
@@ -88,7 +97,8 @@ def _pow2(x: int) -> int:
 @functools.lru_cache(maxsize=4096)
 def strategy(R: int, T: int, time_contiguous: bool = True, block_t: int | None = None,
              split: bool | None = None, shift_load: bool | None = None,
-             max_chunk: int | None = None, block_n: int | None = None) -> Strategy:
+             max_chunk: int | None = None, block_n: int | None = None,
+             presolve: bool | None = None) -> Strategy:
     """Tile sizes, split and warps for ``R`` rows of ``T`` steps (see docs/benchmarks.md)."""
     mc = max_chunk or MAX_CHUNK
     if not time_contiguous and block_t is None and split is None and block_n is None \
@@ -101,7 +111,7 @@ def strategy(R: int, T: int, time_contiguous: bool = True, block_t: int | None =
         if T <= 128:
             bt = max(_pow2(T), 2)
             return Strategy(16, bt, False, 1, max(1, min(8, 16 * bt // 256)), bt > GATHER_MAX_T)
-        return Strategy(32, 128, True, -(-T // 128), 8, False)
+        return Strategy(32, 128, True, -(-T // 128), 8, False, bool(presolve))
     bt = block_t or (min(_pow2(T), mc) if time_contiguous else min(_pow2(T), 32))
     bt = max(bt, 2)
     chunks = -(-T // bt)
@@ -110,7 +120,8 @@ def strategy(R: int, T: int, time_contiguous: bool = True, block_t: int | None =
         split = chunks > 1 and R < FILL_PROGRAMS
     if split:
         bn = block_n or 1
-        return Strategy(bn, bt, True, chunks, max(1, min(8, bn * bt // 256)), sl)
+        pre = R <= PRESOLVE_MAX_ROWS if presolve is None else presolve
+        return Strategy(bn, bt, True, chunks, max(1, min(8, bn * bt // 256)), sl, pre)
     if block_n:
         return Strategy(block_n, bt, False, 1, max(1, min(8, block_n * bt // 256)), sl)
     bn = max(1, min(TILE // bt, _pow2(R)))
@@ -319,7 +330,7 @@ def run(p: Problem):
     boot_mode = 0 if boot is None or p.no_bootstrap else (1 if boot.dim() == 1 else 2)
     R = N * Fn
     st = strategy(R, T, time_contiguous, BLOCK_T_OVERRIDE, SPLIT_OVERRIDE, SHIFT_LOAD_OVERRIDE,
-                  MAX_CHUNK_OVERRIDE or FAMILY_MAX_CHUNK.get(p.family), BLOCK_N_OVERRIDE)
+                  MAX_CHUNK_OVERRIDE or FAMILY_MAX_CHUNK.get(p.family), BLOCK_N_OVERRIDE, PRESOLVE)
     tiles = -(-R // st.block_n)
     if st.split:
         ws, flags, cnt = _workspace(dev, p.compute_dtype, tiles * st.num_seg, st.block_n)
@@ -349,7 +360,7 @@ def run(p: Problem):
             p.gamma, p.lam, p.rho_bar, p.c_bar, p.pg_rho_bar, p.decay)
     warps = NUM_WARPS_OVERRIDE or st.num_warps
     user = (r, v, k, tr, bv, m, lp, tlp, q, x, ci, o1)
-    if st.split and PRESOLVE:
+    if st.split and st.presolve:
         from rollbuf.kernels.scan import resolve_kernel
 
         pair = p.family == "vtrace"

@@ -79,6 +79,17 @@ def variants() -> list[dict]:
             c = dict(HAS_K=True, HAS_TR=True, HAS_M=True, WRITE_CARRY=True, REVERSE=reverse, UNIT=1,
                      EARLY=True, **fams[fam], **modes[mode])
             out.append(dict(name=f"{fam}/{mode}/fp32-early", dtype="fp32", cx=c))
+    # integer arguments equal to 1 become compile-time constants in Triton's specialisation (one step,
+    # one row, one chunk): every family's window end, masked and not, in the strategies that see them
+    for fam in ("gae", "vtrace", "retrace", "mc_returns", "traces", "affine"):
+        for mode in ("tile", "split-gather", "walk-reload"):
+            for carry_in in sorted({fams[fam]["CARRY_IN"], 3 if fams[fam]["BOOT"] else 0}):
+                reverse = fams[fam]["FAMILY"] not in (3, 5)
+                ones = dict(T=1, NUM_SEG=1) if mode != "walk-reload" else dict(R=1)
+                c = dict(HAS_K=True, HAS_TR=True, HAS_M=True, WRITE_CARRY=True, REVERSE=reverse, UNIT=1,
+                         **dict(fams[fam], CARRY_IN=carry_in), **modes[mode], **ones)
+                tag = "-".join(f"{k}1" for k in ones)
+                out.append(dict(name=f"{fam}/{mode}/fp32-carry{carry_in}-{tag}", dtype="fp32", cx=c))
     for pair in (False, True):
         for bn, br in ((1, 2048), (32, 64)):
             out.append(dict(name=f"resolve/{'pair' if pair else 'scalar'}/{bn}x{br}", kernel="resolve",

@@ -536,7 +536,8 @@ def scan_kernel(
         live_end = row_ok
         if CARRY_IN == 3:
             last = tl.full([BLOCK_N], -1, tl.int64)
-            c = ((T - 1) // BLOCK_T).to(tl.int64)
+            # (a tensor even when T = 1, which Triton specialises to a compile-time 1)
+            c = (tl.zeros([], dtype=tl.int64) + T - 1) // BLOCK_T
             if SPLIT:  # only the first program in scan order (the row's last chunk) needs it
                 c = tl.where(rank == 0, c, -1)
             todo = tl.sum(row_ok.to(tl.int32), axis=0)
