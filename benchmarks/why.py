@@ -9,8 +9,9 @@ the range of % of copy over every estimator, both dtypes and both boundary mixes
 kernel takes for the shape, and the reason, by the regime the shape falls in. The reasons are the measured ones of docs/benchmarks.md ("Where the time goes"):
 
 * **chain** (rows split across programs, first): few long rows are split into chunks chained by
-  the decoupled look-back, and a chunk waits for its predecessors (one row of 2^20: 512 chunks in
-  one chain);
+  the decoupled look-back, and a chunk waits for its predecessors;
+* **passes** (a single split row): three launches (aggregates, their scan, outputs), each a few µs
+  of device time however short the row, and the row's inputs read twice;
 * **launch**: the shape's bytes take less than 3 µs at the measured copy rate, and a launch plus
   one wave of programs costs 3–5 µs of device time (an empty Triton launch: 2.8 µs);
 * **latency**: many rows, each program loads its chunk, scans it through a dependent chain,
@@ -60,7 +61,9 @@ def table(paths) -> str:
         at_copy_us = fp32[0]["bytes"] / (copy * 1e9) * 1e6 if fp32 else float("nan")
         st = strategy(n, t)
         sv = strategy(n, t, max_chunk=FAMILY_MAX_CHUNK.get("vtrace"))
-        if st.split:
+        if st.split and st.presolve:
+            how = f"split in three passes, {st.num_seg} × {st.block_t}-step chunks"
+        elif st.split:
             how = f"split, {st.num_seg} × {st.block_t}-step chunks per row"
         elif st.num_seg == 1 and t <= st.block_t:
             how = f"{st.block_n} row(s) × {st.block_t} steps per program"
@@ -68,9 +71,10 @@ def table(paths) -> str:
             how = f"walked, {st.block_n} row(s) × {st.block_t}-step chunks"
         if sv != st:
             how += " (V-trace: 1024-step chunks)"
-        if st.split:
-            why = (f"chain: the row's {st.num_seg} chunks form one look-back chain" if n == 1 else
-                   f"chain: {n} rows × {st.num_seg} chunks chained by the look-back; chunks wait on predecessors")
+        if st.split and st.presolve:
+            why = (f"passes: three launches for {at_copy_us:.1f} µs of traffic at copy speed, the row read twice")
+        elif st.split:
+            why = f"chain: {n} rows × {st.num_seg} chunks chained by the look-back; chunks wait on predecessors"
         elif at_copy_us < 3.0:
             why = (f"launch: {at_copy_us:.1f} µs of traffic at copy speed against ≥ 3 µs for a launch and one "
                    "wave of programs")

@@ -159,6 +159,7 @@ def test_redo_runs_only_failed_cases_and_later_csvs_replace_rows(tmp_path):
     ("time_major.py", ["--device", "cpu", "--estimators", "gae", "--sweep", "none"]),
     ("ab.py", ["--device", "cpu", "--variants", "new=,general=ROLLBUF_K_UNIT_STRIDE_OVERRIDE=0",
                "--cases", "gae:4096x128:mask,vtrace:8x8:term+trunc:bfloat16:time"]),
+    ("memory.py", ["--device", "cpu"]),
 ])
 def test_gpu_session_scripts_dry_run(script, argv, tmp_path):
     """The scripts `benchmarks/gpu_session.sh` runs on the lent GPU, in their CPU dry-run mode under
@@ -182,3 +183,9 @@ def test_gpu_session_scripts_dry_run(script, argv, tmp_path):
         rows = list(csv.DictReader(open(tmp_path / "ab.csv")))
         assert len(rows) == 4 and all(r["status"] == "ok" for r in rows), rows
         assert {r["variant"] for r in rows} == {"new", "general"} and "0 rows not ok" in res.stdout
+    if script == "memory.py":  # every case ran; outputs counted (3 x 37 fp32: 444 B, a 512-byte block)
+        import csv
+
+        rows = list(csv.DictReader(open(tmp_path / "memory.csv")))
+        assert len(rows) == 15 and all(int(r["output_bytes"]) > 0 for r in rows), rows
+        assert all(int(r["output_alloc_bytes"]) % 512 == 0 for r in rows)

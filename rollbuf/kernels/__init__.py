@@ -46,7 +46,8 @@ NUM_WARPS_OVERRIDE: int | None = None
 PRESOLVE: bool | None = None
 RESOLVE_BLOCK_R: int | None = None  # chunks per block of the middle pass (tests force it small)
 #: Load the fields a chunk's outputs read before its scan instead of after it (overlap their
-#: latency with the scan, at the cost of registers held across it). Off by default: not yet timed.
+#: latency with the scan, at the cost of registers held across it). Off: measured slower in 16 of 17
+#: cases on the H200 at aab284d (1.05–1.54×, results/ab_presolve_early_aab284d.csv); kept for A/B runs.
 EARLY_LOADS: bool = False
 #: ``0``: never tell the kernel that a stride is 1 (the general-stride code, for A/B runs).
 UNIT_STRIDE_OVERRIDE: int | None = None
