@@ -104,8 +104,9 @@ def test_compiled_training_step_gradients_equal_eager(backend):
 def test_cuda_graph_capture_and_replay():
     """The eager kernel path records into a CUDA graph (no host syncs, the split rows' workspace
     reset inside the kernel) and replays on new inputs copied into the captured buffers: short
-    tiled rows, walked rows and one long split row (decoupled look-back) in one graph."""
-    shapes = [(4096, 37), (300, 5001), (1, 300001)]
+    tiled rows, walked rows, split rows chained by the decoupled look-back and one long split row
+    (three passes) in one graph."""
+    shapes = [(4096, 37), (1100, 2501), (8, 65537), (1, 300001)]
     bufs = [make_rollout(n, t, seed=i, p_masked=0.1, device="cuda") for i, (n, t) in enumerate(shapes)]
 
     def calls():
