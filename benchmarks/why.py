@@ -18,6 +18,10 @@ kernel takes for the shape, and the reason, by the regime the shape falls in. Th
   re-loads and stores, with 2–3 programs per SM (80 registers per thread for GAE); 16-byte vector
   loads did not change the time (UNIT, c612211), smaller chunks helped V-trace only.
 
+A second table checks the "no register-spill cliff" requirement: per estimator and row length, the
+best % of copy over the shapes of at least 2^22 elements (fp32, terminations + truncations,
+env-major); a spill cliff would show as a drop at some T.
+
 docs/benchmarks.md holds the output (tests/test_docs.py checks it is current).
 """
 
@@ -33,7 +37,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def default_csvs():
     paths = glob.glob(os.path.join(HERE, "results", "bench_gpu_*.csv"))
-    return sorted(paths, key=lambda p: os.path.basename(p).rsplit("_", 1)[-1])  # call order: _a … _k
+    return sorted(paths, key=lambda p: os.path.basename(p).rsplit("_", 1)[-1])  # call order: _a … _l
 
 
 def table(paths) -> str:
@@ -86,9 +90,31 @@ def table(paths) -> str:
     return "\n".join(out) + "\n"
 
 
+def cliff_table(paths) -> str:
+    from rollbuf.bench.__main__ import _read_csv
+
+    rows = [r for r in _read_csv(paths) if r["impl"] == "rollbuf-triton" and r.get("status") == "ok"
+            and (r.get("layout") or "env") == "env" and r["mix"] == "term+trunc" and r["dtype"] == "float32"
+            and int(r["n"]) * int(r["t"]) >= 2**22]
+    ts = sorted({int(r["t"]) for r in rows})
+    best = {}
+    for r in rows:
+        k = (r["estimator"], int(r["t"]))
+        best[k] = max(best.get(k, 0.0), float(r["pct_copy"]))
+    out = ["| estimator | " + " | ".join(f"T = {t}" for t in ts) + " |", "|---|" + "---|" * len(ts)]
+    for e in sorted({r["estimator"] for r in rows}):
+        out.append(f"| {e} | " + " | ".join(f"{best[(e, t)]:.0f}%" if (e, t) in best else "–" for t in ts) + " |")
+    return "\n".join(out) + "\n"
+
+
+def report(paths) -> str:
+    return (table(paths) + "\nBest % of copy per estimator and row length, shapes of ≥ 2^22 elements (fp32, "
+            "terminations + truncations, env-major):\n\n" + cliff_table(paths))
+
+
 def main(argv=None):
     paths = (argv if argv is not None else sys.argv[1:]) or default_csvs()
-    sys.stdout.write(table(paths))
+    sys.stdout.write(report(paths))
 
 
 if __name__ == "__main__":

@@ -286,6 +286,6 @@ def test_per_shape_why_table_is_current():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     text = (DOCS / "benchmarks.md").read_text(encoding="utf-8")
-    current = mod.table(mod.default_csvs()).strip()
+    current = mod.report(mod.default_csvs()).strip()
     assert _between(text, "<!-- why-table -->", "<!-- /why-table -->").strip() == current, (
         "docs/benchmarks.md's per-shape table is out of date: paste the output of python benchmarks/why.py")
