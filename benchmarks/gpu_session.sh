@@ -2,7 +2,7 @@
 # One device call of a GPU session, for the lent H200 (see benchmarks/NOTES.md). Usage, from the
 # repository root on the GPU machine, with the tensordict/pyvers wheels carried in .whl/:
 #
-#   bash benchmarks/gpu_session.sh check   # GPU tests + backward benchmark              (~4 min)
+#   bash benchmarks/gpu_session.sh check   # GPU tests, backward, launch, memory         (~5 min)
 #   bash benchmarks/gpu_session.sh grid    # masked GAE cases again (in-kernel window end) (~2 min)
 #   bash benchmarks/gpu_session.sh layout  # time-major strategy sweep + checks            (~2 min)
 #   bash benchmarks/gpu_session.sh experiments # PRESOLVE forced on and EARLY_LOADS against the default (~3 min)
@@ -23,6 +23,7 @@ case "${1:-check}" in
       2>&1 | tee -a "$OUT/gpu_tests.log" | tail -3
     timeout 200 python benchmarks/backward.py --out "$OUT" 2>&1 | tee "$OUT/backward.log" | tail -28
     timeout 90 python benchmarks/launch_overhead.py --out "$OUT" 2>&1 | tail -6  # P2: where the full call goes
+    timeout 90 python benchmarks/memory.py --out "$OUT" 2>&1 | tail -17  # P4: extra memory per call, every strategy
     for e in gae vtrace; do  # host time and launches of one fwd+bwd call
       timeout 60 python benchmarks/profile_backward.py --estimator $e 2>&1 | grep -E "host loop|cudaLaunchKernel "
     done
