@@ -209,6 +209,13 @@ class _Call:
         # One device sync, only for this combination; pass [*B, T] bootstrap values to avoid it.
         from rollbuf.vectorized import last_unmasked_index
 
+        if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise ValueError(
+                "bootstrap_values of shape [*B] (the window-end column only) with truncated is "
+                "validated by reading the flags back, a device sync that a CUDA graph capture "
+                "cannot hold; pass bootstrap_values of shape [*B, T] when capturing"
+            )
+
         t = tr != 0
         k = self.fields.get("terminated")
         if k is not None:

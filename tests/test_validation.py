@@ -248,6 +248,20 @@ def test_window_end_column_bootstrap_with_interior_truncation(name, with_mask):
         CALLS[name](**kw, backend="torch")
 
 
+def test_window_end_column_bootstrap_check_refuses_a_graph_capture(monkeypatch):
+    """The [*B] bootstrap column with truncations is checked by a device sync; inside a CUDA graph
+    capture that sync is impossible, so the call names the argument and the way out instead of
+    failing in the driver (the capture is simulated: the check is on the host)."""
+    tr = torch.zeros(N, T, dtype=torch.bool)
+    tr[:, -1] = True
+    c = F._Call("rewards", torch.zeros(N, T))
+    c.add_flag("truncated", tr)
+    c.device = torch.device("cuda", 0)  # as if the rollout were on a GPU being captured
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with _raises(ValueError, "bootstrap_values", "[*B, T]", "capturing"):
+        c._check_no_interior_truncation(tr)
+
+
 @pytest.mark.parametrize("name", BACKWARD)
 def test_window_end_column_bootstrap_with_truncation_at_window_end_is_fine(name):
     tr = torch.zeros(N, T, dtype=torch.bool)
