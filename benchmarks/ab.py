@@ -75,13 +75,27 @@ def child(args):
 
         copy_bw = _copy_bandwidth()
     rows = run_cases(cases, ["rollbuf-triton"], args.device, copy_bw=copy_bw)
-    # registers and spills of every kernel compiled here (GPU only): keyed by its constexprs
-    for key, (compiled, _, _) in K._COMPILED.items():
-        const = dict(zip(K._CONST_NAMES, key[1]))
-        print(f"kernel FAMILY={const['FAMILY']} BLOCK_N={const['BLOCK_N']} BLOCK_T={const['BLOCK_T']} "
-              f"SPLIT={const['SPLIT']} SHIFT_LOAD={const['SHIFT_LOAD']} HAS_M={const['HAS_M']} UNIT={const['UNIT']} "
-              f"warps={key[2]}: {compiled.n_regs} registers, {compiled.n_spills} spills", file=sys.stderr)
+    for line in compiled_kernels(K._COMPILED):  # registers and spills (GPU only)
+        print(line, file=sys.stderr)
     print(json.dumps(rows))
+
+
+def compiled_kernels(cache: dict) -> list[str]:
+    """One line per kernel in the lean launch's cache (keyed by its constexprs): its registers and
+    spills per thread."""
+    import rollbuf.kernels as K
+
+    out = []
+    for key, (compiled, _, _) in cache.items():
+        which, *values = key[1]
+        if which == "scan":
+            c = dict(zip(K._CONST_NAMES, values))
+            what = (f"FAMILY={c['FAMILY']} BLOCK_N={c['BLOCK_N']} BLOCK_T={c['BLOCK_T']} SPLIT={c['SPLIT']} "
+                    f"PHASE={c['PHASE']} SHIFT_LOAD={c['SHIFT_LOAD']} HAS_M={c['HAS_M']} UNIT={c['UNIT']}")
+        else:  # the three-pass split's middle kernel
+            what = " ".join(f"{k}={v}" for k, v in zip(K._RESOLVE_CONST_NAMES, values))
+        out.append(f"kernel {which} {what} warps={key[2]}: {compiled.n_regs} registers, {compiled.n_spills} spills")
+    return out
 
 
 def main():

@@ -229,12 +229,14 @@ def test_split_rows_pass_choice():
 @pytest.mark.parametrize("name", ["gae", "vtrace", "retrace", "eligibility_traces", "episodic_sums"])
 def test_single_row_default_strategy(name):
     """One long row with the shipped choice (three passes), several chunks, every boundary kind,
-    against the reference and close to the look-back chain."""
+    against the reference, the same again (the cached launches), and close to the look-back chain."""
     T = 65573 if CUDA else 301  # 33 chunks of 2048 steps / 19 of the interpreter's 16
     f = make(1, T, "term+trunc+mask", seed=zlib.crc32(f"one-row-{name}".encode()))
     assert K.strategy(1, T, True, K.BLOCK_T_OVERRIDE).presolve
     got = call(name, f, "triton")
     assert_ref(got, call(name, f, "reference"), 1e-5)
+    for a, b in zip(got, call(name, f, "triton")):  # again: on a GPU, all three launches lean
+        assert torch.equal(a, b)
     K.PRESOLVE = False
     assert_ref(got, call(name, f, "triton"), 1e-6)
 
@@ -404,18 +406,21 @@ def test_lean_launch_bookkeeping(monkeypatch):
     """The lean launch's cache on the CPU, with a stand-in for Triton's compiled kernel that runs the
     interpreted one: the first call of a specialisation goes through the JIT launch, later ones are
     launched directly with the same arguments; a misaligned input, another dtype or another shape is
-    a miss; a full cache is cleared; every result equals the reference."""
+    a miss; a full cache is cleared; the three-pass split's resolve kernel is cached the same way;
+    every result equals the reference."""
     import inspect
     import types
 
     import rollbuf.kernels.scan as S
 
-    real = S.scan_kernel
-    n_rt = len(inspect.signature(real.fn).parameters) - len(K._CONST_NAMES)
     calls = {"jit": 0, "direct": 0}
 
     class Compiled:
         packed_metadata, function = object(), object()
+
+        def __init__(self, real, names):
+            self.real, self.names = real, names
+            self.n_rt = len(inspect.signature(real.fn).parameters) - len(names)
 
         def _init_handles(self):
             pass
@@ -426,17 +431,21 @@ def test_lean_launch_bookkeeping(monkeypatch):
         def run(self, g0, g1, g2, stream, function, meta, lm, enter, exit_, *args):
             assert (g1, g2, stream, function, meta) == (1, 1, "stream", self.function, self.packed_metadata)
             calls["direct"] += 1
-            real[(g0,)](*args[:n_rt], **dict(zip(K._CONST_NAMES, args[n_rt:])))
+            self.real[(g0,)](*args[:self.n_rt], **dict(zip(self.names, args[self.n_rt:])))
 
     class Jit:
+        def __init__(self, real, names):
+            self.real, self.names = real, names
+
         def __getitem__(self, grid):
             def launch(*a, num_warps=None, **kw):
                 calls["jit"] += 1
-                real[grid](*a, **kw)
-                return Compiled()
+                self.real[grid](*a, **kw)
+                return Compiled(self.real, self.names)
             return launch
 
-    monkeypatch.setattr(S, "scan_kernel", Jit())
+    monkeypatch.setattr(S, "scan_kernel", Jit(S.scan_kernel, K._CONST_NAMES))
+    monkeypatch.setattr(S, "resolve_kernel", Jit(S.resolve_kernel, K._RESOLVE_CONST_NAMES))
     hooks = types.SimpleNamespace(launch_enter_hook=None, launch_exit_hook=None)
     monkeypatch.setattr(K, "_DRIVER", [(lambda: 0, lambda device: "stream", hooks)])
     monkeypatch.setattr(K, "_COMPILED", {})
@@ -464,9 +473,12 @@ def test_lean_launch_bookkeeping(monkeypatch):
     assert len(K._COMPILED) == 1
     check(f, 1, 0)
     monkeypatch.setattr(K, "_COMPILED_MAX", 4096)
-    K.SPLIT_OVERRIDE, K.PRESOLVE = True, True  # two scan launches per call, each its own key
-    check(f, 2, 0)
-    check(f, 0, 2)
+    K.SPLIT_OVERRIDE, K.PRESOLVE = True, True  # three passes: two scan launches and the resolve kernel,
+    check(f, 3, 0)  # each under its own key
+    check(f, 0, 3)
+    K.RESOLVE_BLOCK_R = 1  # another resolve specialisation (the default here is 2), the same scan launches
+    check(f, 1, 2)
+    check(f, 0, 3)
 
 
 @pytest.mark.gpu

@@ -186,7 +186,8 @@ def output_buffers(src: torch.Tensor, feat: tuple, dtype: torch.dtype, n: int) -
 # constexpr, the warps, the dtype and 16-byte alignment of every tensor that can come from the user
 # (the outputs and workspaces are fresh allocations of the caching allocator: always aligned, dtype
 # in ACC and out_dtype), and the current device. Only a real compiled kernel is kept (not under the
-# interpreter, nor when a benchmark has replaced ``scan_kernel``).
+# interpreter, nor when a benchmark has replaced ``scan_kernel``). The three-pass split's middle
+# kernel (``resolve_kernel``, two arguments) is launched the same way, under its own keys.
 
 #: Launch cached compiled kernels directly (``False``: always through Triton's JIT launch).
 LEAN_LAUNCH = True
@@ -198,21 +199,37 @@ _COMPILED_MAX = 4096
 _DRIVER: list = []  # (get_current_device, get_current_stream, knobs.runtime) once Triton is loaded
 
 
-def _launch(grid: int, args: tuple, const: tuple, num_warps: int, ints: tuple, user: tuple):
-    from rollbuf.kernels.scan import scan_kernel
+_RESOLVE_CONST_NAMES = ("BLOCK_N", "BLOCK_R", "PAIR")
 
+
+def _kernel(which: str):
+    """The jitted kernel and its constexpr names: ``"scan"`` (scan_kernel) or ``"resolve"``."""
+    from rollbuf.kernels import scan
+
+    if which == "scan":
+        return scan.scan_kernel, _CONST_NAMES
+    return scan.resolve_kernel, _RESOLVE_CONST_NAMES
+
+
+def _launch(grid: int, args: tuple, const: tuple, num_warps: int, ints: tuple, user: tuple,
+            which: str = "scan"):
+    """Launch ``which`` on ``grid`` programs: ``args`` the runtime arguments, ``const`` the
+    constexprs (in signature order, after them), ``ints`` every integer argument, ``user`` every
+    tensor whose dtype or alignment can vary between calls."""
     if not LEAN_LAUNCH or not _DRIVER:
-        compiled = scan_kernel[(grid,)](*args, **dict(zip(_CONST_NAMES, const)), num_warps=num_warps)
+        jit, names = _kernel(which)
+        compiled = jit[(grid,)](*args, **dict(zip(names, const)), num_warps=num_warps)
         if LEAN_LAUNCH and hasattr(compiled, "packed_metadata"):  # a real GPU launch: from now on, lean
-            _remember(compiled, None, const, num_warps, ints, user)
+            _remember(compiled, None, (which, *const), num_warps, ints, user)
         return
     dev, stream, rt = _DRIVER[0]
     device = dev()
-    key = _key(device, const, num_warps, ints, user)
+    key = _key(device, (which, *const), num_warps, ints, user)
     hit = _COMPILED.get(key)
     if hit is None:
-        compiled = scan_kernel[(grid,)](*args, **dict(zip(_CONST_NAMES, const)), num_warps=num_warps)
-        _remember(compiled, key, const, num_warps, ints, user)
+        jit, names = _kernel(which)
+        compiled = jit[(grid,)](*args, **dict(zip(names, const)), num_warps=num_warps)
+        _remember(compiled, key, (which, *const), num_warps, ints, user)
         return
     compiled, function, meta = hit
     s = stream(device)
@@ -362,13 +379,11 @@ def run(p: Problem):
     warps = NUM_WARPS_OVERRIDE or st.num_warps
     user = (r, v, k, tr, bv, m, lp, tlp, q, x, ci, o1)
     if st.split and st.presolve:
-        from rollbuf.kernels.scan import resolve_kernel
-
         pair = p.family == "vtrace"
         br = RESOLVE_BLOCK_R or max(1, min(_pow2(st.num_seg - 1), (2048 if pair else 4096) // st.block_n))
         _launch(tiles * st.num_seg, args, const + (1, EARLY_LOADS), warps, ints, user)
-        resolve_kernel[(tiles,)](ws, st.num_seg, BLOCK_N=st.block_n, BLOCK_R=br, PAIR=pair,
-                                 num_warps=max(1, min(8, br * st.block_n // 256)))
+        _launch(tiles, (ws, st.num_seg), (st.block_n, br, pair), max(1, min(8, br * st.block_n // 256)),
+                (st.num_seg,), (ws,), "resolve")
         _launch(tiles * st.num_seg, args, const + (2, EARLY_LOADS), warps, ints, user)
     else:
         _launch(tiles * st.num_seg, args, const + (0, EARLY_LOADS), warps, ints, user)
