@@ -5,7 +5,7 @@ on plain tensors; :mod:`rollbuf.boundary` holds the boundary model (SPEC §1–2
 """
 
 from rollbuf import functional
-from rollbuf.functional import GAEResult, SumsResult, TracesResult, VTraceResult
+from rollbuf.estimators import GAEResult, SumsResult, TracesResult, VTraceResult
 from rollbuf.rollout import Rollout
 
 __version__ = "0.1.0"

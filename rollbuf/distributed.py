@@ -13,7 +13,7 @@ end in scan order to the state at its start (backward: ``Z_start = a + b·Z_afte
 upper-triangular map on ``(u, V)``; forward: ``F_end = a + b·F_before``). Each rank
 
 1. validates its call like the functional one and computes its shard's map
-   (:func:`rollbuf.vectorized.window_map`, a tree reduction of the same step maps the scan uses);
+   (:func:`rollbuf.backends.torch_backend.window_map`, a tree reduction of the same step maps the scan uses);
 2. all-gathers, per row: the map, and for the backward estimators the window-end state it would
    supply if the row's window end (its last unmasked step) were on this rank, with a priority
    saying whether it is (live step in the row) — an *owner* is needed because masks can leave the
@@ -50,11 +50,13 @@ import functools
 import inspect
 import math
 
+import attrs
 import torch
 
-from rollbuf import functional as F
+from rollbuf import backends, functional, windows
+from rollbuf.backends import scan, torch_backend
 from rollbuf.boundary import coefficients as C
-from rollbuf.problem import Problem
+from rollbuf.problem import Family, Problem
 
 __all__ = [
     "gae",
@@ -99,10 +101,9 @@ def _apply(maps, z, pair):
     return a + b * z
 
 
-def _exchange(p: Problem, backend, reference_call, return_carry, group):
-    """The hook :func:`rollbuf.functional._run` calls with this rank's validated shard problem."""
-    from rollbuf import vectorized
-
+def _exchange(p: Problem, backend, *, group):
+    """The backend seam of a sharded call: this rank's validated shard problem in, its outputs and
+    the whole window's carry out (``run`` of :func:`rollbuf.functional.call`)."""
     if backend == "reference":
         raise ValueError(
             "rollbuf.distributed runs the torch or triton backend on each shard; backend='reference' "
@@ -112,11 +113,11 @@ def _exchange(p: Problem, backend, reference_call, return_carry, group):
     dt = p.compute_dtype
     main = p.main
     N, T = main.shape[0], main.shape[1]
-    forward = p.family == "trace"
+    forward = p.family is Family.FORWARD
     pair = p.pair
 
     # 1. this shard's map, and (backward) its window-end candidate with its priority
-    maps = tuple(torch.as_tensor(x, dtype=dt, device=main.device) for x in vectorized.window_map(p))
+    maps = tuple(torch.as_tensor(x, dtype=dt, device=main.device) for x in torch_backend.window_map(p))
     if forward:
         a, b = maps
         a = a.reshape(N, math.prod(p.feature_shape))
@@ -130,7 +131,7 @@ def _exchange(p: Problem, backend, reference_call, return_carry, group):
         if p.carry is not None:
             cand = p.carry.to(dt)
         else:
-            cand = vectorized._window_end_carry(p, dt, None if m is None else m != 0)
+            cand = torch_backend.end_carry(p, dt)
         # priority of this rank as the row's window end: a live step (2) beats a non-empty shard
         # (1, only used by rows with no live step at all: their carry is V(s_T) of the last column)
         if m is None:
@@ -150,11 +151,11 @@ def _exchange(p: Problem, backend, reference_call, return_carry, group):
     if forward:
         Fn = g.shape[1] - 1
         elems = (g[:, :Fn, :], g[:, Fn:, :])  # a [N, Fn, R], b [N, 1, R]
-        prefix = vectorized.doubling_scan(elems, C.compose, reverse=False)[0]  # b = 0: constant
+        prefix = scan.doubling_scan(elems, C.compose, reverse=False)[0]  # b = 0: constant
         feat = p.feature_shape
         initial = p.carry if rank == 0 else prefix[..., rank - 1].reshape(N, *feat)
         final = prefix[..., -1].reshape(N, *feat)
-        p.carry = None if initial is None else initial.to(dt)
+        local = attrs.evolve(p, carry=None if initial is None else initial.to(dt))
     else:
         k = _PAIR if pair else 2
         nc = 2 if pair else 1
@@ -164,24 +165,18 @@ def _exchange(p: Problem, backend, reference_call, return_carry, group):
         owner = score.amax(-1) % world  # [N]
         z_end = cands.gather(-1, owner.view(N, 1, 1).expand(N, nc, 1)).squeeze(-1)  # [N, nc]
         z_end = z_end if pair else z_end.squeeze(-1)
-        suffix = vectorized.doubling_scan(elems, C.compose_pair if pair else C.compose, reverse=True)
+        suffix = scan.doubling_scan(elems, C.compose_pair if pair else C.compose, reverse=True)
         whole = _apply(tuple(s[:, 0] for s in suffix), z_end, pair)
         mine = z_end if rank == world - 1 else _apply(tuple(s[:, rank + 1] for s in suffix), z_end, pair)
-        p.carry = mine
+        local = attrs.evolve(p, carry=mine)
         _check_window_end_truncation(p, owner, rank)
 
     # 4. the local estimator on this shard, with its carry
-    token = F._RUN_HOOK.set(None)
-    try:
-        outs, carry = F._run(p, backend, reference_call, return_carry)
-    finally:
-        F._RUN_HOOK.reset(token)
-    B = p.batch_shape
+    outs, carry = backends.run(local, backend)
     if forward:
-        i = p.outputs.index("final")
-        outs[i] = final.reshape(*B, *final.shape[1:]).to(dt)
-    elif return_carry:
-        carry = whole.reshape(*B, *whole.shape[1:]).to(dt)
+        outs = (*outs[:-1], final.to(dt))  # the whole window's final, on every rank
+    elif p.want_carry:
+        carry = whole.to(dt)
     return outs, carry
 
 
@@ -192,18 +187,8 @@ def _check_window_end_truncation(p: Problem, owner, rank):
     bv, tr = p.fields.get("bootstrap_values"), p.fields.get("truncated")
     if bv is None or tr is None or bv.dim() != 1 or p.no_bootstrap or tr.shape[-1] == 0:
         return
-    from rollbuf.vectorized import last_unmasked_index
-
-    t = tr != 0
-    k = p.fields.get("terminated")
-    if k is not None:
-        t = t & (k == 0)  # terminated wins: nothing is read there
-    m = p.fields.get("mask")
-    if m is not None:
-        t = t & (m != 0)
-        j = last_unmasked_index(m != 0)
-    else:
-        j = torch.full(t.shape[:-1], t.shape[-1] - 1, device=t.device)
+    t = windows.bootstrap_read(p.fields.get("terminated"), tr, p.fields.get("mask"))
+    j = windows.window_end_index(p.fields.get("mask"), t.shape, t.device)
     at_end = t.gather(-1, j.clamp(min=0).unsqueeze(-1)).squeeze(-1) & (j >= 0)
     if bool((at_end & (owner != rank)).any()):
         raise ValueError(
@@ -215,16 +200,14 @@ def _check_window_end_truncation(p: Problem, owner, rank):
 
 def _distributed(fn):
     """``rollbuf.distributed.<name>``: ``fn`` with ``group=``, its shard's carry exchanged."""
+    sig = inspect.signature(fn)
 
     @functools.wraps(fn)
     def wrapper(*args, group=None, **kwargs):
-        token = F._RUN_HOOK.set(functools.partial(_hook, group=group))
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            F._RUN_HOOK.reset(token)
+        bound = sig.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return functional.call(fn.__name__, dict(bound.arguments), run=functools.partial(_exchange, group=group))
 
-    sig = inspect.signature(fn)
     params = list(sig.parameters.values())
     extra = inspect.Parameter("group", inspect.Parameter.KEYWORD_ONLY, default=None)
     at = len(params) - (params[-1].kind == inspect.Parameter.VAR_KEYWORD)
@@ -238,15 +221,11 @@ def _distributed(fn):
     return wrapper
 
 
-def _hook(p, backend, reference_call, return_carry, *, group):
-    return _exchange(p, backend, reference_call, return_carry, group)
-
-
-gae = _distributed(F.gae)
-advantages = _distributed(F.advantages)
-lambda_returns = _distributed(F.lambda_returns)
-discounted_returns = _distributed(F.discounted_returns)
-vtrace = _distributed(F.vtrace)
-retrace = _distributed(F.retrace)
-eligibility_traces = _distributed(F.eligibility_traces)
-episodic_sums = _distributed(F.episodic_sums)
+gae = _distributed(functional.gae)
+advantages = _distributed(functional.advantages)
+lambda_returns = _distributed(functional.lambda_returns)
+discounted_returns = _distributed(functional.discounted_returns)
+vtrace = _distributed(functional.vtrace)
+retrace = _distributed(functional.retrace)
+eligibility_traces = _distributed(functional.eligibility_traces)
+episodic_sums = _distributed(functional.episodic_sums)

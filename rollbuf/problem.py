@@ -1,21 +1,61 @@
 """One estimator call after validation: what every backend receives.
 
-``fields`` hold the caller's tensors with the leading batch dimensions flattened to one
-(``[N, T]``, ``x`` of the forward estimators ``[N, T, *F]``), flags still in their own dtype,
-``bootstrap_values`` either ``[N, T]`` or ``[N]`` (window-end column only), absent fields ``None``.
+A :class:`Problem` is immutable. ``fields`` hold the caller's tensors with the leading batch
+dimensions flattened to one (``[N, T]``; ``x`` of the forward estimators ``[N, T, *F]``), flags in
+their own dtype, ``bootstrap_values`` either ``[N, T]`` or ``[N]`` (window-end column only), absent
+fields ``None``. The field names say what each tensor holds, per family:
+
+==========================  ===================================================================
+family                      fields
+==========================  ===================================================================
+``TD_LAMBDA``               ``rewards``, ``values`` (``None`` for discounted returns), flags,
+                            ``bootstrap_values``, ``mask``
+``RETRACE``                 the above and ``log_probs``, ``target_log_probs``, ``q_values``
+``VTRACE``                  the above without ``q_values``
+``FORWARD``                 ``x`` ``[N, T, *F]``, flags, ``mask``
+``AFFINE``                  ``alpha``, ``beta``: the scan coefficients given as data
+``TD_LAMBDA_ADJOINT``       ``grad_returns`` (``Ḡ``), ``grad_advantages`` (``ḡ_A`` or ``None``),
+                            flags, ``mask``: the backward pass of the ``TD_LAMBDA`` family
+``GENERIC``                 whatever the estimator's registry entry declares; its coefficient
+                            function (``Problem.estimator``) turns them into ``(α, β)``
+==========================  ===================================================================
+
+Flags: ``terminated``, ``truncated`` (bool, uint8 or 0/1 float).
 """
 
 from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Mapping
+from typing import Any
 
 import attrs
 import torch
 
 
-@attrs.define(slots=True, kw_only=True)
+class Family(str, enum.Enum):
+    """Which scan an estimator is. The value is the short name used in kernel tables and logs."""
+
+    TD_LAMBDA = "lambda"  # GAE, TD(λ) returns, discounted returns (bootstrapped and Monte Carlo)
+    RETRACE = "retrace"
+    VTRACE = "vtrace"  # the pair state (u, V)
+    FORWARD = "trace"  # eligibility traces, episodic sums: forward in time, features allowed
+    AFFINE = "affine"  # the public primitive affine_scan: α and β given as data
+    TD_LAMBDA_ADJOINT = "lambda_adjoint"  # the TD(λ) family's backward pass (forward in time)
+    GENERIC = "generic"  # an estimator defined by a coefficient function (registry extensions)
+
+    __hash__ = str.__hash__
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@attrs.frozen(kw_only=True)
 class Problem:
-    family: str  # "lambda" | "retrace" | "vtrace" | "trace": which scan the estimator is
-    outputs: tuple[str, ...]  # names of the per-step outputs, in order
-    fields: dict[str, torch.Tensor | None]
+    family: Family = attrs.field(converter=Family)
+    outputs: tuple[str, ...]  # names of the per-step outputs, in order ("final" last if any)
+    fields: Mapping[str, torch.Tensor | None]
     gamma: float = 1.0
     lam: float = 1.0
     rho_bar: float = 1.0
@@ -24,19 +64,51 @@ class Problem:
     decay: float = 1.0
     window_end: str = "bootstrap"  # "bootstrap" | "terminal"
     no_bootstrap: bool = False  # Monte-Carlo returns: truncation cuts, nothing is ever read
-    carry: torch.Tensor | None = None  # chained window: the scan state past the window
+    carry: torch.Tensor | None = None  # chained window: the scan state past the window (forward: `initial`)
+    want_carry: bool = False  # return_carry=True: the backend also returns the row's carry out
     compute_dtype: torch.dtype = torch.float32
     out_dtype: torch.dtype = torch.float32
     batch_shape: tuple[int, ...] = ()
     feature_shape: tuple[int, ...] = ()
-    reverse: bool = True  # only read by the generic affine_scan
-    want_carry: bool = False  # return_carry=True: the kernel also writes the row's carry out
-
+    reverse: bool = True  # the direction of the scan (read by AFFINE and GENERIC)
+    estimator: Any = None  # the registry entry (rollbuf.estimators.Estimator) this call came from
+    params: Mapping[str, Any] = attrs.field(factory=dict)  # extra parameters of GENERIC estimators
 
     @property
     def pair(self) -> bool:
-        return self.family == "vtrace"
+        """Whether the scan state is a pair (V-trace's ``(u, V)``)."""
+        return self.family is Family.VTRACE
 
     @property
     def main(self) -> torch.Tensor:
-        return self.fields["x" if self.family in ("trace", "affine") else "rewards"]
+        """The field that fixes ``[N, T]``: ``x`` (forward), ``alpha`` (affine), ``grad_returns``
+        (adjoint), the estimator's first field (generic), else ``rewards``."""
+        f = self.family
+        if f is Family.FORWARD:
+            return self.fields["x"]
+        if f is Family.AFFINE:
+            return self.fields["alpha"]
+        if f is Family.TD_LAMBDA_ADJOINT:
+            return self.fields["grad_returns"]
+        if f is Family.GENERIC:
+            return self.fields[self.estimator.fields[0].name]
+        return self.fields["rewards"]
+
+    @property
+    def num_rows(self) -> int:
+        return self.main.shape[0]
+
+    @property
+    def num_steps(self) -> int:
+        return self.main.shape[1]
+
+    @property
+    def features(self) -> int:
+        return math.prod(self.feature_shape)
+
+    def flag(self, name: str) -> torch.Tensor | None:
+        """Flag ``name`` as a bool tensor (``None`` if absent)."""
+        f = self.fields.get(name)
+        if f is None:
+            return None
+        return f if f.dtype == torch.bool else f != 0

@@ -6,6 +6,7 @@ import torch
 from tensordict import tensorclass
 
 from rollbuf import functional as F
+from rollbuf import windows
 
 _STEP_FIELDS = ("rewards", "values", "terminated", "truncated", "log_probs", "bootstrap_values", "mask")
 
@@ -98,14 +99,8 @@ class Rollout:
         T = self.batch_size[-1]
         if T == 0:
             return self
-        if self.mask is None:
-            j = torch.full(B, T - 1, dtype=torch.long, device=self.values.device)
-        else:
-            from rollbuf.vectorized import last_unmasked_index
-
-            j = last_unmasked_index(self.mask != 0)
-            j = torch.where(j < 0, T - 1, j)
-        j = j.unsqueeze(-1)
+        j = windows.window_end_index(self.mask, self.batch_size, self.values.device)
+        j = torch.where(j < 0, T - 1, j).unsqueeze(-1)  # a row with no unmasked step: its last column
         done = self.terminated != 0
         if self.truncated is not None:
             done = done | (self.truncated != 0)

@@ -60,6 +60,8 @@ from collections.abc import Mapping
 
 import torch
 
+from rollbuf import estimators, windows
+
 __all__ = [
     "ESTIMATORS",
     "FIELDS",
@@ -82,34 +84,26 @@ NAN = float("nan")
 FIELDS = ("rewards", "values", "terminated", "truncated", "bootstrap_values", "mask", "log_probs",
           "target_log_probs", "q_values")
 
-_BACKWARD = ("rewards", "values", "terminated", "truncated", "bootstrap_values", "mask")
 _FLAG_FIELDS = ("terminated", "truncated", "mask")
 
-#: Estimator name -> (function in rollbuf.functional, fields it takes, fixed keyword arguments).
-ESTIMATORS: dict[str, tuple[str, tuple[str, ...], dict]] = {
-    "gae": ("gae", _BACKWARD, {}),
-    "advantages": ("advantages", _BACKWARD, {}),
-    "lambda_returns": ("lambda_returns", _BACKWARD, {}),
-    "discounted_returns": ("discounted_returns", _BACKWARD, {}),
-    "monte_carlo_returns": ("discounted_returns", ("rewards", "terminated", "truncated", "mask"),
-                            {"bootstrap": False}),
-    "vtrace": ("vtrace", _BACKWARD + ("log_probs", "target_log_probs"), {}),
-    "retrace": ("retrace", _BACKWARD + ("log_probs", "target_log_probs", "q_values"), {}),
-    "eligibility_traces": ("eligibility_traces", ("x",) + _FLAG_FIELDS, {}),
-    "episodic_sums": ("episodic_sums", ("x",) + _FLAG_FIELDS, {}),
-}
 
-_OUTPUT_NAMES = {
-    "gae": ("advantages", "returns"),
-    "advantages": ("advantages",),
-    "lambda_returns": ("returns",),
-    "discounted_returns": ("returns",),
-    "monte_carlo_returns": ("returns",),
-    "vtrace": ("vs", "pg_advantages"),
-    "retrace": ("q_targets",),
-    "eligibility_traces": ("traces", "final"),
-    "episodic_sums": ("sums", "final"),
-}
+class _RegistryView(Mapping):
+    """``ESTIMATORS`` as read from :data:`rollbuf.estimators.REGISTRY` (estimators registered later
+    appear too): name -> (function in rollbuf.functional, fields it takes, fixed keyword arguments)."""
+
+    def __getitem__(self, name):
+        e = estimators.REGISTRY[name]
+        return (e.function_name, e.field_names, dict(e.fixed))
+
+    def __iter__(self):
+        return iter(estimators.REGISTRY)
+
+    def __len__(self):
+        return len(estimators.REGISTRY)
+
+
+#: Estimator name -> (function in rollbuf.functional, fields it takes, fixed keyword arguments).
+ESTIMATORS: Mapping[str, tuple[str, tuple[str, ...], dict]] = _RegistryView()
 
 # ---------------------------------------------------------------------------------------------
 # generation
@@ -117,15 +111,9 @@ _OUTPUT_NAMES = {
 
 
 def window_end_index(mask: torch.Tensor | None, shape) -> torch.Tensor:
-    """The window end of each row of a ``[*B, T]`` rollout: its last unmasked step, ``-1`` if none."""
-    T = shape[-1]
-    if mask is None:
-        return torch.full(tuple(shape[:-1]), T - 1, dtype=torch.long)
-    live = (mask != 0).cpu()
-    idx = torch.arange(T)
-    if T == 0:
-        return torch.full(tuple(shape[:-1]), -1, dtype=torch.long)
-    return torch.where(live, idx, -1).amax(-1)
+    """The window end of each row of a ``[*B, T]`` rollout: its last unmasked step, ``-1`` if none
+    (on the CPU; :func:`rollbuf.windows.window_end_index`)."""
+    return windows.window_end_index(None if mask is None else mask.cpu(), shape)
 
 
 def make_rollout(n=4, t=33, *, seed=0, dtype=torch.float32, flag_dtype=torch.bool,
@@ -282,20 +270,21 @@ def estimator_params(name: str, window_ends=("bootstrap", "terminal")):
     """
     from hypothesis import strategies as st
 
-    _lookup(name)
+    entry = estimators.get(name)
     rho = st.one_of(st.sampled_from((1.0, 0.5, 2.0)), st.floats(0.05, 3.0))
     cbar = st.one_of(st.sampled_from((1.0, 0.5)), st.floats(0.05, 1.0))
-    backward = name not in ("eligibility_traces", "episodic_sums")
+    special = {"gamma": gammas(), "lam": lams(), "rho_bar": rho, "c_bar": cbar,
+               "pg_rho_bar": st.one_of(st.none(), rho)}
     spec = {}
-    if name != "episodic_sums":
-        spec["gamma"] = gammas()
-    if name in ("gae", "advantages", "lambda_returns", "vtrace", "retrace", "eligibility_traces"):
-        spec["lam"] = lams()
-    if name == "vtrace":
-        spec.update(rho_bar=rho, c_bar=cbar, pg_rho_bar=st.one_of(st.none(), rho))
-    if name == "retrace":
-        spec["c_bar"] = cbar
-    if backward and name != "monte_carlo_returns":
+    for prm in entry.params:
+        if prm.name in special:
+            spec[prm.name] = special[prm.name]
+        elif prm.check is estimators.unit_interval:
+            spec[prm.name] = st.floats(0.0, 1.0)
+        elif prm.check is estimators.positive:
+            spec[prm.name] = st.floats(0.05, 3.0)
+    boot = entry.field("bootstrap_values")
+    if entry.direction == "backward" and (boot is None or boot.read):
         spec["window_end"] = st.sampled_from(tuple(window_ends))
     return st.fixed_dictionaries(spec)
 
@@ -306,10 +295,8 @@ def estimator_params(name: str, window_ends=("bootstrap", "terminal")):
 
 
 def _lookup(name):
-    try:
-        return ESTIMATORS[name]
-    except KeyError:
-        raise ValueError(f"unknown estimator {name!r}; known: {sorted(ESTIMATORS)}") from None
+    estimators.get(name)  # a clear error naming the known estimators
+    return ESTIMATORS[name]
 
 
 def _inputs(name, fields: Mapping, params: Mapping) -> dict:
@@ -340,7 +327,10 @@ def run_estimator(name: str, fields: Mapping, *, backend="auto", **params):
     from rollbuf import functional as F
 
     fn_name = _lookup(name)[0]
-    return getattr(F, fn_name)(**_inputs(name, fields, params), backend=backend)
+    fn = getattr(F, fn_name, None)
+    if fn is None or fn_name not in F.__all__:  # a registered estimator with no wrapper of its own
+        return F.estimate(name, **_inputs(name, fields, params), backend=backend)
+    return fn(**_inputs(name, fields, params), backend=backend)
 
 
 def _as_tuple(out):
@@ -542,8 +532,8 @@ def assert_matches_reference(estimator_name: str, outputs, fields: Mapping, *, r
     actual = _as_tuple(outputs)
     if len(actual) > len(expected):
         raise AssertionError(f"{estimator_name}: got {len(actual)} outputs, the estimator has {len(expected)}")
-    names = _OUTPUT_NAMES.get(estimator_name, ())
-    direction = "forward" if _lookup(estimator_name)[1][0] == "x" else "backward"
+    entry = estimators.get(estimator_name)
+    names, direction = entry.outputs, entry.direction
     for i, (a, e) in enumerate(zip(actual, expected)):
         label = f"{estimator_name}.{names[i] if i < len(names) else i}"
         assert_close_to_reference(a, e, fields, rtol=rtol, atol=atol, name=label, equal_nan=equal_nan,

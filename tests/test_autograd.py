@@ -2,7 +2,7 @@
 
 ``torch.autograd.gradcheck`` in float64 on the ``reference`` loops (run on 0-d tensors when an
 input requires grad), the ``torch`` backend and the ``triton`` backend (fused forward; backward
-through the torch backend, see rollbuf/autograd.py), with terminations,
+through the torch backend, see rollbuf/backends/autograd.py), with terminations,
 truncations, masks and the window-end carry. Importance ratios are kept away from the clip points,
 where the gradient is not defined.
 """
@@ -156,18 +156,14 @@ def test_affine_scan_gradients(backend, reverse):
 def test_adjoint_scan_gradient(reverse, fused):
     """AffineScanFunction's analytic backward (the adjoint scan), on the blocked torch scan and on
     the fused kernel, against finite differences; T straddles the blocked scan's block size."""
-    from rollbuf import autograd
+    from rollbuf.backends import scan
 
     g = torch.Generator().manual_seed(1)
     a = torch.randn(2, 3, 37, generator=g, dtype=torch.float64).to(DEV).requires_grad_()
     b = (0.2 + 0.7 * torch.rand(2, 3, 37, generator=g, dtype=torch.float64)).to(DEV).requires_grad_()
     init = torch.randn(2, 3, generator=g, dtype=torch.float64).to(DEV).requires_grad_()
-    token = autograd._FUSED_SCAN.set(fused)
-    try:
-        fn = lambda a, b, i: autograd.AffineScanFunction.apply(a, b, i, reverse)  # noqa: E731
-        assert torch.autograd.gradcheck(fn, (a, b, init), fast_mode=fused)
-    finally:
-        autograd._FUSED_SCAN.reset(token)
+    fn = lambda a, b, i: scan.AffineScanFunction.apply(a, b, i, reverse, fused)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, (a, b, init), fast_mode=fused)
 
 
 @pytest.mark.gpu
@@ -201,16 +197,16 @@ def test_lambda_family_adjoint_variants(backend, variant):
     """The TD(λ) family's analytic adjoint (triton) at every way the window end is fed: the carry
     out differentiated, a terminal window end, ``[N]`` bootstrap values, an explicit carry in, and
     Monte-Carlo returns (no bootstrap)."""
-    from rollbuf import autograd as AG
+    from rollbuf.backends import autograd as AG
     from rollbuf import functional as F
 
     f = _inputs(8, True)
     calls = []
     orig = AG.lambda_backward
 
-    def spy(*a):
+    def spy(*a, **k):
         calls.append(1)
-        return orig(*a)
+        return orig(*a, **k)
 
     AG.lambda_backward = spy
     try:
@@ -246,7 +242,7 @@ def test_lambda_family_adjoint_variants(backend, variant):
 def test_trace_adjoint_with_features_and_initial(name):
     """The forward estimators' analytic adjoint (triton backward) with per-feature traces ``[N, T, F]``,
     ``initial`` and ``final`` both in the loss, against finite differences."""
-    from rollbuf import autograd as AG
+    from rollbuf.backends import autograd as AG
     from rollbuf import functional as F
 
     f = _inputs(12, True)
@@ -256,7 +252,7 @@ def test_trace_adjoint_with_features_and_initial(name):
     kw = dict(terminated=f["terminated"], truncated=f["truncated"], mask=f["mask"], backend="triton")
     calls = []
     orig = AG.trace_backward
-    AG.trace_backward = lambda *a: calls.append(1) or orig(*a)
+    AG.trace_backward = lambda *a, **k: calls.append(1) or orig(*a, **k)
     try:
         if name == "eligibility_traces":
             fn = lambda x, i: tuple(F.eligibility_traces(x, 0.9, 0.8, i, **kw))  # noqa: E731
@@ -272,14 +268,14 @@ def test_trace_adjoint_with_features_and_initial(name):
 def test_retrace_adjoint_with_clipping_and_carry_out(masked):
     """Retrace's analytic adjoint (triton backward, from the saved output Q) with the trace clipped
     at c̄ = 1 on many steps and the carry out in the loss: the same VJP as the torch backend."""
-    from rollbuf import autograd as AG
+    from rollbuf.backends import autograd as AG
     from rollbuf import functional as F
 
     f = _inputs(13, masked)
     keys = ("rewards", "values", "bootstrap_values", "log_probs", "target_log_probs", "q_values")
     calls = []
     orig = AG.retrace_backward
-    AG.retrace_backward = lambda *a: calls.append(1) or orig(*a)
+    AG.retrace_backward = lambda *a, **k: calls.append(1) or orig(*a, **k)
     grads = {}
     try:
         for backend in ("torch", "triton"):
@@ -306,14 +302,14 @@ def test_vtrace_adjoint_with_clipping_and_carry_out(masked):
     """V-trace's analytic adjoint (triton backward, from the saved output vs) with ρ̄ = c̄ = ρ̄_pg = 1
     (the clips active on many steps), both outputs and the carry out in the loss: the same VJP as the
     torch backend; and with an explicit carry in."""
-    from rollbuf import autograd as AG
+    from rollbuf.backends import autograd as AG
     from rollbuf import functional as F
 
     f = _inputs(14, masked)
     keys = ("rewards", "values", "bootstrap_values", "log_probs", "target_log_probs")
     calls = []
     orig = AG.vtrace_backward
-    AG.vtrace_backward = lambda *a: calls.append(1) or orig(*a)
+    AG.vtrace_backward = lambda *a, **k: calls.append(1) or orig(*a, **k)
     try:
         for carry_in in (False, True):
             grads = {}

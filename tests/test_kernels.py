@@ -533,7 +533,7 @@ def test_lambda_adjoint_kernel(split, mix, T, outputs):
     """The TD(λ) family's fused backward (family ``lambda_adjoint``, forward in time) against the
     same adjoint computed in float64 torch, every strategy, with a carry-out gradient; outputs are
     NaN-poisoned, so an unwritten element fails."""
-    from rollbuf import autograd as AG
+    from rollbuf.backends import autograd as AG
     from rollbuf.problem import Problem
 
     N = 3
@@ -553,21 +553,17 @@ def test_lambda_adjoint_kernel(split, mix, T, outputs):
         p = Problem(family="lambda", outputs=outs, fields=fields, gamma=0.9, lam=0.8, compute_dtype=dt,
                     out_dtype=dt, want_carry=True)
         gs = tuple(None if x is None else x.to(DEV, dt) for x in grads)
-        token = AG._FUSED_SCAN.set(fused)
-        try:
-            res[fused] = _adjoint(AG, p, gs)
-        finally:
-            AG._FUSED_SCAN.reset(token)
+        res[fused] = _adjoint(AG, p, gs, fused)
     for a, b in zip(res[False], res[True]):
         assert not torch.isnan(b).any()
         torch.testing.assert_close(b.double().cpu(), a.double().cpu(), rtol=1e-5, atol=1e-5)
 
 
-def _adjoint(AG, p, gs):
+def _adjoint(AG, p, gs, fused):
     """(r̄, V̄) of lambda_backward with inputs that require grad (the function reads requires_grad)."""
     r = p.fields["rewards"].detach().requires_grad_()
     v = p.fields["values"].detach().requires_grad_()
-    return AG.lambda_backward(p, ("rewards", "values"), (r, v), gs)[:2]
+    return AG.lambda_backward(p, ("rewards", "values"), (r, v), gs, fused=fused)[:2]
 
 
 @pytest.mark.parametrize("name", ["gae", "lambda_returns", "discounted_returns", "vtrace", "retrace"])

@@ -254,12 +254,15 @@ def test_window_end_column_bootstrap_check_refuses_a_graph_capture(monkeypatch):
     failing in the driver (the capture is simulated: the check is on the host)."""
     tr = torch.zeros(N, T, dtype=torch.bool)
     tr[:, -1] = True
-    c = F._Call("rewards", torch.zeros(N, T))
+    from rollbuf import validation
+
+    c = validation.Fields((N, T), torch.device("cpu"))
+    c.add_float("rewards", torch.zeros(N, T))
     c.add_flag("truncated", tr)
     c.device = torch.device("cuda", 0)  # as if the rollout were on a GPU being captured
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     with _raises(ValueError, "bootstrap_values", "[*B, T]", "capturing"):
-        c._check_no_interior_truncation(tr)
+        c.check_window_end_column()
 
 
 @pytest.mark.parametrize("name", BACKWARD)

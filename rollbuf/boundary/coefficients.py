@@ -173,7 +173,8 @@ def lambda_adjoint_out(g, g_adv, lam, w):
 
 
 # ----------------------------------------------------------------------------------------------
-# The registry: what the docs table is generated from (docs/semantics.md), one row per estimator.
+# One row of the boundary-model table (docs/semantics.md). The rows themselves live in the estimator
+# registry (rollbuf.estimators), one per estimator.
 # ----------------------------------------------------------------------------------------------
 
 
@@ -190,56 +191,5 @@ class EstimatorSpec:
     outputs: tuple[str, ...]
 
 
-_LOCAL = "local_t = r_t + γ(1−k_t)·tr_t·B_t"
-ESTIMATORS: dict[str, EstimatorSpec] = {
-    "gae": EstimatorSpec(
-        "gae", "backward", "Z_t = (1−λ)V_t + λG_t", "(1−λ)V_t + λ·local_t", "γλ·nd_t",
-        "G_t = local_t + γ·nd_t·Z_{t+1}; A_t = G_t − V_t",
-        "scan carry Z_T = V(s_T) (0 if window_end='terminal')",
-        "Z_0 = V_0 + λA_0 of the next window", ("advantages", "returns"),
-    ),
-    "lambda_returns": EstimatorSpec(
-        "lambda_returns", "backward", "Z_t = (1−λ)V_t + λG_t", "(1−λ)V_t + λ·local_t",
-        "γλ·nd_t", "G_t = local_t + γ·nd_t·Z_{t+1}",
-        "scan carry Z_T = V(s_T) (0 if window_end='terminal')",
-        "Z_0 = (1−λ)V_0 + λG_0 of the next window", ("returns",),
-    ),
-    "discounted_returns": EstimatorSpec(
-        "discounted_returns", "backward", "Z_t = G_t (TD(1))", "local_t", "γ·nd_t",
-        "G_t = local_t + γ·nd_t·Z_{t+1}",
-        "scan carry Z_T = V(s_T) (0 if window_end='terminal')", "Z_0 = G_0 of the next window",
-        ("returns",),
-    ),
-    "monte_carlo_returns": EstimatorSpec(
-        "monte_carlo_returns", "backward", "Z_t = G_t", "r_t", "γ·nd_t",
-        "G_t = r_t + γ·nd_t·Z_{t+1} (truncation cuts, no bootstrap)",
-        "scan carry Z_T = 0 (G past the window is 0)", "Z_0 = G_0 of the next window",
-        ("returns",),
-    ),
-    "retrace": EstimatorSpec(
-        "retrace", "backward", "W_t = V_t + c_t(Q^ret_t − q_t)", "V_t + c_t(local_t − q_t)",
-        "γ·nd_t·c_t", "Q^ret_t = local_t + γ·nd_t·W_{t+1}",
-        "scan carry W_T = V(s_T) (0 if window_end='terminal')",
-        "W_0 = V_0 + c_0(Q^ret_0 − q_0) of the next window", ("q_targets",),
-    ),
-    "vtrace": EstimatorSpec(
-        "vtrace", "backward", "(u_t, V_t), u_t = vs_t − V_t",
-        "u: ρ_t(local_t − V_t); V: V_t",
-        "u ← γ·nd_t·(c_t·u + ρ_t·V); V ← 0·V",
-        "vs_t = V_t + ρ_t(local_t − V_t) + γ·nd_t(ρ_t·V_{t+1} + c_t·u_{t+1}); "
-        "pg_t = ρpg_t(local_t + γ·nd_t(V_{t+1} + u_{t+1}) − V_t)",
-        "scan carry (u_T, V_T) = (0, V(s_T)) ((0, 0) if window_end='terminal')",
-        "(u_0, V_0) of the next window", ("vs", "pg_advantages"),
-    ),
-    "eligibility_traces": EstimatorSpec(
-        "eligibility_traces", "forward", "F_t = nd_t·e_t", "nd_t·x_t", "γλ·nd_t",
-        "e_t = x_t + γλ·F_{t−1}", "none (forward)", "F_{T−1} = final → next window's initial",
-        ("traces", "final"),
-    ),
-    "episodic_sums": EstimatorSpec(
-        "episodic_sums", "forward", "F_t = nd_t·S_t", "nd_t·x_t", "nd_t",
-        "S_t = x_t + F_{t−1}", "none (forward)", "F_{T−1} = final → next window's initial",
-        ("sums", "final"),
-    ),
-}
-LOCAL_TERM = _LOCAL
+#: The local term every backward estimator's α and output read (the docs table's footnote).
+LOCAL_TERM = "local_t = r_t + γ(1−k_t)·tr_t·B_t"

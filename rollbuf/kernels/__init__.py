@@ -275,13 +275,25 @@ def _unit_stride(fields, dummy, Fn: int, T: int) -> int:
     return 0
 
 
+def _kernel_fields(p: Problem) -> dict:
+    """The problem's fields under the kernel's argument names: the affine primitive's ``alpha``/``beta``
+    go in as ``x``/``values``, the TD(λ) adjoint's ``grad_returns``/``grad_advantages`` as
+    ``rewards``/``values`` (the slots whose loads and strides they use)."""
+    f = p.fields
+    if p.family == "affine":
+        return {"x": f["alpha"], "values": f["beta"]}
+    if p.family == "lambda_adjoint":
+        return dict(f, rewards=f["grad_returns"], values=f.get("grad_advantages"))
+    return dict(f)
+
+
 def run(p: Problem):
     from triton.language import float32, float64
 
     from rollbuf.kernels.scan import FAMILIES
 
-    f = p.fields
-    main = p.main
+    f = _kernel_fields(p)
+    main = f["x"] if p.family in ("trace", "affine") else f["rewards"]
     dev = main.device
     N, T = main.shape[0], main.shape[1]
     feat = p.feature_shape

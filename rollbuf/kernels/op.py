@@ -62,7 +62,7 @@ def _(rewards, values, terminated, truncated, bootstrap_values, mask, log_probs,
 def run(p: Problem):
     """:func:`rollbuf.kernels.run` through the custom op (same return convention)."""
     f = p.fields
-    res = scan(*(f.get(name) for name in _FIELDS), p.carry, p.family, ",".join(p.outputs), p.gamma, p.lam,
+    res = scan(*(f.get(name) for name in _FIELDS), p.carry, str(p.family), ",".join(p.outputs), p.gamma, p.lam,
                p.rho_bar, p.c_bar, p.pg_rho_bar, p.decay, p.window_end, p.no_bootstrap, p.want_carry,
                p.compute_dtype, p.out_dtype, list(p.feature_shape), p.reverse)
     if p.family in ("trace", "affine"):

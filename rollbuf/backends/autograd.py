@@ -1,102 +1,56 @@
-"""Gradients.
+"""Gradients of the fused kernels: :class:`KernelFunction` and the analytic adjoints.
 
-* The affine scan has an analytic backward (:class:`AffineScanFunction`): for
-  ``y_t = α_t + β_t·y_{t−1}`` the adjoint ``g_t = ȳ_t + β_{t+1}·g_{t+1}`` is the same scan run the
-  other way with ``β`` shifted by one step, and ``ᾱ = g``, ``β̄_t = g_t·y_{t−1}``, ``ȳ_{−1} = β_0·g_0``.
-  Autograd records one node per scan, not the blocked scan's inner steps.
 * The ``torch`` backend is differentiable as it stands: elementwise coefficient and epilogue code
-  under autograd, the scans through :class:`AffineScanFunction`.
+  under autograd, the scans through :class:`rollbuf.backends.scan.AffineScanFunction`.
 * A call of the fused kernel with inputs that require grad goes through :class:`KernelFunction`:
   the forward is the kernel; the backward is an analytic adjoint per family, with no forward
   recompute: the TD(λ) family (:func:`lambda_backward`: one fused kernel, family
-  ``lambda_adjoint``), the forward estimators (:func:`trace_backward`: one backward scan on the
+  ``TD_LAMBDA_ADJOINT``), the forward estimators (:func:`trace_backward`: one backward scan on the
   fused kernel and two elementwise passes), Retrace and V-trace (:func:`retrace_backward`,
   :func:`vtrace_backward`: their ``β`` reads the clipped ratios, so they need the forward state,
   which their saved first output carries; one forward adjoint scan on the fused kernel and
   elementwise passes). The generic path (``_backward``: recompute the elementwise parts with the
-  torch backend under autograd, both scans on the fused kernel) is left for empty rows.
+  torch backend under autograd, the scans on the fused kernel) serves empty rows and registry
+  estimators of ``Family.GENERIC``.
 
-Clipped importance ratios (V-trace's ``ρ``, ``c``; Retrace's ``c``) are differentiated as
-``torch.clamp`` does: zero gradient where the clip is active.
+Every adjoint takes ``fused``: run its scans on the fused kernel (inside a ``triton`` backward) or on
+the torch scan. Clipped importance ratios (V-trace's ``ρ``, ``c``; Retrace's ``c``) are
+differentiated as ``torch.clamp`` does: zero gradient where the clip is active.
 """
 
 from __future__ import annotations
 
-import contextvars
-
 import attrs
 import torch
-from torch.autograd.function import once_differentiable
 
+from rollbuf import windows
+from rollbuf.backends import torch_backend
+from rollbuf.backends.scan import scan_values
 from rollbuf.boundary import coefficients as C
-from rollbuf.problem import Problem
+from rollbuf.problem import Family, Problem
 
-# True inside KernelFunction.backward: the torch backend's scans then run on the fused kernel.
-_FUSED_SCAN: contextvars.ContextVar = contextvars.ContextVar("rollbuf_fused_scan", default=False)
+__all__ = ["needs_grad", "run", "KernelFunction", "lambda_backward", "trace_backward", "retrace_backward",
+           "vtrace_backward", "DIFFERENTIABLE"]
 
-
-def _scan(alpha, beta, reverse, initial):
-    """The scan itself: the fused kernel inside a triton backward, else the blocked torch scan."""
-    if torch.compiler.is_compiling() or not _FUSED_SCAN.get():
-        from rollbuf.vectorized import affine_scan_torch
-
-        return affine_scan_torch(alpha, beta, reverse, initial)
-    from rollbuf import kernels
-
-    lead, T = alpha.shape[:-1], alpha.shape[-1]
-    if T == 0 or alpha.numel() == 0:  # nothing to scan (and no row to reshape to)
-        return torch.empty(alpha.shape, dtype=alpha.dtype, device=alpha.device)
-    p = Problem(family="affine", outputs=("y", "final"),
-                fields={"x": alpha.reshape(-1, T), "values": beta.reshape(-1, T)},
-                carry=initial.reshape(-1).contiguous(), compute_dtype=alpha.dtype,
-                out_dtype=alpha.dtype, reverse=reverse)
-    return kernels.run(p)[0][0].reshape(*lead, T)
+DIFFERENTIABLE = ("rewards", "values", "bootstrap_values", "log_probs", "target_log_probs", "q_values", "x",
+                  "alpha", "beta")
 
 
-class AffineScanFunction(torch.autograd.Function):
-    """``y = affine_scan(α, β, reverse, initial)`` with the adjoint scan as its backward."""
-
-    @staticmethod
-    def forward(ctx, alpha, beta, initial, reverse):
-        y = _scan(alpha, beta, reverse, initial)
-        ctx.save_for_backward(beta, y, initial)
-        ctx.reverse = reverse
-        return y
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, gy):
-        beta, y, init = ctx.saved_tensors
-        if y.shape[-1] == 0:
-            return torch.zeros_like(y), torch.zeros_like(beta), torch.zeros_like(init), None
-        zero = torch.zeros_like(beta[..., :1])
-        if not ctx.reverse:  # y_t = a_t + b_t·y_{t−1}: the adjoint runs backward in time
-            g = _scan(gy, torch.cat([beta[..., 1:], zero], -1), True, torch.zeros_like(init))
-            y_before = torch.cat([init.unsqueeze(-1).to(y.dtype), y[..., :-1]], -1)
-            d_init = beta[..., 0] * g[..., 0]
-        else:  # y_t = a_t + b_t·y_{t+1}: the adjoint runs forward in time
-            g = _scan(gy, torch.cat([zero, beta[..., :-1]], -1), False, torch.zeros_like(init))
-            y_before = torch.cat([y[..., 1:], init.unsqueeze(-1).to(y.dtype)], -1)
-            d_init = beta[..., -1] * g[..., -1]
-        return g, g * y_before, d_init.to(init.dtype), None
-
-
-def affine_scan(alpha, beta, reverse, initial):
-    """Differentiable affine scan along the last dim (``initial``: ``y`` just outside the row)."""
-    if torch.is_grad_enabled() and (alpha.requires_grad or beta.requires_grad or initial.requires_grad):
-        return AffineScanFunction.apply(alpha, beta, initial, reverse)
-    return _scan(alpha, beta, reverse, initial)
-
-DIFFERENTIABLE = ("rewards", "values", "bootstrap_values", "log_probs", "target_log_probs", "q_values", "x")
+def differentiable_fields(p: Problem) -> tuple[str, ...]:
+    """The fields of ``p`` that can carry gradients (floating-point inputs, never flags)."""
+    if p.family is Family.GENERIC:
+        return tuple(f.name for f in p.estimator.fields if f.kind != "flag")
+    return DIFFERENTIABLE
 
 
 def needs_grad(p: Problem) -> bool:
+    """Whether a call must be recorded for autograd (grad mode on, some input requires grad)."""
     if not torch.is_grad_enabled():
         return False
     if p.carry is not None and p.carry.requires_grad:
         return True
     f = p.fields
-    for k in DIFFERENTIABLE:
+    for k in differentiable_fields(p):
         t = f.get(k)
         if t is not None and t.requires_grad:
             return True
@@ -105,39 +59,32 @@ def needs_grad(p: Problem) -> bool:
 
 class KernelFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, p: Problem, names: tuple, *tensors):
-        from rollbuf import kernels
-
+    def forward(ctx, p: Problem, plain_run, names: tuple, *tensors):
         ctx.p, ctx.names = p, names
-        outs, carry = kernels.run(p)
+        outs, carry = plain_run(p)
         ctx.n_out = len(outs)
         # the adjoints of Retrace and V-trace read their first output (Q; vs): kept, not recomputed
-        keep = (outs[0],) if p.family in ("retrace", "vtrace") else ()
+        keep = (outs[0],) if p.family in (Family.RETRACE, Family.VTRACE) else ()
         ctx.save_for_backward(*tensors, *keep)
         return tuple(outs) + ((carry,) if carry is not None else ())
 
     @staticmethod
     def backward(ctx, *grads):
         saved = ctx.saved_tensors
-        token = _FUSED_SCAN.set(True)
-        try:
-            if ctx.p.family == "lambda" and ctx.p.main.shape[-1] > 0:
-                return (None, None, *lambda_backward(ctx.p, ctx.names, saved, grads))
-            if ctx.p.family == "trace" and ctx.p.main.shape[1] > 0:
-                return (None, None, *trace_backward(ctx.p, ctx.names, saved, grads))
-            if ctx.p.family in ("retrace", "vtrace"):
-                saved, out0 = saved[:-1], saved[-1]
-                if ctx.p.main.shape[-1] > 0:
-                    fn = retrace_backward if ctx.p.family == "retrace" else vtrace_backward
-                    return (None, None, *fn(ctx.p, ctx.names, saved, out0, grads))
-            return KernelFunction._backward(ctx, saved, grads)
-        finally:
-            _FUSED_SCAN.reset(token)
+        p, names, none = ctx.p, ctx.names, (None, None, None)
+        if p.family is Family.TD_LAMBDA and p.num_steps > 0:
+            return (*none, *lambda_backward(p, names, saved, grads, fused=True))
+        if p.family is Family.FORWARD and p.num_steps > 0:
+            return (*none, *trace_backward(p, names, saved, grads, fused=True))
+        if p.family in (Family.RETRACE, Family.VTRACE):
+            saved, out0 = saved[:-1], saved[-1]
+            if p.num_steps > 0:
+                fn = retrace_backward if p.family is Family.RETRACE else vtrace_backward
+                return (*none, *fn(p, names, saved, out0, grads, fused=True))
+        return KernelFunction._backward(ctx, saved, grads)
 
     @staticmethod
     def _backward(ctx, saved, grads):
-        from rollbuf import vectorized
-
         with torch.enable_grad():
             xs = [t.detach().requires_grad_(t.requires_grad) for t in saved]
             fields = dict(ctx.p.fields)
@@ -147,7 +94,7 @@ class KernelFunction(torch.autograd.Function):
                     carry = x
                 else:
                     fields[name] = x
-            outs, c = vectorized.run(attrs.evolve(ctx.p, fields=fields, carry=carry))
+            outs, c = torch_backend.run(attrs.evolve(ctx.p, fields=fields, carry=carry), fused=True)
             res = list(outs) + ([c] if c is not None else [])
             pairs = [(r, g.to(r.dtype)) for r, g in zip(res, grads) if g is not None and r.requires_grad]
             want = [x for x in xs if x.requires_grad]
@@ -155,25 +102,27 @@ class KernelFunction(torch.autograd.Function):
                 if pairs and want else [None] * len(want)
         it = iter(got)
         out = [next(it) if x.requires_grad else None for x in xs]
-        return (None, None, *out)
+        return (None, None, None, *out)
 
 
 class _Adjoint:
     """What the analytic adjoints share: the call's fields with the saved tensors in place, the mask,
     clean flags and loads (0 at masked steps), the bootstrap/carry gradients, the result list."""
 
-    def __init__(self, p: Problem, names, saved):
-        from rollbuf import vectorized as V
-
-        self.V, self.p, self.names, self.saved = V, p, names, saved
+    def __init__(self, p: Problem, names, saved, fused: bool):
+        self.p, self.names, self.saved, self.fused = p, names, saved, fused
         self.dt = p.compute_dtype
         self.f = dict(p.fields)
         for name, x in zip(names, saved):
             if name != "carry":
                 self.f[name] = x
-        main = self.f["x" if p.family == "trace" else "rewards"]
+        main = self.f["x" if p.family is Family.FORWARD else "rewards"]
         self.N, self.T, self.dev = main.shape[0], main.shape[1], main.device
-        self.m = V._flag(p, "mask")
+        self.m = p.flag("mask")
+
+    def scan(self, alpha, beta, reverse, initial):
+        """An affine scan (no autograd node) on the fused kernel or the torch scan."""
+        return scan_values(alpha, beta, reverse, initial, self.fused)
 
     def zero(self, x):
         """``x`` with its masked steps set to 0."""
@@ -181,7 +130,7 @@ class _Adjoint:
 
     def flag(self, name):
         """A flag as 0/1 in the compute dtype, 0 at masked steps (a 0-d zero if absent)."""
-        x = self.V._flag(self.p, name)
+        x = self.p.flag(name)
         if x is None:
             return torch.zeros((), dtype=self.dt, device=self.dev)
         return (x if self.m is None else x & self.m).to(self.dt)
@@ -201,7 +150,7 @@ class _Adjoint:
         unmasked, not terminated steps with weight ``γ`` times the local term's gradient
         ``local_bar``, and through the window-end carry, whose gradient is ``w_end`` (``[N]``, or
         ``[N, 2]`` = (u, V) for V-trace, whose window end feeds V). The window end is the rule of
-        :func:`rollbuf.vectorized._window_end_carry`: an explicit ``carry`` takes ``w_end`` whole;
+        :func:`rollbuf.windows.window_end_carry`: an explicit ``carry`` takes ``w_end`` whole;
         otherwise ``V(s_T)`` is ``bootstrap_values`` at the last unmasked step (the last column of a
         row with none), not read where that step terminated, and absent for a terminal window end.
         """
@@ -215,11 +164,9 @@ class _Adjoint:
             return
         bv = self.f["bootstrap_values"]
         dt, T = self.dt, self.T
-        tr = self.V._flag(p, "truncated")
-        if tr is not None and not (p.family == "lambda" and p.no_bootstrap):
-            k = self.V._flag(p, "terminated")
-            read = tr if k is None else tr & ~k  # terminated wins
-            read = read if self.m is None else read & self.m
+        read = None if p.no_bootstrap else windows.bootstrap_read(p.fields.get("terminated"),
+                                                                   p.fields.get("truncated"), self.m)
+        if read is not None:
             g = torch.where(read, local_bar, 0) * p.gamma  # on the 1-byte flags: no float copies
             g = g.sum(-1) if bv.dim() == 1 else g  # [N]: the window-end column only (validated)
         else:
@@ -230,11 +177,11 @@ class _Adjoint:
         # a terminated window end never reads V(s_T): no factor needed here, because every path
         # into the window-end carry passes the window end's continuation γ·(1−k)·(1−tr), so w_end
         # is already 0 there (tests: test_terminated_window_end_gets_no_bootstrap_gradient)
-        w = w_end[..., 1] if p.family == "vtrace" else w_end
+        w = w_end[..., 1] if p.pair else w_end
         if self.m is None:
             j = None  # the last column
         else:
-            last = self.V.last_unmasked_index(self.m)
+            last = windows.last_unmasked_index(self.m)
             j = torch.where(last >= 0, last, T - 1).unsqueeze(-1)
         if bv.dim() == 1:
             g = g + w
@@ -249,7 +196,7 @@ class _Adjoint:
                 for n, x in zip(self.names, self.saved)]
 
 
-def lambda_backward(p: Problem, names, saved, grads):
+def lambda_backward(p: Problem, names, saved, grads, fused: bool = False):
     """The analytic adjoint of the TD(λ) family (GAE, TD(λ), discounted returns): no recompute.
 
     The outputs are linear in the inputs and ``β_t = γλ·nd_t`` reads none of them, so the backward
@@ -264,15 +211,15 @@ def lambda_backward(p: Problem, names, saved, grads):
     bootstrap terms; otherwise the same arithmetic (:func:`~rollbuf.boundary.coefficients.lambda_adjoint_step`,
     :func:`~rollbuf.boundary.coefficients.lambda_adjoint_out`) in torch around one scan.
     """
-    a = _Adjoint(p, names, saved)
+    a = _Adjoint(p, names, saved, fused)
     dt, m, N, T, dev = a.dt, a.m, a.N, a.T, a.dev
     n_out = len(p.outputs)
-    two = p.outputs == ("advantages", "returns")
-    g_adv, g_ret = (grads[0], grads[1]) if two else (None, grads[0])
+    named = dict(zip(p.outputs, grads))
+    g_adv, g_ret = named.get("advantages"), named.get("returns")
     g_carry = grads[n_out] if len(grads) > n_out and grads[n_out] is not None else None
     w0 = g_carry.to(dt) if g_carry is not None else None
     has_v = "values" in names
-    if _FUSED_SCAN.get() and not torch.compiler.is_compiling():
+    if fused and not torch.compiler.is_compiling():
         # one fused kernel: reads the output gradients and flags, writes r̄, V̄ and W_T (0 at masked
         # steps, which it never reads); Ḡ = ḡ_G + ḡ_A is formed in registers
         from rollbuf import kernels
@@ -282,9 +229,9 @@ def lambda_backward(p: Problem, names, saved, grads):
         adv_only = g_ret is None
         if adv_only:  # Ḡ = ḡ_A: pass it as ḡ_G with ḡ_A = 0, and subtract it from V̄ below
             g_ret, g_adv = g_adv, None
-        fields = {"rewards": g_ret, "values": g_adv, "terminated": p.fields.get("terminated"),
+        fields = {"grad_returns": g_ret, "grad_advantages": g_adv, "terminated": p.fields.get("terminated"),
                   "truncated": p.fields.get("truncated"), "mask": p.fields.get("mask")}
-        q = Problem(family="lambda_adjoint", outputs=("rewards", "values") if has_v else ("rewards",),
+        q = Problem(family=Family.TD_LAMBDA_ADJOINT, outputs=("rewards", "values") if has_v else ("rewards",),
                     fields=fields, gamma=p.gamma, lam=p.lam, carry=w0, compute_dtype=dt, out_dtype=dt)
         outs, w_end = kernels.run(q)
         out = {"rewards": outs[0]}
@@ -299,7 +246,7 @@ def lambda_backward(p: Problem, names, saved, grads):
         if m is not None:
             beta = torch.where(m, beta, 1.0)
         w0 = w0 if w0 is not None else torch.zeros(N, dtype=dt, device=dev)
-        u = _scan(alpha, beta, False, w0)
+        u = a.scan(alpha, beta, False, w0)
         w = torch.cat([w0.unsqueeze(-1), u[..., :-1]], dim=-1)  # W_t = ∂L/∂Z_t
         w_end = u[..., -1]  # W_T: the window-end carry's gradient
         r_bar, v_bar = C.lambda_adjoint_out(g_bar, g_adv if g_adv is not None else 0.0, p.lam, w)
@@ -310,7 +257,7 @@ def lambda_backward(p: Problem, names, saved, grads):
     return a.result(out)
 
 
-def trace_backward(p: Problem, names, saved, grads):
+def trace_backward(p: Problem, names, saved, grads, fused: bool = False):
     """The analytic adjoint of the forward estimators (eligibility traces, episodic sums).
 
     ``F_t = nd_t·x_t + d·nd_t·F_{t−1}`` (``d`` the decay; masked steps the identity) and
@@ -320,7 +267,7 @@ def trace_backward(p: Problem, names, saved, grads):
     ``x̄_t = ē_t + nd_t·Y_{t+1}`` at unmasked steps and ``∂/∂initial = Y_0``. No forward recompute;
     the scan runs on the fused kernel inside a triton backward.
     """
-    a = _Adjoint(p, names, saved)
+    a = _Adjoint(p, names, saved, fused)
     dt, N, T = a.dt, a.N, a.T
     x = a.f["x"]
     feat = tuple(x.shape[2:])
@@ -335,14 +282,14 @@ def trace_backward(p: Problem, names, saved, grads):
     beta = (p.decay * nd) * torch.ones_like(g_e)
     if live is not None:
         beta = torch.where(live, beta, 1.0)
-    y = _scan(alpha, beta, True, g_f)
+    y = a.scan(alpha, beta, True, g_f)
     g_x = g_e + nd * torch.cat([y[..., 1:], g_f.unsqueeze(-1)], dim=-1)
     if live is not None:
         g_x = torch.where(live, g_x, 0)
     return a.result({"x": g_x.movedim(-1, 1), "carry": y[..., 0]})
 
 
-def retrace_backward(p: Problem, names, saved, q_out, grads):
+def retrace_backward(p: Problem, names, saved, q_out, grads, fused: bool = False):
     """The analytic adjoint of Retrace, from its inputs and its output ``Q`` (no forward recompute).
 
     ``W_t = V_t + c_t(local_t − q_t) + g_t·c_t·W_{t+1}`` and ``Q_t = local_t + g_t·W_{t+1}``
@@ -353,7 +300,7 @@ def retrace_backward(p: Problem, names, saved, q_out, grads):
     log-probabilities through the ratio where it is not clipped (``torch.clamp``'s convention).
     ``U_{T−1}`` is the window-end carry's gradient.
     """
-    a = _Adjoint(p, names, saved)
+    a = _Adjoint(p, names, saved, fused)
     dt, m, N, dev = a.dt, a.m, a.N, a.dev
     k, tr = a.flag("terminated"), a.flag("truncated")
     g_q = a.grad(grads[0])
@@ -366,7 +313,7 @@ def retrace_backward(p: Problem, names, saved, q_out, grads):
     if m is not None:
         beta = torch.where(m, beta, 1.0)
     w0 = g_carry.to(dt) if g_carry is not None else torch.zeros(N, dtype=dt, device=dev)
-    u = _scan(gn * g_q, beta, False, w0)
+    u = a.scan(gn * g_q, beta, False, w0)
     u_bar = torch.cat([w0.unsqueeze(-1), u[..., :-1]], dim=-1)  # Ū_t = ∂L/∂W_t
     c_bar = u_bar * (q_out.detach().to(dt) - a.load("q_values"))
     ratio_bar = torch.where(unclipped, p.lam * c_bar, 0) * ratio
@@ -376,24 +323,24 @@ def retrace_backward(p: Problem, names, saved, q_out, grads):
     return a.result(out)
 
 
-def _next_live(x, m, carry):
+def _next_live(a, x, m, carry):
     """For every step, ``x`` at the next unmasked step (``carry`` past the last one)."""
     if m is None:
         return torch.cat([x[..., 1:], carry.unsqueeze(-1)], dim=-1)
-    y = _scan(torch.where(m, x, 0), torch.where(m, 0.0, 1.0).to(x.dtype), True, carry)
+    y = a.scan(torch.where(m, x, 0), torch.where(m, 0.0, 1.0).to(x.dtype), True, carry)
     return torch.cat([y[..., 1:], carry.unsqueeze(-1)], dim=-1)
 
 
-def _prev_live(x, m, initial):
+def _prev_live(a, x, m, initial):
     """For every step, ``x`` at the previous unmasked step (``initial`` before the first one), and
     ``x`` at the last unmasked step (``initial`` if none)."""
     if m is None:
         return torch.cat([initial.unsqueeze(-1), x[..., :-1]], dim=-1), x[..., -1]
-    y = _scan(torch.where(m, x, 0), torch.where(m, 0.0, 1.0).to(x.dtype), False, initial)
+    y = a.scan(torch.where(m, x, 0), torch.where(m, 0.0, 1.0).to(x.dtype), False, initial)
     return torch.cat([initial.unsqueeze(-1), y[..., :-1]], dim=-1), y[..., -1]
 
 
-def vtrace_backward(p: Problem, names, saved, vs_out, grads):
+def vtrace_backward(p: Problem, names, saved, vs_out, grads, fused: bool = False):
     """The analytic adjoint of V-trace, from its inputs and its output ``vs`` (no forward recompute).
 
     Over the unmasked steps (``t⁺`` the next one): ``u_t = ρ_t(local_t − V_t) + g_t(ρ_t·V_{t⁺} +
@@ -405,8 +352,8 @@ def vtrace_backward(p: Problem, names, saved, vs_out, grads):
     ρpg) where each is not clipped. ``V_{t⁺}`` and ``u_{t⁺} = (vs − V)_{t⁺}`` are shifts of the
     inputs and the saved output (scans over the mask when there is one).
     """
-    a = _Adjoint(p, names, saved)
-    V, dt, m, N, dev, zero = a.V, a.dt, a.m, a.N, a.dev, a.zero
+    a = _Adjoint(p, names, saved, fused)
+    dt, m, N, dev, zero = a.dt, a.m, a.N, a.dev, a.zero
     k, tr = a.flag("terminated"), a.flag("truncated")
     g_vs, g_pg = a.grad(grads[0]), a.grad(grads[1] if len(grads) > 1 else None)
     g_c = grads[2] if len(grads) > 2 and grads[2] is not None else torch.zeros((N, 2), dtype=dt, device=dev)
@@ -414,23 +361,23 @@ def vtrace_backward(p: Problem, names, saved, vs_out, grads):
     v = a.load("values")
     q0 = attrs.evolve(p, fields={n: (x.detach() if isinstance(x, torch.Tensor) else x) for n, x in a.f.items()},
                       carry=None if p.carry is None else p.carry.detach())
-    local = a.load("rewards") + p.gamma * (1.0 - k) * tr * V._read_bootstrap(q0, dt, m)
+    local = a.load("rewards") + p.gamma * (1.0 - k) * tr * torch_backend.read_bootstrap(q0, dt)
     ratio = torch.exp(a.load("target_log_probs") - a.load("log_probs"))
     rho = torch.clamp(ratio, max=p.rho_bar)
     c = p.lam * torch.clamp(ratio, max=p.c_bar)
     rpg = torch.clamp(ratio, max=p.pg_rho_bar)
     gn = p.gamma * (1.0 - k) * (1.0 - tr)
-    carry_in = V._window_end_carry(q0, dt, m)
+    carry_in = torch_backend.end_carry(q0, dt)
     cu, cv = carry_in[..., 0], carry_in[..., 1]
-    v_next = _next_live(v, m, cv)
-    u_next = _next_live(zero(vs_out.detach().to(dt) - v), m, cu)
+    v_next = _next_live(a, v, m, cv)
+    u_next = _next_live(a, zero(vs_out.detach().to(dt) - v), m, cu)
     pc = gn * c
     alpha = pc * g_vs + rpg * gn * g_pg
     beta = torch.where(m, pc, 1.0) if m is not None else pc  # [N, T]: c is per step
-    y = _scan(alpha, beta, False, g_cu)
+    y = a.scan(alpha, beta, False, g_cu)
     u_bar = zero(g_vs + torch.cat([g_cu.unsqueeze(-1), y[..., :-1]], dim=-1))
     local_bar = rho * u_bar + rpg * g_pg
-    e_prev, dv_end = _prev_live(zero(gn * local_bar), m, g_cv)
+    e_prev, dv_end = _prev_live(a, zero(gn * local_bar), m, g_cv)
     d_rho = u_bar * (local - v + gn * v_next)
     d_c = p.lam * u_bar * gn * u_next
     d_pg = g_pg * (local + gn * (v_next + u_next) - v)
@@ -442,10 +389,11 @@ def vtrace_backward(p: Problem, names, saved, vs_out, grads):
     return a.result(out)
 
 
-def run(p: Problem):
-    """:func:`rollbuf.kernels.run` with gradients (same return convention)."""
+def run(p: Problem, plain_run):
+    """``plain_run(p)`` (the triton backend without gradients) recorded as one autograd node whose
+    backward is the family's analytic adjoint (same return convention as ``plain_run``)."""
     names, tensors = [], []
-    for k in DIFFERENTIABLE:
+    for k in differentiable_fields(p):
         t = p.fields.get(k)
         if t is not None:
             names.append(k)
@@ -453,8 +401,8 @@ def run(p: Problem):
     if p.carry is not None:
         names.append("carry")
         tensors.append(p.carry)
-    res = KernelFunction.apply(p, tuple(names), *tensors)
-    n = len([o for o in p.outputs if o != "final"]) + (1 if "final" in p.outputs else 0)
+    res = KernelFunction.apply(p, plain_run, tuple(names), *tensors)
+    n = len(p.outputs)
     outs = tuple(res[:n])
     carry = res[n] if len(res) > n else None
     return outs, carry

@@ -1,0 +1,52 @@
+"""The ``triton`` backend: the fused kernels of :mod:`rollbuf.kernels`.
+
+* eager, no gradients: :func:`rollbuf.kernels.run` launches the kernel directly;
+* eager, inputs that require grad: the kernel as one autograd node whose backward is the family's
+  analytic adjoint (:mod:`rollbuf.backends.autograd`);
+* under ``torch.compile``: the custom op ``rollbuf::scan`` (:mod:`rollbuf.kernels.op`), one opaque
+  node for Dynamo; with gradients, the torch backend, traced and differentiated by AOTAutograd (the
+  fused kernel has no traceable backward);
+* ``Family.GENERIC`` estimators: their coefficients in torch, the scan on the fused kernel.
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+from rollbuf import kernels
+from rollbuf.backends import autograd, torch_backend
+from rollbuf.kernels import op
+from rollbuf.problem import Family, Problem
+
+__all__ = ["run", "plain_run"]
+
+
+def plain_run(p: Problem):
+    """The forward computation, no autograd: ``(outputs, carry)``."""
+    if p.family is Family.GENERIC:
+        return torch_backend.run(p, fused=True)
+    if p.outputs == ("advantages",):  # the kernel writes advantages with returns
+        outs, carry = kernels.run(attrs.evolve(p, outputs=("advantages", "returns")))
+        return outs[:1], carry
+    outs, carry = kernels.run(p)
+    if p.family in (Family.FORWARD, Family.AFFINE):  # (y, final): final is an output here
+        return tuple(outs), None
+    return tuple(outs), carry
+
+
+def run(p: Problem):
+    if torch.compiler.is_compiling():
+        if autograd.needs_grad(p) or p.family is Family.GENERIC:
+            return torch_backend.run(p)
+        return _op_run(p)
+    if autograd.needs_grad(p):
+        return autograd.run(p, plain_run)
+    return plain_run(p)
+
+
+def _op_run(p: Problem):
+    if p.outputs == ("advantages",):
+        outs, carry = op.run(attrs.evolve(p, outputs=("advantages", "returns")))
+        return outs[:1], carry
+    return op.run(p)

@@ -1,0 +1,296 @@
+"""Validation: a call's keyword arguments, checked against its registry entry, become a
+:class:`~rollbuf.problem.Problem`; the backend's flat outputs get the caller's shape and dtype back.
+
+Every check names the argument and what was expected; nothing is broadcast, coerced or dropped.
+What each estimator takes comes from its :class:`~rollbuf.estimators.Estimator` entry (field kinds,
+parameter checks); the window rules used here (which truncations a ``[*B]`` bootstrap column can
+serve) come from :mod:`rollbuf.windows`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import attrs
+import torch
+
+from rollbuf import windows
+from rollbuf.estimators import Estimator
+from rollbuf.problem import Family, Problem
+
+__all__ = ["FLOATS", "FLAGS", "WINDOW_ENDS", "Fields", "check_tensor", "check_bool", "main_tensor", "prepare",
+           "finish", "chain_choice"]
+
+FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+FLAGS = (torch.bool, torch.uint8) + FLOATS
+_FLOAT_TEXT = "a floating-point tensor (float16, bfloat16, float32, float64)"
+_FLAG_TEXT = "a bool, uint8 or 0/1 floating-point tensor"
+WINDOW_ENDS = ("bootstrap", "terminal")
+
+
+def check_tensor(name, x, kinds, kind_text):
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in kinds:
+        raise TypeError(f"{name} must be {kind_text}, got dtype {x.dtype}")
+    return x
+
+
+def _same(name, x, shape, device):
+    if x.shape != shape:  # torch.Size against a tuple: element-wise
+        raise ValueError(
+            f"{name} must have shape {tuple(shape)} (the shape of the rollout, [*batch, T]), "
+            f"got {tuple(x.shape)}; nothing is broadcast"
+        )
+    if x.device != device:
+        raise ValueError(f"{name} is on {x.device} but the rollout is on {device}")
+
+
+def check_bool(name, v):
+    if not isinstance(v, bool):
+        raise TypeError(f"{name} must be a bool, got {type(v).__name__}")
+    return v
+
+
+def chain_choice(name, v, options):
+    if v not in options:
+        raise ValueError(f"{name} must be one of {options}, got {v!r}")
+    return v
+
+
+class Fields:
+    """The checked fields of one call (``shape`` = ``[*B, T]``)."""
+
+    def __init__(self, shape, device):
+        self.shape, self.device = shape, device
+        self.fields: dict[str, torch.Tensor | None] = {}
+        self.floats: list[torch.Tensor] = []
+
+    def add_float(self, name, x, required=True):
+        if x is None:
+            if required:
+                raise ValueError(f"{name} is required by this estimator")
+            self.fields[name] = None
+            return
+        check_tensor(name, x, FLOATS, _FLOAT_TEXT)
+        _same(name, x, self.shape, self.device)
+        self.floats.append(x)
+        self.fields[name] = x
+
+    def add_flag(self, name, x):
+        if x is not None:
+            check_tensor(name, x, FLAGS, _FLAG_TEXT)
+            _same(name, x, self.shape, self.device)
+        self.fields[name] = x
+
+    def add_bootstrap(self, bv, window_end, needed: bool):
+        """``bootstrap_values`` is ``[*B, T]`` or ``[*B]`` (window-end column only)."""
+        tr = self.fields.get("truncated")
+        if bv is None:
+            if needed and window_end == "bootstrap":
+                raise ValueError(
+                    "bootstrap_values is required: the window end bootstraps from V(s_T). Pass "
+                    "bootstrap_values ([*B, T], or [*B] for the window-end column only), call "
+                    "Rollout.bootstrap(last_values), chain with carry=, or pass "
+                    "window_end='terminal' if the window really ends in terminal states"
+                )
+            if tr is not None:
+                raise ValueError(
+                    "bootstrap_values is required when truncated is given: a truncated step "
+                    "bootstraps from bootstrap_values[t] = V(s'_t)"
+                )
+            self.fields["bootstrap_values"] = None
+            return
+        check_tensor("bootstrap_values", bv, FLOATS, "a floating-point tensor")
+        B = self.shape[:-1]
+        if tuple(bv.shape) == tuple(self.shape):
+            pass
+        elif tuple(bv.shape) == tuple(B):
+            if tr is not None and not torch.compiler.is_compiling():
+                self.check_window_end_column()
+        else:
+            raise ValueError(
+                f"bootstrap_values must have shape {tuple(self.shape)} or {tuple(B)} "
+                f"(window-end column only), got {tuple(bv.shape)}"
+            )
+        if bv.device != self.device:
+            raise ValueError(f"bootstrap_values is on {bv.device} but the rollout is on {self.device}")
+        self.floats.append(bv)
+        self.fields["bootstrap_values"] = bv
+
+    def check_window_end_column(self):
+        """A ``[*B]`` bootstrap column serves the window end only: no truncation before it."""
+        # One device sync, only for this combination; pass [*B, T] bootstrap values to avoid it.
+        if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise ValueError(
+                "bootstrap_values of shape [*B] (the window-end column only) with truncated is "
+                "validated by reading the flags back, a device sync that a CUDA graph capture "
+                "cannot hold; pass bootstrap_values of shape [*B, T] when capturing"
+            )
+        f = self.fields
+        if bool(windows.interior_truncation(f.get("terminated"), f["truncated"], f.get("mask")).any()):
+            raise ValueError(
+                "bootstrap_values of shape [*B] holds the window-end column only, but truncated "
+                "has truncations before the window end; pass bootstrap_values of shape [*B, T]"
+            )
+
+    def dtypes(self, out_dtype):
+        compute = torch.float64 if any(x.dtype == torch.float64 for x in self.floats) else torch.float32
+        if out_dtype is None:
+            out = self.floats[0].dtype
+            for x in self.floats[1:]:
+                out = torch.promote_types(out, x.dtype)
+        else:
+            if out_dtype not in FLOATS:
+                raise TypeError(f"out_dtype must be a floating-point dtype, got {out_dtype}")
+            out = out_dtype
+        return compute, out
+
+
+def main_tensor(name, x):
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() < 1:
+        raise ValueError(f"{name} must have shape [*batch, T], got a 0-d tensor")
+    return x
+
+
+def _params(est: Estimator, params: Mapping) -> dict:
+    out = {}
+    for prm in est.params:
+        if prm.name in params:
+            out[prm.name] = prm.check(prm.name, params[prm.name])
+        elif prm.required:
+            raise TypeError(f"{est.function_name}() missing the parameter {prm.name!r}")
+        else:
+            out[prm.name] = prm.default
+    return out
+
+
+def prepare(est: Estimator, fields: Mapping, params: Mapping, *, carry=None, return_carry=False,
+            out_dtype=None, window_end="bootstrap", reverse=True) -> Problem:
+    """Check one call of ``est`` and build its :class:`Problem` (batch dims flattened to one).
+
+    ``fields``: the per-step tensors by name (absent ones ``None``); ``params``: the scalar
+    parameters; ``carry``: the chained window's carry (forward estimators: ``initial``).
+    """
+    prm = _params(est, params)
+    if est.fields[0].kind == "features":
+        c, feature_shape = _forward_fields(est, fields)
+    else:
+        c = _backward_fields(est, fields, window_end, carry)
+        feature_shape = ()
+    B, T = c.shape[:-1], c.shape[-1]
+    N = math.prod(B)
+    flat = {}
+    for name, x in c.fields.items():
+        if x is None:
+            flat[name] = None
+        elif name == "x":
+            flat[name] = x.reshape(N, T, *x.shape[len(c.shape):])
+        elif name == "bootstrap_values" and x.dim() == len(B):
+            flat[name] = x if x.dim() == 1 else x.reshape(N)
+        else:
+            flat[name] = x if x.dim() == 2 else x.reshape(N, T)
+    if carry is not None:
+        if est.direction == "forward":
+            carry_name, carry_shape = "initial", (*B, *feature_shape)
+        else:
+            carry_name, carry_shape = "carry", (*B, 2) if est.family is Family.VTRACE else B
+        check_tensor(carry_name, carry, FLOATS, "a floating-point tensor")
+        if tuple(carry.shape) != tuple(carry_shape):
+            raise ValueError(f"{carry_name} must have shape {tuple(carry_shape)}, got {tuple(carry.shape)}")
+        if carry.device != c.device:
+            raise ValueError(f"{carry_name} is on {carry.device} but the rollout is on {c.device}")
+        carry = carry.reshape(N, *carry.shape[len(B):])
+    compute, out = c.dtypes(out_dtype)
+    kw = dict(est.problem_params(prm))
+    kw.setdefault("window_end", window_end)
+    generic = est.family is Family.GENERIC
+    problem_kw = {k: v for k, v in kw.items() if k in _PROBLEM_PARAMS}
+    return Problem(
+        family=est.family, outputs=est.outputs, fields=flat, carry=carry, want_carry=return_carry,
+        compute_dtype=compute, out_dtype=out, batch_shape=tuple(B), feature_shape=feature_shape,
+        estimator=est, reverse=(est.direction == "backward") if generic else reverse,
+        params=kw if generic else {}, **problem_kw,
+    )
+
+
+_PROBLEM_PARAMS = {a.name for a in attrs.fields(Problem)} - {
+    "family", "outputs", "fields", "carry", "want_carry", "compute_dtype", "out_dtype", "batch_shape",
+    "feature_shape", "estimator", "params", "reverse"}
+
+
+def _backward_fields(est: Estimator, fields: Mapping, window_end, carry) -> Fields:
+    first = est.fields[0]
+    main = main_tensor(first.name, fields.get(first.name))
+    c = Fields(tuple(main.shape), main.device)
+    boot = None
+    for f in est.fields:
+        x = fields.get(f.name)
+        if f.kind == "flag":
+            c.add_flag(f.name, x)
+        elif f.kind == "bootstrap":
+            boot = f
+        elif f.read:
+            c.add_float(f.name, x, required=f.required)
+        elif x is not None:  # accepted, not read
+            check_tensor(f.name, x, FLOATS, _FLOAT_TEXT)
+            _same(f.name, x, c.shape, c.device)
+    chain_choice("window_end", window_end, WINDOW_ENDS)
+    if boot is not None:
+        if boot.read:
+            c.add_bootstrap(fields.get("bootstrap_values"), window_end, needed=carry is None)
+        else:
+            c.fields["bootstrap_values"] = None
+    for f in est.fields:  # fields accepted but not read reach no backend
+        if not f.read:
+            c.fields[f.name] = None
+    return c
+
+
+def _forward_fields(est: Estimator, fields: Mapping):
+    x = fields.get("x")
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    check_tensor("x", x, FLOATS, "a floating-point tensor")
+    flags = [fields.get(f.name) for f in est.fields if f.kind == "flag"]
+    flags = [f for f in flags if f is not None]
+    if not flags:
+        raise ValueError(
+            f"{est.name} needs terminated, truncated or mask of shape [*B, T] to place x's time "
+            "dimension; pass terminated=torch.zeros(...) for a single episode"
+        )
+    if not isinstance(flags[0], torch.Tensor) or flags[0].dim() < 1:
+        raise TypeError("terminated/truncated/mask must be tensors of shape [*B, T]")
+    shape = tuple(flags[0].shape)
+    k = len(shape)
+    if x.dim() < k or tuple(x.shape[:k]) != shape:
+        raise ValueError(f"x must have shape [*B, T, *F] with [*B, T] = {shape}, got {tuple(x.shape)}")
+    if x.device != flags[0].device:
+        raise ValueError("x and the flags must be on the same device")
+    c = Fields(shape, x.device)
+    for f in est.fields:
+        if f.kind == "flag":
+            c.add_flag(f.name, fields.get(f.name))
+    c.fields["x"] = x
+    c.floats.append(x)
+    return c, tuple(x.shape[k:])
+
+
+def finish(p: Problem, outs, carry):
+    """The backend's flat outputs with the batch shape and the output dtype restored (a forward
+    estimator's ``final`` and every carry stay in the accumulation dtype: chains are exact to its
+    rounding). Returns ``(outputs, carry)``."""
+    B = p.batch_shape
+    flat = len(B) == 1  # [N, T] in, [N, T] out: no reshape (the common case, kept cheap)
+    shaped = []
+    for name, o in zip(p.outputs, outs):
+        o = o if flat else o.reshape(*B, *o.shape[1:])
+        dt = p.compute_dtype if name == "final" else p.out_dtype
+        shaped.append(o if o.dtype == dt else o.to(dt))
+    if p.want_carry and carry is not None:
+        carry = carry if flat else carry.reshape(*B, *carry.shape[1:])
+        carry = carry if carry.dtype == p.compute_dtype else carry.to(p.compute_dtype)
+    return shaped, carry
