@@ -50,7 +50,6 @@ import functools
 import inspect
 import math
 
-import attrs
 import torch
 
 from rollbuf import backends, functional, windows
@@ -113,7 +112,7 @@ def _exchange(p: Problem, backend, *, group):
     dt = p.compute_dtype
     main = p.main
     N, T = main.shape[0], main.shape[1]
-    forward = p.family is Family.FORWARD
+    forward = p.family == Family.FORWARD
     pair = p.pair
 
     # 1. this shard's map, and (backward) its window-end candidate with its priority
@@ -155,7 +154,7 @@ def _exchange(p: Problem, backend, *, group):
         feat = p.feature_shape
         initial = p.carry if rank == 0 else prefix[..., rank - 1].reshape(N, *feat)
         final = prefix[..., -1].reshape(N, *feat)
-        local = attrs.evolve(p, carry=None if initial is None else initial.to(dt))
+        local = p.evolve(carry=None if initial is None else initial.to(dt))
     else:
         k = _PAIR if pair else 2
         nc = 2 if pair else 1
@@ -168,7 +167,7 @@ def _exchange(p: Problem, backend, *, group):
         suffix = scan.doubling_scan(elems, C.compose_pair if pair else C.compose, reverse=True)
         whole = _apply(tuple(s[:, 0] for s in suffix), z_end, pair)
         mine = z_end if rank == world - 1 else _apply(tuple(s[:, rank + 1] for s in suffix), z_end, pair)
-        local = attrs.evolve(p, carry=mine)
+        local = p.evolve(carry=mine)
         _check_window_end_truncation(p, owner, rank)
 
     # 4. the local estimator on this shard, with its carry
@@ -206,7 +205,11 @@ def _distributed(fn):
     def wrapper(*args, group=None, **kwargs):
         bound = sig.bind(*args, **kwargs)
         bound.apply_defaults()
-        return functional.call(fn.__name__, dict(bound.arguments), run=functools.partial(_exchange, group=group))
+        arguments = dict(bound.arguments)
+        for p in sig.parameters.values():  # **kwargs of the wrapper: its keyword arguments by name
+            if p.kind == inspect.Parameter.VAR_KEYWORD:
+                arguments.update(arguments.pop(p.name, {}))
+        return functional.call(fn.__name__, arguments, run=functools.partial(_exchange, group=group))
 
     params = list(sig.parameters.values())
     extra = inspect.Parameter("group", inspect.Parameter.KEYWORD_ONLY, default=None)

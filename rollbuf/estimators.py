@@ -309,6 +309,13 @@ _BUILTIN = (
         problem_params=lambda params: dict(params, lam=1.0, no_bootstrap=True, window_end="terminal"),
     ),
     Estimator(
+        "retrace", Family.RETRACE, "backward", _BACKWARD + _POLICY + (Field("q_values"),),
+        (_GAMMA, Param("lam", unit_interval, 1.0), Param("c_bar", positive, 1.0)), ("q_targets",), None,
+        _backward_ref(lambda f, p: ref.retrace(*_base(f), f["log_probs"], f["target_log_probs"],
+                                               f["q_values"], p.gamma, p.lam, p.c_bar, p.window_end)),
+        _SPEC["retrace"],
+    ),
+    Estimator(
         "vtrace", Family.VTRACE, "backward", _BACKWARD + _POLICY,
         (_GAMMA, Param("rho_bar", positive, 1.0), Param("c_bar", positive, 1.0),
          Param("pg_rho_bar", _pg_rho_bar, None), Param("lam", unit_interval, 1.0)),
@@ -316,13 +323,6 @@ _BUILTIN = (
         _backward_ref(lambda f, p: ref.vtrace(*_base(f), f["log_probs"], f["target_log_probs"], p.gamma,
                                               p.rho_bar, p.c_bar, p.pg_rho_bar, p.lam, p.window_end)),
         _SPEC["vtrace"], problem_params=_vtrace_params,
-    ),
-    Estimator(
-        "retrace", Family.RETRACE, "backward", _BACKWARD + _POLICY + (Field("q_values"),),
-        (_GAMMA, Param("lam", unit_interval, 1.0), Param("c_bar", positive, 1.0)), ("q_targets",), None,
-        _backward_ref(lambda f, p: ref.retrace(*_base(f), f["log_probs"], f["target_log_probs"],
-                                               f["q_values"], p.gamma, p.lam, p.c_bar, p.window_end)),
-        _SPEC["retrace"],
     ),
     Estimator(
         "eligibility_traces", Family.FORWARD, "forward", (Field("x", "features"), *_FLAGS), (_GAMMA, _LAM),
@@ -357,7 +357,7 @@ def register(estimator: Estimator) -> Estimator:
     """Add an estimator to the registry (a ``Family.GENERIC`` entry needs ``coefficients``)."""
     if estimator.name in REGISTRY:
         raise ValueError(f"an estimator named {estimator.name!r} is already registered")
-    if estimator.family is Family.GENERIC and estimator.coefficients is None:
+    if estimator.family == Family.GENERIC and estimator.coefficients is None:
         raise ValueError(f"estimator {estimator.name!r}: a Family.GENERIC entry needs a coefficients function")
     if estimator.direction not in ("backward", "forward"):
         raise ValueError(f"estimator {estimator.name!r}: direction must be 'backward' or 'forward'")

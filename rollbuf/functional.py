@@ -127,15 +127,10 @@ def gae(gamma, lam, *, rewards, values, terminated=None, truncated=None, bootstr
                     carry=carry, return_carry=return_carry, out_dtype=out_dtype, backend=backend))
 
 
-def advantages(gamma, lam, *, rewards, values, terminated=None, truncated=None, bootstrap_values=None,
-               mask=None, window_end="bootstrap", carry=None, return_carry=False, out_dtype=None,
-               backend="auto"):
-    """The default advantage estimator: GAE advantages (see :func:`gae`); only the advantages are
-    computed and written."""
-    return call("advantages", dict(gamma=gamma, lam=lam, rewards=rewards, values=values,
-                    terminated=terminated, truncated=truncated, bootstrap_values=bootstrap_values, mask=mask,
-                    window_end=window_end, carry=carry, return_carry=return_carry, out_dtype=out_dtype,
-                    backend=backend))
+def advantages(gamma, lam, **kwargs):
+    """The default advantage estimator: GAE advantages (see :func:`gae`, same keyword arguments);
+    only the advantages are computed and written."""
+    return call("advantages", dict(kwargs, gamma=gamma, lam=lam))
 
 
 def lambda_returns(gamma, lam, *, rewards, values, terminated=None, truncated=None,

@@ -31,6 +31,7 @@ from __future__ import annotations
 import torch
 
 from rollbuf import functional as F
+from rollbuf import validation
 from rollbuf.boundary.conventions import fields_from_verl
 from rollbuf.functional import GAEResult
 
@@ -61,7 +62,7 @@ def _scalar(name, v):
 
 
 def _float_tensor(name, x):
-    return F._tensor(name, x, F._FLOATS, "a floating-point tensor")
+    return validation.check_tensor(name, x, validation.FLOATS, "a floating-point tensor")
 
 
 def _row_flags(name, x, batch_shape, device):
@@ -162,7 +163,7 @@ def masked_whiten(values, mask, shift_mean: bool = True, *, out_dtype=None):
     dt = torch.float64 if values.dtype == torch.float64 else torch.float32
     x = values.to(dt)
     n = m.sum()
-    if not F._compiling():
+    if not torch.compiler.is_compiling():
         count = int(n)
         if count < 2:
             raise ValueError(
@@ -309,7 +310,7 @@ def _packed_layout(rewards, response_mask, cu_seqlens, truncated, bootstrap_valu
     device = rewards.device
     S = cu_seqlens.numel() - 1
     cu = cu_seqlens.to(torch.int64)
-    if check and not F._compiling():  # one host read (a sync on CUDA); check=False skips it
+    if check and not torch.compiler.is_compiling():  # one host read (a sync on CUDA); check=False skips it
         ok = bool((cu[0] == 0) & (cu[-1] <= total) & ((cu[1:] >= cu[:-1]).all() if S else True))
         if not ok:
             raise ValueError(

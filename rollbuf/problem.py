@@ -1,6 +1,6 @@
 """One estimator call after validation: what every backend receives.
 
-A :class:`Problem` is immutable. ``fields`` hold the caller's tensors with the leading batch
+A :class:`Problem` is immutable (a named tuple). ``fields`` hold the caller's tensors with the leading batch
 dimensions flattened to one (``[N, T]``; ``x`` of the forward estimators ``[N, T, *F]``), flags in
 their own dtype, ``bootstrap_values`` either ``[N, T]`` or ``[N]`` (window-end column only), absent
 fields ``None``. The field names say what each tensor holds, per family:
@@ -28,9 +28,9 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Mapping
-from typing import Any
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
-import attrs
 import torch
 
 
@@ -51,9 +51,11 @@ class Family(str, enum.Enum):
         return self.value
 
 
-@attrs.frozen(kw_only=True)
-class Problem:
-    family: Family = attrs.field(converter=Family)
+class Problem(NamedTuple):
+    """Immutable (a named tuple, which ``torch.compile`` traces through); :meth:`evolve` returns a
+    copy with some fields replaced."""
+
+    family: Family
     outputs: tuple[str, ...]  # names of the per-step outputs, in order ("final" last if any)
     fields: Mapping[str, torch.Tensor | None]
     gamma: float = 1.0
@@ -72,25 +74,29 @@ class Problem:
     feature_shape: tuple[int, ...] = ()
     reverse: bool = True  # the direction of the scan (read by AFFINE and GENERIC)
     estimator: Any = None  # the registry entry (rollbuf.estimators.Estimator) this call came from
-    params: Mapping[str, Any] = attrs.field(factory=dict)  # extra parameters of GENERIC estimators
+    params: Mapping[str, Any] = MappingProxyType({})  # parameters of GENERIC estimators
+
+    def evolve(self, **changes) -> Problem:
+        """A copy with ``changes`` applied (the problem itself never changes)."""
+        return self._replace(**changes)
 
     @property
     def pair(self) -> bool:
         """Whether the scan state is a pair (V-trace's ``(u, V)``)."""
-        return self.family is Family.VTRACE
+        return self.family == Family.VTRACE
 
     @property
     def main(self) -> torch.Tensor:
         """The field that fixes ``[N, T]``: ``x`` (forward), ``alpha`` (affine), ``grad_returns``
         (adjoint), the estimator's first field (generic), else ``rewards``."""
         f = self.family
-        if f is Family.FORWARD:
+        if f == Family.FORWARD:
             return self.fields["x"]
-        if f is Family.AFFINE:
+        if f == Family.AFFINE:
             return self.fields["alpha"]
-        if f is Family.TD_LAMBDA_ADJOINT:
+        if f == Family.TD_LAMBDA_ADJOINT:
             return self.fields["grad_returns"]
-        if f is Family.GENERIC:
+        if f == Family.GENERIC:
             return self.fields[self.estimator.fields[0].name]
         return self.fields["rewards"]
 

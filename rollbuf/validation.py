@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-import attrs
 import torch
 
 from rollbuf import windows
@@ -197,7 +196,7 @@ def prepare(est: Estimator, fields: Mapping, params: Mapping, *, carry=None, ret
         if est.direction == "forward":
             carry_name, carry_shape = "initial", (*B, *feature_shape)
         else:
-            carry_name, carry_shape = "carry", (*B, 2) if est.family is Family.VTRACE else B
+            carry_name, carry_shape = "carry", (*B, 2) if est.family == Family.VTRACE else B
         check_tensor(carry_name, carry, FLOATS, "a floating-point tensor")
         if tuple(carry.shape) != tuple(carry_shape):
             raise ValueError(f"{carry_name} must have shape {tuple(carry_shape)}, got {tuple(carry.shape)}")
@@ -207,7 +206,7 @@ def prepare(est: Estimator, fields: Mapping, params: Mapping, *, carry=None, ret
     compute, out = c.dtypes(out_dtype)
     kw = dict(est.problem_params(prm))
     kw.setdefault("window_end", window_end)
-    generic = est.family is Family.GENERIC
+    generic = est.family == Family.GENERIC
     problem_kw = {k: v for k, v in kw.items() if k in _PROBLEM_PARAMS}
     return Problem(
         family=est.family, outputs=est.outputs, fields=flat, carry=carry, want_carry=return_carry,
@@ -217,7 +216,7 @@ def prepare(est: Estimator, fields: Mapping, params: Mapping, *, carry=None, ret
     )
 
 
-_PROBLEM_PARAMS = {a.name for a in attrs.fields(Problem)} - {
+_PROBLEM_PARAMS = set(Problem._fields) - {
     "family", "outputs", "fields", "carry", "want_carry", "compute_dtype", "out_dtype", "batch_shape",
     "feature_shape", "estimator", "params", "reverse"}
 

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import rollbuf.functional as F
-from rollbuf import llm
+from rollbuf import backends, llm
 from rollbuf.bench.competitors import verl_multi_turn_gae
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -472,7 +472,7 @@ def test_packed_validation():
 # ------------------------------------------------------------------- the GPU path, interpreted
 
 
-@pytest.mark.skipif(not F._triton_available(), reason="triton not importable")
+@pytest.mark.skipif(not backends.triton_available(), reason="triton not importable")
 def test_triton_backend_matches(monkeypatch):
     """The fused-kernel path (CUDA in production; Triton's interpreter on a CPU machine)."""
     import os

@@ -1,7 +1,7 @@
 """Print the boundary-model table of docs/semantics.md from the code's registry.
 
-The table is generated from :data:`rollbuf.boundary.coefficients.ESTIMATORS` (the registry that sits
-next to the coefficient functions the torch backend and the Triton kernels both run), so that the
+The table is generated from the estimator registry (:data:`rollbuf.estimators.REGISTRY`, each
+entry's ``docs`` row, written beside its coefficient functions' formulas), so that the
 documented α/β/carry match the code one to one. Paste the output between the markers
 ``<!-- BEGIN GENERATED TABLE -->`` and ``<!-- END GENERATED TABLE -->`` of docs/semantics.md;
 tests/test_docs.py fails when the two drift apart.
@@ -11,7 +11,7 @@ tests/test_docs.py fails when the two drift apart.
 
 from __future__ import annotations
 
-from rollbuf.boundary.coefficients import ESTIMATORS, LOCAL_TERM
+from rollbuf.estimators import LOCAL_TERM, docs_rows
 
 COLUMNS = (
     ("estimator", "name"),
@@ -35,12 +35,12 @@ def _cell(key: str, value) -> str:
 
 
 def render() -> str:
-    """The markdown table, one row per entry of ``ESTIMATORS``, in registry order."""
+    """The markdown table, one row per registry entry with a docs row, in registry order."""
     lines = [
         "| " + " | ".join(title for title, _ in COLUMNS) + " |",
         "|" + "---|" * len(COLUMNS),
     ]
-    for spec in ESTIMATORS.values():
+    for spec in docs_rows():
         lines.append("| " + " | ".join(_cell(key, getattr(spec, key)) for _, key in COLUMNS) + " |")
     lines.append("")
     lines.append(

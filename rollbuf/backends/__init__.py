@@ -17,7 +17,7 @@ back flat (``[N, T]``, ``[N, T, *F]``), in the accumulation dtype or the output 
 
 from __future__ import annotations
 
-import functools
+import importlib.util
 import os
 
 from rollbuf.backends import reference, torch_backend
@@ -28,13 +28,12 @@ __all__ = ["BACKENDS", "resolve", "run", "triton_available"]
 BACKENDS = ("auto", "triton", "torch", "reference")
 
 
-@functools.cache
+_TRITON = importlib.util.find_spec("triton") is not None  # found once, without importing it
+
+
 def triton_available() -> bool:
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    """Whether the triton package is installed (the ``triton`` backend's requirement)."""
+    return _TRITON
 
 
 def resolve(backend: str, device) -> str:

@@ -20,7 +20,6 @@ differentiated as ``torch.clamp`` does: zero gradient where the clip is active.
 
 from __future__ import annotations
 
-import attrs
 import torch
 
 from rollbuf import windows
@@ -38,7 +37,7 @@ DIFFERENTIABLE = ("rewards", "values", "bootstrap_values", "log_probs", "target_
 
 def differentiable_fields(p: Problem) -> tuple[str, ...]:
     """The fields of ``p`` that can carry gradients (floating-point inputs, never flags)."""
-    if p.family is Family.GENERIC:
+    if p.family == Family.GENERIC:
         return tuple(f.name for f in p.estimator.fields if f.kind != "flag")
     return DIFFERENTIABLE
 
@@ -72,14 +71,14 @@ class KernelFunction(torch.autograd.Function):
     def backward(ctx, *grads):
         saved = ctx.saved_tensors
         p, names, none = ctx.p, ctx.names, (None, None, None)
-        if p.family is Family.TD_LAMBDA and p.num_steps > 0:
+        if p.family == Family.TD_LAMBDA and p.num_steps > 0:
             return (*none, *lambda_backward(p, names, saved, grads, fused=True))
-        if p.family is Family.FORWARD and p.num_steps > 0:
+        if p.family == Family.FORWARD and p.num_steps > 0:
             return (*none, *trace_backward(p, names, saved, grads, fused=True))
         if p.family in (Family.RETRACE, Family.VTRACE):
             saved, out0 = saved[:-1], saved[-1]
             if p.num_steps > 0:
-                fn = retrace_backward if p.family is Family.RETRACE else vtrace_backward
+                fn = retrace_backward if p.family == Family.RETRACE else vtrace_backward
                 return (*none, *fn(p, names, saved, out0, grads, fused=True))
         return KernelFunction._backward(ctx, saved, grads)
 
@@ -94,7 +93,7 @@ class KernelFunction(torch.autograd.Function):
                     carry = x
                 else:
                     fields[name] = x
-            outs, c = torch_backend.run(attrs.evolve(ctx.p, fields=fields, carry=carry), fused=True)
+            outs, c = torch_backend.run(ctx.p.evolve(fields=fields, carry=carry), fused=True)
             res = list(outs) + ([c] if c is not None else [])
             pairs = [(r, g.to(r.dtype)) for r, g in zip(res, grads) if g is not None and r.requires_grad]
             want = [x for x in xs if x.requires_grad]
@@ -116,7 +115,7 @@ class _Adjoint:
         for name, x in zip(names, saved):
             if name != "carry":
                 self.f[name] = x
-        main = self.f["x" if p.family is Family.FORWARD else "rewards"]
+        main = self.f["x" if p.family == Family.FORWARD else "rewards"]
         self.N, self.T, self.dev = main.shape[0], main.shape[1], main.device
         self.m = p.flag("mask")
 
@@ -359,7 +358,7 @@ def vtrace_backward(p: Problem, names, saved, vs_out, grads, fused: bool = False
     g_c = grads[2] if len(grads) > 2 and grads[2] is not None else torch.zeros((N, 2), dtype=dt, device=dev)
     g_cu, g_cv = g_c[..., 0].to(dt), g_c[..., 1].to(dt)
     v = a.load("values")
-    q0 = attrs.evolve(p, fields={n: (x.detach() if isinstance(x, torch.Tensor) else x) for n, x in a.f.items()},
+    q0 = p.evolve(fields={n: (x.detach() if isinstance(x, torch.Tensor) else x) for n, x in a.f.items()},
                       carry=None if p.carry is None else p.carry.detach())
     local = a.load("rewards") + p.gamma * (1.0 - k) * tr * torch_backend.read_bootstrap(q0, dt)
     ratio = torch.exp(a.load("target_log_probs") - a.load("log_probs"))

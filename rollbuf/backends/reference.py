@@ -17,7 +17,7 @@ def run(p: Problem):
             "the reference backend computes whole windows: carry= and return_carry=True are "
             "for the torch and triton backends (chain the windows, or run the whole row)"
         )
-    if p.family is Family.AFFINE:
+    if p.family == Family.AFFINE:
         f = p.fields
         y = loops.affine_scan(f["alpha"], f["beta"], p.reverse, p.carry)
         final = (y[..., 0] if p.reverse else y[..., -1]) if y.shape[-1] else p.carry.to(y.dtype)

@@ -69,7 +69,7 @@ def steps(p: Problem):
     L = _Loader(p)
     dt, m = L.dt, L.m
     env = {"m": m}
-    if p.family is Family.FORWARD:
+    if p.family == Family.FORWARD:
         x = L.load("x").movedim(1, -1)  # [N, T, *F] -> [N, *F, T]
         lift = (x.shape[0],) + (1,) * (x.dim() - 2) + (x.shape[-1],)  # flags [N, T] -> [N, 1.., T]
         k, tr = L.flag("terminated", x), L.flag("truncated", x)
@@ -82,7 +82,7 @@ def steps(p: Problem):
         env.update(x=x, lift=lift)
         return (alpha, beta), C.compose, (0.0, 1.0), False, env
 
-    if p.family is Family.GENERIC:
+    if p.family == Family.GENERIC:
         e = p.estimator
         clean = {f.name: (L.flag(f.name, p.main) if f.kind == "flag" else L.load(f.name)) for f in e.fields}
         alpha, beta = torch.broadcast_tensors(*e.coefficients(clean, p.params))
@@ -97,7 +97,7 @@ def steps(p: Problem):
     tr = L.flag("truncated", r)
     boot = read_bootstrap(p, dt)
     env.update(r=r, k=k, tr=tr, boot=boot)
-    if p.family is Family.TD_LAMBDA:
+    if p.family == Family.TD_LAMBDA:
         v = L.load("values") if p.fields.get("values") is not None else torch.zeros_like(r)
         env.update(v=v)
         elems = C.lambda_step(r, v, k, tr, boot, p.gamma, p.lam)
@@ -106,10 +106,10 @@ def steps(p: Problem):
         ratio = torch.exp(L.load("target_log_probs") - L.load("log_probs"))
         c = p.lam * torch.clamp(ratio, max=p.c_bar)
         env.update(v=v, c=c)
-        if p.family is Family.RETRACE:
+        if p.family == Family.RETRACE:
             elems = C.retrace_step(r, v, k, tr, boot, L.load("q_values"), c, p.gamma)
         else:
-            if p.family is not Family.VTRACE:
+            if p.family != Family.VTRACE:
                 raise ValueError(f"the torch backend has no family {p.family!r}")
             rho = torch.clamp(ratio, max=p.rho_bar)
             env.update(rho=rho, rho_pg=torch.clamp(ratio, max=p.pg_rho_bar))
@@ -138,7 +138,7 @@ def window_map(p: Problem):
     """
     elems, compose, identity, reverse, _ = steps(p)
     out = compose_all(elems, compose, identity, reverse)
-    if p.family is Family.FORWARD:
+    if p.family == Family.FORWARD:
         a, b = out
         return a, b.reshape(b.shape[0])
     return out
@@ -148,17 +148,17 @@ def run(p: Problem, fused: bool = False):
     """Run one prepared problem. Returns ``(outputs, carry)``; outputs are 0 at masked steps; the
     forward family returns ``final`` as its last output and no carry."""
     dt = p.compute_dtype
-    if p.family is Family.AFFINE:  # the public primitive: α and β given as data
+    if p.family == Family.AFFINE:  # the public primitive: α and β given as data
         init = p.carry.to(dt)
         y = affine_scan(p.fields["alpha"].to(dt), p.fields["beta"].to(dt), p.reverse, init, fused)
         final = (y[..., 0] if p.reverse else y[..., -1]) if y.shape[-1] else init
         return (y, final), None
-    if p.family is Family.TD_LAMBDA_ADJOINT:
+    if p.family == Family.TD_LAMBDA_ADJOINT:
         raise ValueError("the TD(λ) adjoint runs through rollbuf.backends.autograd, not as a problem")
     elems, _, _, reverse, env = steps(p)
     m = env["m"]
 
-    if p.family is Family.FORWARD:
+    if p.family == Family.FORWARD:
         alpha, beta = elems
         x, lift = env["x"], env["lift"]
         init = torch.zeros(x.shape[:-1], dtype=dt, device=x.device) if p.carry is None else p.carry.to(dt)
@@ -169,19 +169,19 @@ def run(p: Problem, fused: bool = False):
         final = incl[..., -1] if incl.shape[-1] else init
         return (out.movedim(-1, 1), final), None
 
-    if p.family is Family.GENERIC:
+    if p.family == Family.GENERIC:
         return _run_generic(p, elems, reverse, env, fused)
 
     r, k, tr, boot, v = (env[n] for n in ("r", "k", "tr", "boot", "v"))
     carry = end_carry(p, dt)
 
-    if p.family is Family.TD_LAMBDA:
+    if p.family == Family.TD_LAMBDA:
         z_next, z0 = _scalar_scan(*elems, carry, fused)
         g = C.lambda_out(r, k, tr, boot, p.gamma, z_next)
         named = {"returns": g, "advantages": g - v}
         return _masked(tuple(named[o] for o in p.outputs), m), z0
 
-    if p.family is Family.RETRACE:
+    if p.family == Family.RETRACE:
         z_next, z0 = _scalar_scan(*elems, carry, fused)
         return _masked((C.lambda_out(r, k, tr, boot, p.gamma, z_next),), m), z0
 

@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import attrs
 import torch
 
 from rollbuf import kernels
@@ -24,10 +23,12 @@ __all__ = ["run", "plain_run"]
 
 def plain_run(p: Problem):
     """The forward computation, no autograd: ``(outputs, carry)``."""
-    if p.family is Family.GENERIC:
+    if p.family == Family.GENERIC:
         return torch_backend.run(p, fused=True)
+    if p.num_steps == 0 or p.num_rows == 0:  # nothing to launch: empty outputs, the carry passed through
+        return torch_backend.run(p)
     if p.outputs == ("advantages",):  # the kernel writes advantages with returns
-        outs, carry = kernels.run(attrs.evolve(p, outputs=("advantages", "returns")))
+        outs, carry = kernels.run(p.evolve(outputs=("advantages", "returns")))
         return outs[:1], carry
     outs, carry = kernels.run(p)
     if p.family in (Family.FORWARD, Family.AFFINE):  # (y, final): final is an output here
@@ -37,7 +38,7 @@ def plain_run(p: Problem):
 
 def run(p: Problem):
     if torch.compiler.is_compiling():
-        if autograd.needs_grad(p) or p.family is Family.GENERIC:
+        if autograd.needs_grad(p) or p.family == Family.GENERIC:
             return torch_backend.run(p)
         return _op_run(p)
     if autograd.needs_grad(p):
@@ -47,6 +48,6 @@ def run(p: Problem):
 
 def _op_run(p: Problem):
     if p.outputs == ("advantages",):
-        outs, carry = op.run(attrs.evolve(p, outputs=("advantages", "returns")))
+        outs, carry = op.run(p.evolve(outputs=("advantages", "returns")))
         return outs[:1], carry
     return op.run(p)

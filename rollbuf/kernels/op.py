@@ -12,7 +12,7 @@ from typing import Optional
 
 import torch
 
-from rollbuf.problem import Problem
+from rollbuf.problem import Family, Problem
 
 _FIELDS = ("rewards", "values", "terminated", "truncated", "bootstrap_values", "mask", "log_probs",
            "target_log_probs", "q_values", "x")
@@ -33,7 +33,7 @@ def scan(
 
     fields = dict(zip(_FIELDS, (rewards, values, terminated, truncated, bootstrap_values, mask,
                                 log_probs, target_log_probs, q_values, x)))
-    p = Problem(family=family, outputs=tuple(outputs.split(",")), fields=fields, gamma=gamma, lam=lam,
+    p = Problem(family=Family(family), outputs=tuple(outputs.split(",")), fields=fields, gamma=gamma, lam=lam,
                 rho_bar=rho_bar, c_bar=c_bar, pg_rho_bar=pg_rho_bar, decay=decay,
                 window_end=window_end, no_bootstrap=no_bootstrap, carry=carry,
                 compute_dtype=compute_dtype, out_dtype=out_dtype, feature_shape=tuple(feature_shape),
