@@ -7,6 +7,7 @@ from tensordict import tensorclass
 
 from rollbuf import functional as F
 from rollbuf import windows
+from rollbuf.boundary import conventions as C
 
 _STEP_FIELDS = ("rewards", "values", "terminated", "truncated", "log_probs", "bootstrap_values", "mask")
 
@@ -177,14 +178,12 @@ class Rollout:
         Trailing singleton feature dims are squeezed; the fields are views of ``td``'s entries
         where the dtypes allow.
         """
-        from rollbuf.boundary import conventions as C
-
         f = C.fields_from_torchrl(td, log_prob_key=log_prob_key)
         mask = None
         if mask_key is not None:
-            m = C._td_entry(td, mask_key)
+            m = C.td_entry(td, mask_key)
             if m is not None:
-                mask = C._flags(m, f"td[{mask_key!r}]")
+                mask = C.as_flags(m, f"td[{mask_key!r}]")
         return cls(**f, mask=mask, batch_size=list(td.batch_size), device=td.device)
 
     def to_torchrl(self, *, log_prob_key="action_log_prob", mask_key=("collector", "mask")):
@@ -198,8 +197,6 @@ class Rollout:
         the next (unmasked) step inside an episode, and 0 after a termination and on masked steps
         (TorchRL multiplies it by ``1 - terminated``; a NaN would survive that).
         """
-        from rollbuf.boundary import conventions as C
-
         bv = self.bootstrap_values
         if bv is not None:
             T = self.values.shape[-1]
@@ -215,5 +212,5 @@ class Rollout:
         td = C.torchrl_from_fields(self.rewards, self.values, self.terminated, truncated,
                                    bv, self.log_probs, log_prob_key=log_prob_key)
         if self.mask is not None:
-            td.set(mask_key, C._flags(self.mask, "mask"))
+            td.set(mask_key, C.as_flags(self.mask, "mask"))
         return td

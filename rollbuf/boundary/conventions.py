@@ -63,7 +63,7 @@ def _float(x, name: str) -> torch.Tensor:
     return x
 
 
-def _flags(x, name: str) -> torch.Tensor:
+def as_flags(x, name: str) -> torch.Tensor:
     """bool → itself (no copy); integer / float 0-1 flags → ``x != 0`` (one copy)."""
     x = _tensor(x, name)
     if x.dtype == torch.bool:
@@ -190,7 +190,7 @@ def episode_starts_from_done(
     starts = torch.empty(done.shape, dtype=torch.bool, device=done.device)
     starts[..., 0] = first
     starts[..., 1:] = done[..., :-1]
-    return starts, _flags(done[..., -1], "done")
+    return starts, as_flags(done[..., -1], "done")
 
 
 # --------------------------------------------------------------------------------- time-major
@@ -256,7 +256,7 @@ def _key_str(key: _Key) -> str:
     return repr(key)
 
 
-def _td_entry(td: TensorDictBase, key: _Key) -> Optional[torch.Tensor]:
+def td_entry(td: TensorDictBase, key: _Key) -> Optional[torch.Tensor]:
     """``td[key]`` with a trailing singleton feature dim squeezed (a view); ``None`` if absent."""
     if key not in td.keys(include_nested=True):
         return None
@@ -332,7 +332,7 @@ def fields_from_torchrl(td: TensorDictBase, *, log_prob_key: Optional[_Key] = No
         raise ValueError("td must have at least one batch dimension (time, last), got batch_size []")
 
     def required(key: _Key, what: str) -> torch.Tensor:
-        x = _td_entry(td, key)
+        x = td_entry(td, key)
         if x is None:
             raise ValueError(f"td is missing the key {_key_str(key)} ({what})")
         return x
@@ -341,17 +341,17 @@ def fields_from_torchrl(td: TensorDictBase, *, log_prob_key: Optional[_Key] = No
         "rewards": _float(required(("next", "reward"), "rewards r_t"), "td[('next', 'reward')]"),
         "values": _float(required("state_value", "values V(s_t)"), "td['state_value']"),
     }
-    terminated = _flags(
+    terminated = as_flags(
         required(("next", "terminated"), "terminated flags; rollbuf needs terminated separately from done"),
         "td[('next', 'terminated')]",
     )
-    truncated = _td_entry(td, ("next", "truncated"))
+    truncated = td_entry(td, ("next", "truncated"))
     if truncated is not None:
-        truncated = _flags(truncated, "td[('next', 'truncated')]")
+        truncated = as_flags(truncated, "td[('next', 'truncated')]")
     else:
-        done = _td_entry(td, ("next", "done"))
+        done = td_entry(td, ("next", "done"))
         if done is not None:
-            truncated = _flags(done, "td[('next', 'done')]") & ~terminated
+            truncated = as_flags(done, "td[('next', 'done')]") & ~terminated
         else:
             truncated = torch.zeros(terminated.shape, dtype=torch.bool, device=terminated.device)
     out["terminated"] = terminated
@@ -369,9 +369,9 @@ def fields_from_torchrl(td: TensorDictBase, *, log_prob_key: Optional[_Key] = No
                 "is the behaviour log-probability log μ(a_t|s_t)"
             )
         log_prob_key = present[0] if present else None
-        lp = _td_entry(td, log_prob_key) if log_prob_key is not None else None
+        lp = td_entry(td, log_prob_key) if log_prob_key is not None else None
     else:
-        lp = _td_entry(td, log_prob_key)
+        lp = td_entry(td, log_prob_key)
         if lp is None:
             raise ValueError(f"td is missing the key {_key_str(log_prob_key)} (log_prob_key)")
     if lp is not None:
@@ -426,8 +426,8 @@ def torchrl_from_fields(
     _same(terminated, "terminated", rewards, "rewards")
     truncated = _check_flag_dtype(truncated, "truncated")
     _same(truncated, "truncated", rewards, "rewards")
-    terminated = _flags(terminated, "terminated")
-    truncated = _flags(truncated, "truncated")
+    terminated = as_flags(terminated, "terminated")
+    truncated = as_flags(truncated, "truncated")
 
     nxt = {
         "reward": rewards.unsqueeze(-1),
@@ -501,6 +501,6 @@ def fields_from_verl(
     return {
         "rewards": rewards,
         "values": values,
-        "mask": _flags(mask, "response_mask"),
+        "mask": as_flags(mask, "response_mask"),
         "window_end": "terminal",
     }
