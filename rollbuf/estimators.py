@@ -223,7 +223,7 @@ def _pg_rho_bar(name, v):
     return None if v is None else positive(name, v)
 
 
-_SPEC = {  # the boundary-model table of docs/semantics.md, one row per estimator
+_DOCS_ROW = {  # the boundary-model table of docs/semantics.md, one row per estimator
     "gae": EstimatorSpec(
         "gae", "backward", "Z_t = (1−λ)V_t + λG_t", "(1−λ)V_t + λ·local_t", "γλ·nd_t",
         "G_t = local_t + γ·nd_t·Z_{t+1}; A_t = G_t − V_t",
@@ -278,7 +278,7 @@ _SPEC = {  # the boundary-model table of docs/semantics.md, one row per estimato
 _BUILTIN = (
     Estimator(
         "gae", Family.TD_LAMBDA, "backward", _BACKWARD, (_GAMMA, _LAM), ("advantages", "returns"),
-        GAEResult, _backward_ref(_gae_ref), _SPEC["gae"],
+        GAEResult, _backward_ref(_gae_ref), _DOCS_ROW["gae"],
     ),
     Estimator(
         "advantages", Family.TD_LAMBDA, "backward", _BACKWARD, (_GAMMA, _LAM), ("advantages",), None,
@@ -287,14 +287,14 @@ _BUILTIN = (
     Estimator(
         "lambda_returns", Family.TD_LAMBDA, "backward", _BACKWARD, (_GAMMA, _LAM), ("returns",), None,
         _backward_ref(lambda f, p: ref.lambda_returns(*_base(f), p.gamma, p.lam, p.window_end)),
-        _SPEC["lambda_returns"],
+        _DOCS_ROW["lambda_returns"],
     ),
     Estimator(
         "discounted_returns", Family.TD_LAMBDA, "backward",
         (Field("rewards"), Field("values", required=False, read=False), *_BACKWARD[2:]),
         (_GAMMA,), ("returns",), None,
         _backward_ref(lambda f, p: ref.discounted_returns(*_base(f), p.gamma, True, p.window_end)),
-        _SPEC["discounted_returns"], fixed={"bootstrap": True},
+        _DOCS_ROW["discounted_returns"], fixed={"bootstrap": True},
         problem_params=lambda params: dict(params, lam=1.0),
     ),
     Estimator(
@@ -305,7 +305,7 @@ _BUILTIN = (
         _backward_ref(lambda f, p: ref.discounted_returns(f["rewards"], None, f.get("terminated"),
                                                           f.get("truncated"), None, f.get("mask"),
                                                           p.gamma, False, "terminal")),
-        _SPEC["monte_carlo_returns"], function="discounted_returns", fixed={"bootstrap": False},
+        _DOCS_ROW["monte_carlo_returns"], function="discounted_returns", fixed={"bootstrap": False},
         problem_params=lambda params: dict(params, lam=1.0, no_bootstrap=True, window_end="terminal"),
     ),
     Estimator(
@@ -313,7 +313,7 @@ _BUILTIN = (
         (_GAMMA, Param("lam", unit_interval, 1.0), Param("c_bar", positive, 1.0)), ("q_targets",), None,
         _backward_ref(lambda f, p: ref.retrace(*_base(f), f["log_probs"], f["target_log_probs"],
                                                f["q_values"], p.gamma, p.lam, p.c_bar, p.window_end)),
-        _SPEC["retrace"],
+        _DOCS_ROW["retrace"],
     ),
     Estimator(
         "vtrace", Family.VTRACE, "backward", _BACKWARD + _POLICY,
@@ -322,14 +322,14 @@ _BUILTIN = (
         ("vs", "pg_advantages"), VTraceResult,
         _backward_ref(lambda f, p: ref.vtrace(*_base(f), f["log_probs"], f["target_log_probs"], p.gamma,
                                               p.rho_bar, p.c_bar, p.pg_rho_bar, p.lam, p.window_end)),
-        _SPEC["vtrace"], problem_params=_vtrace_params,
+        _DOCS_ROW["vtrace"], problem_params=_vtrace_params,
     ),
     Estimator(
         "eligibility_traces", Family.FORWARD, "forward", (Field("x", "features"), *_FLAGS), (_GAMMA, _LAM),
         ("traces", "final"), TracesResult,
         lambda f, p: ref.eligibility_traces(f["x"], f.get("terminated"), f.get("truncated"), f.get("mask"),
                                             p.gamma, p.lam, p.carry),
-        _SPEC["eligibility_traces"],
+        _DOCS_ROW["eligibility_traces"],
         problem_params=lambda params: dict(params, decay=params["gamma"] * params["lam"]),
     ),
     Estimator(
@@ -337,7 +337,7 @@ _BUILTIN = (
         ("sums", "final"), SumsResult,
         lambda f, p: ref.episodic_sums(f["x"], f.get("terminated"), f.get("truncated"), f.get("mask"),
                                        p.carry),
-        _SPEC["episodic_sums"], problem_params=lambda params: dict(params, decay=1.0),
+        _DOCS_ROW["episodic_sums"], problem_params=lambda params: dict(params, decay=1.0),
     ),
 )
 

@@ -1,6 +1,6 @@
 """The estimators on plain tensors: validation, then dispatch to a backend.
 
-Every function takes the rollout fields as keyword arguments named as in SPEC §1, each ``[*B, T]``
+Every function takes the rollout fields as keyword arguments named as in docs/semantics.md, each ``[*B, T]``
 (time last; ``x`` of the forward estimators may be ``[*B, T, *F]``), and ``backend=``:
 
 * ``"reference"`` — the sequential float64 loop (:mod:`rollbuf.reference`), the oracle;

@@ -1,7 +1,7 @@
 """The ``reference`` backend: the float64 oracle that every other backend is tested against.
 
 Each estimator is a plain sequential loop over time, one row at a time, on Python floats (float64),
-written to read like the recursions of SPEC §2. It is deliberately slow and uses no scan, no
+written to read like the recursions of docs/semantics.md. It is deliberately slow and uses no scan, no
 vectorisation and no shared algebraic rewrite with the other backends.
 
 Assumptions (the caller has validated the inputs):
@@ -17,7 +17,7 @@ float64 tensors instead of Python floats, so autograd records them step by step 
 is what ``gradcheck`` of the ``reference`` backend checks). ``min(c̄, ratio)`` passes its gradient to
 the side it selects (none to the constant), like ``torch.minimum`` in the other backends.
 
-Boundaries follow SPEC §1 literally:
+Boundaries follow docs/semantics.md literally:
 
 * **mask**: the unmasked steps of a row are compacted, the recursion runs on the compacted row, the
   results are scattered back; masked steps give 0 and nothing at a masked step is ever read;
@@ -80,6 +80,15 @@ def _exp(x):
         return math.inf
 
 
+def _min(bar: float, x):
+    """``min(bar, x)`` that returns NaN for a NaN ``x`` (Python's ``min`` would return ``bar``), so a
+    NaN log-probability gives NaN as on every other backend; on 0-d tensors the gradient goes to
+    the side selected (none to the constant ``bar``)."""
+    if x != x:  # NaN
+        return x
+    return min(bar, x)
+
+
 def _diff(*xs) -> bool:
     """Whether the loops must run on tensors (some input requires grad, grad mode on)."""
     return torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in xs)
@@ -96,7 +105,7 @@ def _num(x: torch.Tensor, diff: bool):
 
 
 def _row(n, rewards, values, terminated, truncated, bootstrap_values, mask, window_end, extra=()):
-    """Compact row ``n`` and work out ``k``, ``d`` and the successor value ``V'`` of SPEC §1."""
+    """Compact row ``n`` and work out ``k``, ``d`` and the successor value ``V'`` (docs/semantics.md)."""
     assert window_end in ("bootstrap", "terminal"), window_end
     idx = _kept(mask, n, rewards.shape[1])
     m = len(idx)
@@ -215,7 +224,7 @@ def discounted_returns(rewards, values, terminated, truncated, bootstrap_values,
 
 def vtrace(rewards, values, terminated, truncated, bootstrap_values, mask, log_probs, target_log_probs,
            gamma, rho_bar, c_bar, pg_rho_bar, lam, window_end):
-    """V-trace (IMPALA), SPEC §2.
+    """V-trace (IMPALA).
 
     ``ρ_t = min(ρ̄, ratio_t)``, ``c_t = λ min(c̄, ratio_t)``;
     ``u_t = vs_t - V_t = ρ_t(r_t + γ(1-k_t)V'_t - V_t) + γ(1-d_t)c_t u_{t+1}``;
@@ -234,15 +243,18 @@ def vtrace(rewards, values, terminated, truncated, bootstrap_values, mask, log_p
         u = 0.0  # u_{t+1}
         for j in reversed(range(m)):
             ratio = _exp(pi[j] - mu[j])
-            rho = min(rho_bar, ratio)
-            c = lam * min(c_bar, ratio)
+            rho = _min(rho_bar, ratio)
+            c = lam * _min(c_bar, ratio)
             delta = row.r[j] + gamma * (1 - row.k[j]) * row.vn[j] - row.v[j]
             u = rho * delta + gamma * (1 - row.d[j]) * c * u
             vs[j] = row.v[j] + u
         for j in range(m):
             ratio = _exp(pi[j] - mu[j])
-            q = row.vn[j] if row.d[j] else vs[j + 1]
-            pg = min(pg_rho_bar, ratio) * (row.r[j] + gamma * (1 - row.k[j]) * q - row.v[j])
+            # q_t = V'_t after a done step, vs_{t+1} inside an episode, weighed by d_t as in the
+            # other recursions (so a NaN in vs_{t+1} reaches pg_t as 0·NaN, on every backend alike)
+            vs_next = vs[j + 1] if j + 1 < m else 0.0
+            q = row.d[j] * row.vn[j] + (1 - row.d[j]) * vs_next
+            pg = _min(pg_rho_bar, ratio) * (row.r[j] + gamma * (1 - row.k[j]) * q - row.v[j])
             vs_out[n][row.idx[j]] = vs[j]
             pg_out[n][row.idx[j]] = pg
     return _out(vs_out, rewards), _out(pg_out, rewards)
@@ -266,11 +278,13 @@ def retrace(rewards, values, terminated, truncated, bootstrap_values, mask, log_
         m = len(row.idx)
         Q = [0.0] * m
         for j in reversed(range(m)):
-            if row.d[j]:
-                Q[j] = row.r[j] + gamma * (1 - row.k[j]) * row.vn[j]
-            else:  # not done, so j + 1 is in the row and in the same episode
-                c_next = lam * min(c_bar, _exp(pi[j + 1] - mu[j + 1]))
-                Q[j] = row.r[j] + gamma * (1 - row.k[j]) * (row.vn[j] + c_next * (Q[j + 1] - q[j + 1]))
+            # (1 - d_j) removes the next step's term after a done step, as it multiplies G_{t+1} in
+            # the other recursions (so a NaN there reaches Q_j as 0·NaN, on every backend alike)
+            trace = 0.0
+            if j + 1 < m:  # the window end (d = 1) has no next step
+                c_next = lam * _min(c_bar, _exp(pi[j + 1] - mu[j + 1]))
+                trace = c_next * (Q[j + 1] - q[j + 1])
+            Q[j] = row.r[j] + gamma * (1 - row.k[j]) * (row.vn[j] + (1 - row.d[j]) * trace)
             out[n][row.idx[j]] = Q[j]
     return _out(out, rewards)
 

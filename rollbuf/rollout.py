@@ -2,12 +2,29 @@
 
 from __future__ import annotations
 
+import operator
+
 import torch
 from tensordict import tensorclass
 
 from rollbuf import functional as F
 from rollbuf import windows
 from rollbuf.boundary import conventions as C
+
+def _sizes(name, v) -> tuple[int, ...]:
+    """``v`` as a tuple of non-negative ints (an int or a sequence of them), else a ValueError naming it."""
+    items = (v,) if not isinstance(v, (tuple, list, torch.Size)) else tuple(v)
+    out = []
+    for x in items:
+        try:
+            n = None if isinstance(x, bool) else operator.index(x)
+        except TypeError:
+            n = None
+        if n is None or n < 0:
+            raise ValueError(f"{name} must be a non-negative int or a tuple of them, got {v!r}")
+        out.append(n)
+    return tuple(out)
+
 
 _STEP_FIELDS = ("rewards", "values", "terminated", "truncated", "log_probs", "bootstrap_values", "mask")
 
@@ -16,7 +33,7 @@ _STEP_FIELDS = ("rewards", "values", "terminated", "truncated", "log_probs", "bo
 class Rollout:
     """A window of ``[*B, T]`` steps (``B`` = envs, or envs × agents; time is the last dim).
 
-    Fields (SPEC §1), all ``[*B, T]``: ``rewards``, ``values`` (V(s_t)), ``terminated``,
+    Fields (docs/semantics.md), all ``[*B, T]``: ``rewards``, ``values`` (V(s_t)), ``terminated``,
     ``truncated``, ``log_probs`` (behaviour policy), ``bootstrap_values`` (V(s'_t), read only
     after truncations and at the window end) and an optional ``mask`` (``False`` = not an agent
     step). Flags are transition-aligned: a flag at ``t`` says what happened after ``a_t``.
@@ -34,14 +51,25 @@ class Rollout:
     bootstrap_values: torch.Tensor | None = None
     mask: torch.Tensor | None = None
 
+    def __post_init__(self):
+        # every construction path (direct, indexing, stacking, .to) ends here: the batch must be the
+        # fields' own shape [*B, T], or every estimator would read a wrong T
+        r = self.rewards
+        if isinstance(r, torch.Tensor) and tuple(self.batch_size) != tuple(r.shape):
+            raise ValueError(
+                f"Rollout needs batch_size=[*B, T] equal to the fields' shape: rewards has shape "
+                f"{tuple(r.shape)} but batch_size is {list(self.batch_size)}; pass "
+                f"batch_size={list(r.shape)}"
+            )
+
     # -- construction ---------------------------------------------------------------------------
 
     @classmethod
     def empty(cls, num_envs, horizon, *, device=None, dtype=torch.float32, with_mask=False):
         """A window to fill with :meth:`record`: float fields NaN (so a step never recorded shows
         up), flags False. ``num_envs`` may be an int or a tuple of leading batch dims."""
-        B = (num_envs,) if isinstance(num_envs, int) else tuple(num_envs)
-        if not isinstance(horizon, int) or horizon < 0:
+        B = _sizes("num_envs", num_envs)
+        if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 0:
             raise ValueError(f"horizon must be a non-negative int, got {horizon!r}")
         if dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
             raise TypeError(f"dtype must be a floating-point dtype, got {dtype}")
@@ -66,8 +94,14 @@ class Rollout:
         successor (Gymnasium's final observation on truncation); record it where truncated.
         """
         T = self.batch_size[-1]
-        if not isinstance(t, int) or not -T <= t < T:
-            raise IndexError(f"t must be an int step index in [0, {T}), got {t!r}")
+        t_in = t
+        try:  # ints, NumPy integers, 0-d integer tensors; never a bool
+            t = None if isinstance(t, bool) or (isinstance(t, torch.Tensor) and (t.dtype == torch.bool or t.dim())) \
+                else operator.index(t)
+        except TypeError:
+            t = None
+        if t is None or not -T <= t < T:
+            raise IndexError(f"t must be an int step index in [0, {T}), got {t_in!r}")
         for name, value in step.items():
             if name not in _STEP_FIELDS:
                 raise TypeError(f"record() got an unknown field {name!r}; fields: {_STEP_FIELDS}")
@@ -86,7 +120,7 @@ class Rollout:
         """Close the window: ``V(s_T)``, the value of the state after the last step, ``[*B]``.
 
         Written into ``bootstrap_values`` at each row's window end — the last step, or the last
-        unmasked step when there is a ``mask`` (SPEC §1: that is where the estimators read it) —
+        unmasked step when there is a ``mask`` (that is where the estimators read it) —
         where that step did not end its episode (a truncated last step keeps the value of its true
         final state recorded with it). A row with no unmasked step gets it in its last column.
         """

@@ -1,7 +1,7 @@
 """Testing kit: random rollouts with every boundary, and comparison against the float64 oracle.
 
 Use it to test rollbuf's backends, or your own estimator, against :mod:`rollbuf.reference` (the plain
-sequential float64 loop, SPEC §1–2):
+sequential float64 loop, docs/semantics.md):
 
 * :func:`make_rollout` builds one random rollout from a seed: rewards, values, log-probabilities,
   Q-values, flags of any density (bool, uint8 or 0/1 float), a mask made of masked *spans* whose

@@ -10,6 +10,7 @@ serve) come from :mod:`rollbuf.windows`.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping
 
 import torch
@@ -19,13 +20,122 @@ from rollbuf.estimators import Estimator
 from rollbuf.problem import Family, Problem
 
 __all__ = ["FLOATS", "FLAGS", "WINDOW_ENDS", "Fields", "check_tensor", "check_bool", "main_tensor", "prepare",
-           "finish", "chain_choice"]
+           "finish", "chain_choice", "check_finite", "checking_finite", "first_non_finite"]
 
 FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 FLAGS = (torch.bool, torch.uint8) + FLOATS
 _FLOAT_TEXT = "a floating-point tensor (float16, bfloat16, float32, float64)"
 _FLAG_TEXT = "a bool, uint8 or 0/1 floating-point tensor"
 WINDOW_ENDS = ("bootstrap", "terminal")
+
+
+# ---------------------------------------------------------------------------------------------
+# the debug switch: every input an estimator reads must be finite
+# ---------------------------------------------------------------------------------------------
+
+_FINITE = {"on": os.environ.get("ROLLBUF_CHECK_FINITE", "") not in ("", "0")}
+
+
+class check_finite:  # noqa: N801 (used like a function)
+    """Switch the non-finite input check on (or off): ``rollbuf.check_finite()`` for the rest of the
+    process, ``with rollbuf.check_finite(): ...`` for a block (the previous setting comes back on
+    exit); ``ROLLBUF_CHECK_FINITE=1`` in the environment switches it on at import.
+
+    While on, every estimator call reads its inputs back (one device sync per call) and raises a
+    ``ValueError`` naming the first non-finite value it *reads* — field, row (its ``[*B]`` index)
+    and step — so that the NaN that turned a row of advantages into NaN can be found. Values the
+    call does not read (masked steps, ``bootstrap_values`` where no truncation or window end reads
+    it) are not checked: they cannot reach an output.
+    """
+
+    def __init__(self, enabled: bool = True):
+        check_bool("enabled", enabled)
+        self.previous = _FINITE["on"]
+        _FINITE["on"] = enabled
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        _FINITE["on"] = self.previous
+        return False
+
+
+def checking_finite() -> bool:
+    """Whether the non-finite input check is on."""
+    return _FINITE["on"]
+
+
+def first_non_finite(p: Problem):
+    """``(field, row, step, value)`` of the first non-finite value ``p`` reads (row and step in the
+    flattened ``[N, T]``; step ``None`` for a per-row input), or ``None``. One device sync."""
+    f = p.fields
+    m = p.flag("mask")
+    for name, x in f.items():
+        if x is None or not x.is_floating_point() or name in ("bootstrap_values",) or _is_flag(p, name):
+            continue
+        bad = ~torch.isfinite(x)
+        if x.dim() > 2:  # features: any feature of the step
+            bad = bad.reshape(*bad.shape[:2], -1).any(-1)
+        if m is not None:
+            bad = bad & m
+        hit = _first(bad)
+        if hit is not None:
+            return name, hit[0], hit[1], float(x[hit[0], hit[1]].reshape(-1)[0])
+    bv = f.get("bootstrap_values")
+    if bv is not None and not p.no_bootstrap:
+        N, T = p.num_rows, p.num_steps
+        read = windows.bootstrap_read(f.get("terminated"), f.get("truncated"), f.get("mask"))
+        read = torch.zeros(N, T, dtype=torch.bool, device=bv.device) if read is None else read
+        end_read = p.carry is None and p.window_end == "bootstrap"
+        if bv.dim() == 2:
+            if end_read and T:
+                j = windows.window_end_index(f.get("mask"), (N, T), bv.device)
+                j = torch.where(j < 0, T - 1, j)
+                read = read.scatter(-1, j.unsqueeze(-1), True)
+            k = p.flag("terminated")
+            if k is not None:
+                read = read & ~k
+            hit = _first(read & ~torch.isfinite(bv))
+            if hit is not None:
+                return "bootstrap_values", hit[0], hit[1], float(bv[hit[0], hit[1]])
+        elif end_read or read.any():
+            k_end = windows.window_end_value(torch.ones(N, device=bv.device), f.get("terminated"),
+                                             f.get("mask"), (N, T)) == 0
+            hit = _first((~torch.isfinite(bv) & ~k_end).unsqueeze(-1))
+            if hit is not None:
+                return "bootstrap_values", hit[0], None, float(bv[hit[0]])
+    if p.carry is not None:
+        bad = ~torch.isfinite(p.carry).reshape(p.carry.shape[0], -1).any(-1, keepdim=True)
+        hit = _first(bad)
+        if hit is not None:
+            return ("initial" if p.family == Family.FORWARD else "carry"), hit[0], None, float("nan")
+    return None
+
+
+def _is_flag(p: Problem, name) -> bool:
+    if p.estimator is not None:
+        fld = p.estimator.field(name)
+        return fld is not None and fld.kind == "flag"
+    return name in ("terminated", "truncated", "mask")
+
+
+def _first(bad: torch.Tensor):
+    if not bool(bad.any()):
+        return None
+    flat = int(torch.nonzero(bad.reshape(-1))[0])
+    return flat // bad.shape[-1], flat % bad.shape[-1]
+
+
+def _raise_non_finite(p: Problem, hit):
+    name, row, step, value = hit
+    B = p.batch_shape or (p.num_rows,)
+    index = tuple(int(i) for i in torch.unravel_index(torch.tensor(row), B)) if B else ()
+    where = f"row {index[0] if len(index) == 1 else index}" + ("" if step is None else f", step {step}")
+    raise ValueError(
+        f"{name} is not finite at {where} (value {value}), and this call reads it "
+        "(rollbuf.check_finite is on: it names the first non-finite input read)"
+    )
 
 
 def check_tensor(name, x, kinds, kind_text):
@@ -208,12 +318,17 @@ def prepare(est: Estimator, fields: Mapping, params: Mapping, *, carry=None, ret
     kw.setdefault("window_end", window_end)
     generic = est.family == Family.GENERIC
     problem_kw = {k: v for k, v in kw.items() if k in _PROBLEM_PARAMS}
-    return Problem(
+    p = Problem(
         family=est.family, outputs=est.outputs, fields=flat, carry=carry, want_carry=return_carry,
         compute_dtype=compute, out_dtype=out, batch_shape=tuple(B), feature_shape=feature_shape,
         estimator=est, reverse=(est.direction == "backward") if generic else reverse,
         params=kw if generic else {}, **problem_kw,
     )
+    if _FINITE["on"] and not torch.compiler.is_compiling():
+        hit = first_non_finite(p)
+        if hit is not None:
+            _raise_non_finite(p, hit)
+    return p
 
 
 _PROBLEM_PARAMS = set(Problem._fields) - {
@@ -286,10 +401,10 @@ def finish(p: Problem, outs, carry):
     flat = len(B) == 1  # [N, T] in, [N, T] out: no reshape (the common case, kept cheap)
     shaped = []
     for name, o in zip(p.outputs, outs):
-        o = o if flat else o.reshape(*B, *o.shape[1:])
+        o = o if flat else o.reshape(tuple(B) + tuple(o.shape[1:]))
         dt = p.compute_dtype if name == "final" else p.out_dtype
         shaped.append(o if o.dtype == dt else o.to(dt))
     if p.want_carry and carry is not None:
-        carry = carry if flat else carry.reshape(*B, *carry.shape[1:])
+        carry = carry if flat else carry.reshape(tuple(B) + tuple(carry.shape[1:]))
         carry = carry if carry.dtype == p.compute_dtype else carry.to(p.compute_dtype)
     return shaped, carry

@@ -315,7 +315,7 @@ def retrace_backward(p: Problem, names, saved, q_out, grads, fused: bool = False
     u = a.scan(gn * g_q, beta, False, w0)
     u_bar = torch.cat([w0.unsqueeze(-1), u[..., :-1]], dim=-1)  # Ū_t = ∂L/∂W_t
     c_bar = u_bar * (q_out.detach().to(dt) - a.load("q_values"))
-    ratio_bar = torch.where(unclipped, p.lam * c_bar, 0) * ratio
+    ratio_bar = torch.where(unclipped, p.lam * c_bar * ratio, 0)  # no 0·inf where the clip is active
     out = {"rewards": a.zero(g_q + c * u_bar), "values": a.zero(u_bar), "q_values": a.zero(-c * u_bar),
            "target_log_probs": a.zero(ratio_bar), "log_probs": a.zero(-ratio_bar)}
     a.boundary_grads(out, u[..., -1], out["rewards"])
@@ -380,8 +380,8 @@ def vtrace_backward(p: Problem, names, saved, vs_out, grads, fused: bool = False
     d_rho = u_bar * (local - v + gn * v_next)
     d_c = p.lam * u_bar * gn * u_next
     d_pg = g_pg * (local + gn * (v_next + u_next) - v)
-    d_ratio = (torch.where(ratio <= p.rho_bar, d_rho, 0) + torch.where(ratio <= p.c_bar, d_c, 0)
-               + torch.where(ratio <= p.pg_rho_bar, d_pg, 0)) * ratio
+    d_ratio = (torch.where(ratio <= p.rho_bar, d_rho * ratio, 0) + torch.where(ratio <= p.c_bar, d_c * ratio, 0)
+               + torch.where(ratio <= p.pg_rho_bar, d_pg * ratio, 0))  # no 0·inf where a clip is active
     out = {"rewards": zero(local_bar), "values": zero(g_vs - local_bar + e_prev),
            "target_log_probs": zero(d_ratio), "log_probs": zero(-d_ratio)}
     a.boundary_grads(out, torch.stack([y[..., -1], dv_end], -1), out["rewards"])

@@ -14,6 +14,8 @@ applies the mask identity, scans, and applies the epilogue.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from rollbuf import windows
@@ -103,16 +105,16 @@ def steps(p: Problem):
         elems = C.lambda_step(r, v, k, tr, boot, p.gamma, p.lam)
     else:
         v = L.load("values")
-        ratio = torch.exp(L.load("target_log_probs") - L.load("log_probs"))
-        c = p.lam * torch.clamp(ratio, max=p.c_bar)
+        log_ratio = L.load("target_log_probs") - L.load("log_probs")
+        c = p.lam * clipped_ratio(log_ratio, p.c_bar)
         env.update(v=v, c=c)
         if p.family == Family.RETRACE:
             elems = C.retrace_step(r, v, k, tr, boot, L.load("q_values"), c, p.gamma)
         else:
             if p.family != Family.VTRACE:
                 raise ValueError(f"the torch backend has no family {p.family!r}")
-            rho = torch.clamp(ratio, max=p.rho_bar)
-            env.update(rho=rho, rho_pg=torch.clamp(ratio, max=p.pg_rho_bar))
+            rho = clipped_ratio(log_ratio, p.rho_bar)
+            env.update(rho=rho, rho_pg=clipped_ratio(log_ratio, p.pg_rho_bar))
             elems = C.vtrace_step(r, v, k, tr, boot, rho, c, p.gamma)
             elems = [torch.as_tensor(e, dtype=dt, device=r.device) for e in elems]
             elems = torch.broadcast_tensors(*elems)
@@ -124,6 +126,15 @@ def steps(p: Problem):
         alpha = torch.where(m, alpha, 0)
         beta = torch.where(m, beta, 1)
     return (alpha, beta), C.compose, (0.0, 1.0), True, env
+
+
+def clipped_ratio(log_ratio, bar: float):
+    """``min(bar, exp(log_ratio))`` without forming ``exp`` where it is clipped: where the clip is
+    active the value is ``bar`` and the gradient 0 (as ``torch.clamp``), and no overflowed
+    ``exp`` (≥ 88.8 in float32) turns that 0 into NaN; a NaN log-ratio gives NaN."""
+    log_bar = math.log(bar)
+    clipped = log_ratio > log_bar  # at the threshold the gradient passes, as torch.clamp
+    return torch.where(clipped, bar, torch.exp(torch.clamp(log_ratio, max=log_bar)))
 
 
 def window_map(p: Problem):

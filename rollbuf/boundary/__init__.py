@@ -1,4 +1,4 @@
-"""The boundary model: the arithmetic of SPEC-style boundaries, written once.
+"""The boundary model: the arithmetic of every boundary, written once.
 
 * :mod:`rollbuf.boundary.coefficients` — for every estimator, the own-step scan coefficients
   ``(α_t, β_t)`` and the output epilogue. The same functions are compiled into the Triton kernels

@@ -1,4 +1,4 @@
-"""Per-estimator scan coefficients: the boundary rules of SPEC §2, written once.
+"""Per-estimator scan coefficients: the boundary rules of docs/semantics.md, written once.
 
 Every estimator is solved as one affine scan over a *state* ``Z`` whose coefficients use only the
 step's own fields. The estimator's outputs at step ``t`` are then a local function of the step's own
@@ -72,8 +72,8 @@ def compose_pair(p_o, q_o, s_o, a_o, w_o, p_i, q_i, s_i, a_i, w_i):
 # TD(λ) family: TD(λ) returns, GAE (A = G − V), bootstrapped discounted returns (λ = 1) and
 # Monte-Carlo returns (λ = 1 with boot ≡ 0 and V ≡ 0: a truncation then simply cuts).
 #   G_t = local_t + γ·nd_t·Z_{t+1},   Z_t = (1−λ)V_t + λG_t
-# Interior step: G_t = r_t + γ[(1−λ)V_{t+1} + λG_{t+1}]           (SPEC TD(λ) row, d_t = 0)
-# Done step:     G_t = r_t + γ(1−k_t)·boot_t                       (SPEC, d_t = 1)
+# Interior step: G_t = r_t + γ[(1−λ)V_{t+1} + λG_{t+1}]           (TD(λ), d_t = 0)     
+# Done step:     G_t = r_t + γ(1−k_t)·boot_t                       (d_t = 1)      
 # Window end:    Z_T = V(s_T) = bootstrap value (or 0 if terminal), so G_{T−1} = r + γ(1−k)V'.
 # ----------------------------------------------------------------------------------------------
 
@@ -96,7 +96,7 @@ def lambda_out(r, k, tr, boot, gamma, z_next):
 # Retrace(λ):  Q_t = local_t + γ·nd_t·[V_{t+1} + c_{t+1}(Q_{t+1} − q_{t+1})]
 # State W_t = V_t + c_t(Q_t − q_t) uses only step t's own V, c, q:
 #   W_t = V_t + c_t(local_t − q_t) + γ·nd_t·c_t·W_{t+1},   Q_t = local_t + γ·nd_t·W_{t+1}
-# Window end: W_T = V(s_T) (there is no step T to take c_T from; SPEC: Q_{T−1} = r + γ(1−k)V').
+# Window end: W_T = V(s_T) (there is no step T to take c_T from; so Q_{T−1} = r + γ(1−k)V').
 # Chaining: W_0 of the next window = V_0 + c_0(Q_0 − q_0) carries c_0 and q_0 with it.
 # ----------------------------------------------------------------------------------------------
 

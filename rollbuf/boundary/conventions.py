@@ -1,6 +1,6 @@
 """Converters from the flag conventions users already have to rollbuf's fields, and back.
 
-rollbuf's layout (SPEC §1): every per-step field is ``[*B, T]``, time last; flags are
+rollbuf's layout (docs/semantics.md): every per-step field is ``[*B, T]``, time last; flags are
 *transition-aligned* as in Gymnasium and TorchRL's ``("next", "done")``: a flag at ``t`` says what
 happened after ``a_t``; ``done = terminated | truncated``; terminated wins when both are set.
 

@@ -1,0 +1,216 @@
+"""Edge cases tried as a user would: empty windows, rows without a batch dimension, overflowing
+importance ratios, non-finite inputs (the same answer on every backend, docs/semantics.md "Non-finite
+inputs"), the non-finite input check, and Rollout construction and recording mistakes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import rollbuf
+from rollbuf import Rollout, backends
+from rollbuf import functional as F
+from rollbuf.testing import assert_close_to_reference, make_rollout, reference_outputs, run_estimator
+
+BACKENDS = ["torch"] + (["triton"] if backends.triton_available() else [])
+ALL = ["reference"] + BACKENDS
+BACKWARD = ["gae", "advantages", "lambda_returns", "discounted_returns", "monte_carlo_returns", "vtrace",
+            "retrace"]
+PARAMS = dict(gamma=0.9, lam=0.8)
+
+
+def _params(name):
+    if name in ("discounted_returns", "monte_carlo_returns"):
+        return dict(gamma=0.9)
+    if name == "episodic_sums":
+        return {}
+    return dict(PARAMS)
+
+
+# ------------------------------------------------------------------ rows with no batch dimension
+
+
+@pytest.mark.parametrize("backend", ALL)
+@pytest.mark.parametrize("name", ["eligibility_traces", "episodic_sums"])
+def test_forward_estimators_take_a_bare_row(backend, name):
+    f = make_rollout(1, 13, seed=2, p_masked=0.2)
+    row = {k: (v[0] if isinstance(v, torch.Tensor) else v) for k, v in f.items()}
+    got = run_estimator(name, row, backend=backend, **_params(name))
+    want = run_estimator(name, f, backend=backend, **_params(name))
+    assert got[0].shape == (13,) and got[1].shape == ()
+    torch.testing.assert_close(got[0], want[0][0])
+    torch.testing.assert_close(got[1], want[1][0])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", BACKWARD)
+def test_return_carry_on_a_bare_row(backend, name):
+    f = make_rollout(1, 11, seed=3, p_masked=0.2)
+    row = {k: (v[0] if isinstance(v, torch.Tensor) else v) for k, v in f.items()}
+    out, carry = run_estimator(name, row, backend=backend, return_carry=True, **_params(name))
+    out1, carry1 = run_estimator(name, f, backend=backend, return_carry=True, **_params(name))
+    assert carry.shape == carry1.shape[1:]
+    torch.testing.assert_close(carry, carry1[0])
+    first = out[0] if isinstance(out, tuple) else out
+    first1 = out1[0] if isinstance(out1, tuple) else out1
+    torch.testing.assert_close(first, first1[0])
+
+
+# ------------------------------------------------------------- overflowing importance ratios
+
+
+@pytest.mark.parametrize("backend", ["reference"] + BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_clipped_ratio_gradients_stay_finite_when_exp_overflows(backend, dtype):
+    """exp(log π − log μ) overflows (≥ 88.8 in fp32, ≥ 709.8 in fp64) where the clip is active: the
+    clipped ratio is ρ̄ there and its gradient 0, never 0·inf = NaN."""
+    if backend == "reference" and dtype == torch.float32:
+        pytest.skip("the reference computes in float64")
+    g = torch.Generator().manual_seed(0)
+    big = 100.0 if dtype == torch.float32 else 800.0
+    tlp = torch.where(torch.rand(2, 9, generator=g) < 0.5, big, -0.3).to(dtype).requires_grad_()
+    lp = torch.zeros(2, 9, dtype=dtype, requires_grad=True)
+    kw = dict(rewards=torch.randn(2, 9, generator=g, dtype=dtype), values=torch.randn(2, 9, generator=g, dtype=dtype),
+              bootstrap_values=torch.zeros(2, dtype=dtype), backend=backend)
+    vs, pg = F.vtrace(tlp, 0.9, log_probs=lp, **kw)
+    q = F.retrace(torch.randn(2, 9, generator=g, dtype=dtype), tlp, 0.9, lam=0.9, log_probs=lp, **kw)
+    for out in ((vs.sum() + pg.sum()), q.sum()):
+        assert torch.isfinite(out)
+        g_t, g_l = torch.autograd.grad(out, (tlp, lp))
+        assert torch.isfinite(g_t).all() and torch.isfinite(g_l).all()
+
+
+# ----------------------------------------------------------------------- non-finite inputs
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", ["vtrace", "retrace"])
+def test_nan_log_prob_gives_nan_on_every_backend(backend, name):
+    f = make_rollout(2, 9, seed=4, p_masked=None, p_truncated=0.0)
+    f["log_probs"] = f["log_probs"].clone()
+    f["log_probs"][0, 5] = float("nan")
+    got = run_estimator(name, f, backend=backend, **PARAMS)
+    want = reference_outputs(name, f, **PARAMS)
+    got = got if isinstance(got, tuple) else (got,)
+    assert torch.isnan(want[0][0]).any()  # the reference propagates it (no min(ρ̄, nan) = ρ̄)
+    for a, e in zip(got, want):
+        assert torch.equal(torch.isnan(a), torch.isnan(e))
+        assert_close_to_reference(a, e, f, equal_nan=True, direction="backward")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", BACKWARD + ["eligibility_traces", "episodic_sums"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")], ids=["nan", "inf", "-inf"])
+def test_a_non_finite_reward_gives_the_reference_answer(backend, name, value):
+    """One non-finite reward: every backend gives the reference's outputs, NaN for NaN, inf for inf
+    (a backward estimator carries it to the earlier steps of its row, across episode ends too:
+    the recursions multiply the next step's state by a zero discount there, and 0·NaN = NaN)."""
+    f = make_rollout(3, 17, seed=5, p_masked=0.2)
+    f["rewards"] = f["rewards"].clone()
+    f["mask"][1, 8] = True
+    f["rewards"][1, 8] = value
+    got = run_estimator(name, f, backend=backend, **_params(name))
+    want = reference_outputs(name, f, **_params(name))
+    got = got if isinstance(got, tuple) else (got,)
+    for a, e in zip(got, want):
+        assert torch.equal(torch.isnan(a), torch.isnan(e)), (a, e)
+        assert_close_to_reference(a, e, f, equal_nan=True, direction="backward")
+
+
+@st.composite
+def _poisoned(draw):
+    name = draw(st.sampled_from(BACKWARD + ["eligibility_traces", "episodic_sums"]))
+    n, t = draw(st.integers(1, 3)), draw(st.integers(1, 40))
+    f = make_rollout(n, t, seed=draw(st.integers(0, 2**16)), p_masked=draw(st.sampled_from([None, 0.3])),
+                     p_terminated=0.1, p_truncated=0.1)
+    fields = [k for k in ("rewards", "values", "log_probs", "target_log_probs", "q_values", "bootstrap_values")
+              if f.get(k) is not None]
+    for _ in range(draw(st.integers(1, 3))):
+        k = draw(st.sampled_from(fields))
+        x = f[k].clone()
+        i, j = draw(st.integers(0, n - 1)), draw(st.integers(0, t - 1))
+        x[i, j] = draw(st.sampled_from([float("nan"), float("inf"), float("-inf")]))
+        f[k] = x
+    return name, f
+
+
+@settings(max_examples=60)
+@given(case=_poisoned(), backend=st.sampled_from(BACKENDS))
+def test_property_non_finite_inputs_match_the_reference(case, backend):
+    """Non-finite values at read and unread positions (masked steps, unread bootstrap slots, any
+    field): torch and triton give the reference's answer, NaN for NaN."""
+    name, f = case
+    got = run_estimator(name, f, backend=backend, **_params(name))
+    want = reference_outputs(name, f, **_params(name))
+    got = got if isinstance(got, tuple) else (got,)
+    for a, e in zip(got, want):
+        assert torch.equal(torch.isnan(a), torch.isnan(e))
+        assert_close_to_reference(a, e, f, equal_nan=True, direction="backward")
+
+
+# ------------------------------------------------------------------- the non-finite input check
+
+
+def test_check_finite_names_the_first_non_finite_input_read():
+    f = make_rollout(4, 12, seed=6, p_masked=None, p_truncated=0.0)
+    r = f["rewards"].clone()
+    r[2, 7] = float("nan")
+    kw = dict(rewards=r, values=f["values"], terminated=f["terminated"], bootstrap_values=torch.zeros(4))
+    assert torch.isnan(F.gae(0.9, 0.8, **kw).advantages[2]).any()  # off: NaN flows to the outputs
+    with rollbuf.check_finite():
+        with pytest.raises(ValueError, match=r"rewards is not finite at row 2, step 7"):
+            F.gae(0.9, 0.8, **kw)
+    F.gae(0.9, 0.8, **kw)  # off again after the block
+
+
+def test_check_finite_ignores_what_is_not_read():
+    """NaN at masked steps and in unread bootstrap slots cannot reach an output: not reported."""
+    f = make_rollout(3, 20, seed=7, p_masked=0.4)  # garbage at masked steps, NaN in unread slots
+    with rollbuf.check_finite():
+        for name in BACKWARD:
+            run_estimator(name, f, backend="torch", **_params(name))
+
+
+def test_check_finite_names_a_bootstrap_value_and_a_batch_index():
+    v = torch.zeros(2, 3, 5)
+    bv = torch.zeros(2, 3)
+    bv[1, 2] = float("inf")
+    with rollbuf.check_finite():
+        with pytest.raises(ValueError, match=r"bootstrap_values is not finite at row \(1, 2\)"):
+            F.lambda_returns(0.9, 0.8, rewards=v, values=v, bootstrap_values=bv)
+        F.lambda_returns(0.9, 0.8, rewards=v, values=v, bootstrap_values=bv, window_end="terminal")
+
+
+# -------------------------------------------------------------- Rollout construction and record
+
+
+def test_rollout_without_batch_size_is_refused():
+    x = torch.zeros(3, 5)
+    with pytest.raises(ValueError, match=r"batch_size=\[\*B, T\].*batch_size=\[3, 5\]"):
+        Rollout(rewards=x, values=x, terminated=x.bool())
+    with pytest.raises(ValueError, match="batch_size"):
+        Rollout(rewards=x, values=x, terminated=x.bool(), batch_size=[3])
+    ro = Rollout(rewards=x, values=x, terminated=x.bool(), batch_size=[3, 5])
+    assert ro[:2].batch_size == torch.Size([2, 5])
+
+
+@pytest.mark.parametrize("t", [1, np.int64(1), torch.tensor(1), -4])
+def test_record_takes_any_integer_step(t):
+    ro = Rollout.empty(2, 5)
+    ro.record(t, rewards=torch.ones(2))
+    assert ro.rewards[:, 1].tolist() == [1.0, 1.0]
+
+
+@pytest.mark.parametrize("t", [True, 1.0, torch.tensor(True), torch.tensor([1]), 5, -6])
+def test_record_refuses_a_step_that_is_not_an_index(t):
+    with pytest.raises(IndexError, match="t must be an int step index"):
+        Rollout.empty(2, 5).record(t, rewards=torch.ones(2))
+
+
+@pytest.mark.parametrize("n", [-2, (3, -1), 2.5, True])
+def test_empty_names_num_envs(n):
+    with pytest.raises(ValueError, match="num_envs must be a non-negative int"):
+        Rollout.empty(n, 5)
