@@ -138,6 +138,9 @@ class Field:
     read: bool = True
 
 
+_FIELD_NAMES: dict[str, tuple[str, ...]] = {}  # Estimator.field_names, computed once per entry
+
+
 @attrs.frozen
 class Estimator:
     """One estimator. ``problem_params(params)`` maps the validated parameters to :class:`Problem`
@@ -172,7 +175,10 @@ class Estimator:
 
     @property
     def field_names(self) -> tuple[str, ...]:
-        return tuple(f.name for f in self.fields)
+        names = _FIELD_NAMES.get(self.name)
+        if names is None or len(names) != len(self.fields):
+            names = _FIELD_NAMES[self.name] = tuple(f.name for f in self.fields)
+        return names
 
     def field(self, name: str) -> Field | None:
         for f in self.fields:
@@ -362,6 +368,7 @@ def register(estimator: Estimator) -> Estimator:
     if estimator.direction not in ("backward", "forward"):
         raise ValueError(f"estimator {estimator.name!r}: direction must be 'backward' or 'forward'")
     REGISTRY[estimator.name] = estimator
+    _FIELD_NAMES.pop(estimator.name, None)
     return estimator
 
 

@@ -167,18 +167,23 @@ def _out(rows: list, like: torch.Tensor) -> torch.Tensor:
 
 
 def gae(rewards, values, terminated, truncated, bootstrap_values, mask, gamma, lam, window_end):
-    """GAE: ``δ_t = r_t + γ(1-k_t)V'_t - V_t``; ``A_t = δ_t + γλ(1-d_t)A_{t+1}``; returns ``A + V``."""
+    """GAE: ``δ_t = r_t + γ(1-k_t)V'_t - V_t``; ``A_t = δ_t + γλ(1-d_t)A_{t+1}``; returns ``A + V``
+    (computed by the TD(λ) recursion, which equals it)."""
     gamma, lam = float(gamma), float(lam)
     N, T = rewards.shape
     adv, ret = _zeros(N, T), _zeros(N, T)
     for n in range(N):
         row = _row(n, rewards, values, terminated, truncated, bootstrap_values, mask, window_end)
         A = 0.0  # A_{t+1}; multiplied by (1 - d) = 0 at the window end
+        G = 0.0  # G_{t+1}: the returns by their own recursion (TD(λ)); equal to A + V, but they
+        # do not read V_t itself, so a NaN value at t leaves the return at t finite, as on every backend
         for j in reversed(range(len(row.idx))):
             delta = row.r[j] + gamma * (1 - row.k[j]) * row.vn[j] - row.v[j]
             A = delta + gamma * lam * (1 - row.d[j]) * A
+            w = lam * (1 - row.d[j])
+            G = row.r[j] + gamma * (1 - row.k[j]) * ((1 - w) * row.vn[j] + w * G)
             adv[n][row.idx[j]] = A
-            ret[n][row.idx[j]] = A + row.v[j]
+            ret[n][row.idx[j]] = G
     return _out(adv, rewards), _out(ret, rewards)
 
 

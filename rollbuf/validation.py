@@ -277,13 +277,83 @@ def _params(est: Estimator, params: Mapping) -> dict:
     return out
 
 
+# Validated calls, by a cheap signature (estimator, parameters, keywords, and each field's shape,
+# dtype and device): a call that matches one skips every check that depends only on the signature
+# and rebinds its tensors to the validated problem. The checks that read data (a [*B] bootstrap
+# column against the truncations; check_finite) run on every call.
+_PLANS: dict = {}
+_PLANS_MAX = 1024
+
+
+def _tensor_key(x):
+    if x is None:
+        return None
+    if not isinstance(x, torch.Tensor):
+        raise TypeError  # not cacheable: the full path gives the error
+    return (x.shape, x.dtype, x.device)
+
+
 def prepare(est: Estimator, fields: Mapping, params: Mapping, *, carry=None, return_carry=False,
             out_dtype=None, window_end="bootstrap", reverse=True) -> Problem:
     """Check one call of ``est`` and build its :class:`Problem` (batch dims flattened to one).
 
     ``fields``: the per-step tensors by name (absent ones ``None``); ``params``: the scalar
-    parameters; ``carry``: the chained window's carry (forward estimators: ``initial``).
+    parameters; ``carry``: the chained window's carry (forward estimators: ``initial``). A call
+    with the signature of an earlier valid call (the same estimator, parameters, keywords, and
+    fields of the same shapes, dtypes and devices) reuses its validation.
     """
+    key = None
+    if not torch.compiler.is_compiling():
+        try:
+            key = (est.name, window_end, return_carry, out_dtype, reverse, tuple((k, type(v), v) for k, v in params.items()),
+                   _tensor_key(carry), *[_tensor_key(fields.get(n)) for n in est.field_names])
+            plan = _PLANS.get(key)
+        except TypeError:  # an unhashable parameter or a field that is not a tensor: validate in full
+            key = plan = None
+        if plan is not None and plan[0] is est:
+            return _checked(_bind(plan[1], est, fields, carry), data_only=True)
+    p = _validate(est, fields, params, carry=carry, return_carry=return_carry, out_dtype=out_dtype,
+                  window_end=window_end, reverse=reverse)
+    if key is not None:
+        if len(_PLANS) >= _PLANS_MAX:
+            _PLANS.clear()
+        _PLANS[key] = (est, p)
+    return _checked(p, data_only=False)
+
+
+def _bind(template: Problem, est: Estimator, fields: Mapping, carry) -> Problem:
+    """``template`` (a validated problem of the same signature) with this call's tensors, each
+    flattened to the shape it has there."""
+    flat = {}
+    for name, t in template.fields.items():
+        x = fields.get(name)
+        flat[name] = None if x is None or t is None else (x if x.shape == t.shape else x.reshape(t.shape))
+    if carry is not None:
+        carry = carry if carry.shape == template.carry.shape else carry.reshape(template.carry.shape)
+    return template._replace(fields=flat, carry=carry)
+
+
+def _checked(p: Problem, data_only: bool) -> Problem:
+    """The checks that read the data: a ``[*B]`` bootstrap column against the truncations (on a
+    rebound problem; a new one had it in :func:`_validate`) and, when on, :func:`check_finite`."""
+    if torch.compiler.is_compiling():
+        return p
+    f = p.fields
+    bv = f.get("bootstrap_values")
+    if data_only and bv is not None and bv.dim() == 1 and f.get("truncated") is not None:
+        c = Fields((p.num_rows, p.num_steps), bv.device)
+        c.fields = {k: f.get(k) for k in ("terminated", "truncated", "mask")}
+        c.check_window_end_column()
+    if _FINITE["on"]:
+        hit = first_non_finite(p)
+        if hit is not None:
+            _raise_non_finite(p, hit)
+    return p
+
+
+def _validate(est: Estimator, fields: Mapping, params: Mapping, *, carry, return_carry, out_dtype,
+              window_end, reverse) -> Problem:
+    """Every check of one call, and its :class:`Problem`."""
     prm = _params(est, params)
     if est.fields[0].kind == "features":
         c, feature_shape = _forward_fields(est, fields)
@@ -318,17 +388,14 @@ def prepare(est: Estimator, fields: Mapping, params: Mapping, *, carry=None, ret
     kw.setdefault("window_end", window_end)
     generic = est.family == Family.GENERIC
     problem_kw = {k: v for k, v in kw.items() if k in _PROBLEM_PARAMS}
-    p = Problem(
+    return Problem(
         family=est.family, outputs=est.outputs, fields=flat, carry=carry, want_carry=return_carry,
         compute_dtype=compute, out_dtype=out, batch_shape=tuple(B), feature_shape=feature_shape,
         estimator=est, reverse=(est.direction == "backward") if generic else reverse,
         params=kw if generic else {}, **problem_kw,
     )
-    if _FINITE["on"] and not torch.compiler.is_compiling():
-        hit = first_non_finite(p)
-        if hit is not None:
-            _raise_non_finite(p, hit)
-    return p
+
+
 
 
 _PROBLEM_PARAMS = set(Problem._fields) - {
