@@ -259,7 +259,8 @@ def _vtrace_pg_current_vs(name, f, params):
 
 WRONG = {  # wrong implementation -> (estimator, mix) cases where its error is a semantic one
     "truncation-as-termination": (_trunc_as_term, [(e, "term+trunc") for e in
-                                                  ("gae", "lambda_returns", "discounted_returns", "vtrace", "retrace")]),
+                                                  ("gae", "lambda_returns", "discounted_returns", "vtrace",
+                                                   "retrace")]),
     "no-window-end-bootstrap": (_no_window_end_bootstrap, [(e, "term+trunc") for e in
                                                           ("gae", "lambda_returns", "discounted_returns", "vtrace",
                                                            "retrace")] + [("gae", "term-only")]),

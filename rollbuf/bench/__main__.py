@@ -343,7 +343,8 @@ def main(argv=None):
         slower = compare(rows, _read_csv([args.compare]), ours)
         print(f"{len(slower)} case(s) of {ours} slower than {args.compare} beyond the measured spread")
         for s in slower:
-            print(f"  {s['case']}: {s['old_us']:.1f} -> {s['new_us']:.1f} µs ({s['ratio']:.2f}x on the {s['clock']}, spread {s['spread']:.0%})")
+            print(f"  {s['case']}: {s['old_us']:.1f} -> {s['new_us']:.1f} µs ({s['ratio']:.2f}x on the {s['clock']}, "
+                  f"spread {s['spread']:.0%})")
     return 0
 
 

@@ -101,7 +101,8 @@ def main(argv=None):
     rows = []
     os.makedirs(args.out, exist_ok=True)
     for name, env in parse_variants(args.variants):
-        cmd = [sys.executable, "-m", "rollbuf.bench.experiments.ab", "--child", "--cases", args.cases, "--device", args.device]
+        cmd = [sys.executable, "-m", "rollbuf.bench.experiments.ab", "--child", "--cases", args.cases,
+               "--device", args.device]
         if args.device == "cpu":  # CPU tensors through backend="triton": the interpreter, set before import
             env = dict(env, TRITON_INTERPRET="1")
         res = subprocess.run(cmd, env=dict(os.environ, **env), capture_output=True, text=True)

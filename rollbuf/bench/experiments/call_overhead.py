@@ -18,7 +18,6 @@ with the number of aten ops (each a kernel launch on a GPU) and of scan-kernel l
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 

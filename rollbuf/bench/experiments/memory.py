@@ -68,7 +68,8 @@ def measure(case: Case, device: str) -> dict:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m rollbuf.bench --experiment memory", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m rollbuf.bench --experiment memory",
+                                 description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--device", default="cuda", help="cuda, or cpu for a dry run at 3 x 37 (Triton's interpreter)")
     args = ap.parse_args(argv)
