@@ -554,3 +554,31 @@ def test_the_peers_grid():
     assert {c.mix for c in GRIDS["peers"] if c.estimator not in ("advantages", "vtrace")} == {"term-only"}
     assert all(c.dtype == "float32" and c.layout == "env" for c in GRIDS["peers"])
     assert suite.GRID_COMPETITORS["peers"] == ("rollbuf-triton", "rl-triton", "pufferlib")
+
+
+def test_help_lists_grids_experiments_and_competitors(capsys):
+    from rollbuf.bench.experiments import EXPERIMENTS
+
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--help"])
+    assert e.value.code == 0
+    text = capsys.readouterr().out
+    assert all(name in text for name in list(EXPERIMENTS) + list(GRIDS) + list(C.COMPETITORS))
+    assert "--fetch-peers" in text and "--experiment" in text and "--cases" in text
+
+
+def test_light_experiments_run_in_process(tmp_path, capsys):
+    """The experiments without a GPU part, on tiny inputs (the rest: dry runs above)."""
+    from rollbuf.bench.experiments import why
+
+    assert cli.main(["--experiment", "cpu-torch", "--n", "2", "--t", "40", "--out", str(tmp_path / "c.csv")]) == 0
+    rows = list(csv.DictReader(open(tmp_path / "c.csv")))
+    assert len(rows) == 8 and all(float(r["rel_err"]) < 1e-5 for r in rows)
+    assert cli.main(["--experiment", "llm-cpu", "--sizes", "2x48", "--out", str(tmp_path / "l.csv")]) == 0
+    rows = list(csv.DictReader(open(tmp_path / "l.csv")))
+    assert len(rows) == 1 and float(rows[0]["max_abs_err"]) < 1e-5
+    capsys.readouterr()
+    assert cli.main(["--experiment", "why"]) == 0
+    assert capsys.readouterr().out == why.report(why.default_csvs())
+    with pytest.raises(SystemExit, match="unknown experiment"):
+        cli.main(["--experiment", "time-major"])

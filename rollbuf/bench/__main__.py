@@ -309,7 +309,8 @@ def main(argv=None):
         try:
             from tqdm import tqdm
 
-            progress = tqdm(total=len(cases), desc=f"rollbuf.bench {args.grid}", file=sys.stderr, mininterval=5)
+            progress = tqdm(total=len(cases), desc=f"rollbuf.bench {'cases' if args.cases else args.grid}",
+                            file=sys.stderr, mininterval=5)
         except ImportError:
             progress = None
         fh = open(os.path.join(args.out, "results.csv"), "w", newline="")
