@@ -582,3 +582,22 @@ def test_light_experiments_run_in_process(tmp_path, capsys):
     assert capsys.readouterr().out == why.report(why.default_csvs())
     with pytest.raises(SystemExit, match="unknown experiment"):
         cli.main(["--experiment", "time-major"])
+
+
+@pytest.mark.parametrize("mix", ["term-only", "term+trunc", "mask"])
+def test_device_drawn_inputs_pass_the_gate(mix):
+    """The inputs drawn on the device for large GPU cases (here drawn on the CPU): window-end values
+    finite, ``[N]`` for term-only, and rollbuf passes the oracle on them for every estimator."""
+    from rollbuf import oracles
+    from rollbuf.bench import suite
+
+    for est in ("gae", "vtrace", "retrace", "episodic_sums"):
+        case = Case(est, 5, 300, mix=mix)
+        f = suite._device_fields(case, "cpu", seed=3)
+        bv = f["bootstrap_values"]
+        if mix == "term-only":
+            assert f["truncated"] is None and bv.shape == (5,) and torch.isfinite(bv).all()
+        else:
+            assert bv.shape == (5, 300) and bv.isnan().any()
+        out = C.rollbuf_backend("torch")(est, f, suite.PARAMS[est])
+        assert suite.gate_error(out, oracles.outputs(est, f, **suite.PARAMS[est])) < 1e-5

@@ -269,7 +269,7 @@ def rel_err(got, ref) -> float:
     for a, b in zip(got, ref):
         if a is None:
             continue
-        a, b = a.detach().double().cpu(), b.double().cpu()
+        a, b = a.detach().to(b.device, torch.float64), b.double()  # where the oracle ran
         if a.shape != b.shape or torch.isnan(a).any():
             return math.inf
         errs.append(((a - b).norm() / b.norm().clamp_min(1e-30)).item())
