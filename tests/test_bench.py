@@ -19,6 +19,7 @@ def test_cpu_smoke_run_writes_scoreboard_and_csv(tmp_path):
     assert len(rows) == 2 * len(GRIDS["cpu-smoke"])
     ours = [r for r in rows if r["impl"] == "rollbuf-torch"]
     assert all(r["status"] == "ok" and float(r["rel_err"]) < 1e-4 for r in ours)
+    assert all(float(r["err"]) < float(r["tol"]) == 1e-4 for r in ours)  # the gated error, fp32
     loop = [r for r in rows if r["impl"] == "loop"]
     assert {r["status"] for r in loop} == {"ok", "unsupported"}  # GAE without masks only
     assert all(r["commit"] and r["torch"] == torch.__version__ for r in rows)  # provenance
@@ -51,17 +52,10 @@ def test_compare_lists_cases_slower_than_the_spread():
 
 
 def test_end_to_end_ppo_benchmark_runs(tmp_path):
-    """benchmarks/e2e_ppo.py (a PPO update with the loop's GAE and rollbuf's) on a tiny buffer."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
+    """The e2e-ppo experiment (a PPO update with the loop's GAE and rollbuf's) on a tiny buffer."""
     out = tmp_path / "e2e.csv"
-    res = subprocess.run([sys.executable, str(root / "benchmarks" / "e2e_ppo.py"), "--envs", "16", "--steps", "9",
-                          "--hidden", "8", "--reps", "1", "--out", str(out)], capture_output=True, text=True,
-                         timeout=300)
-    assert res.returncode == 0, res.stderr[-2000:]
+    assert cli.main(["--experiment", "e2e-ppo", "--envs", "16", "--steps", "9", "--hidden", "8", "--reps", "1",
+                     "--device", "cpu", "--out", str(out)]) == 0
     rows = list(csv.DictReader(open(out)))
     assert len(rows) == 1 and 0 < float(rows[0]["loop_adv_share"]) < 1
 
@@ -154,56 +148,41 @@ def test_redo_runs_only_failed_cases_and_later_csvs_replace_rows(tmp_path):
     assert len(merged_rows) == len(rows) and all(r["status"] == "ok" for r in merged_rows)
 
 
-@pytest.mark.parametrize("script,argv", [
-    ("launch_overhead.py", ["--device", "cpu"]),
-    ("time_major.py", ["--device", "cpu", "--estimators", "gae", "--sweep", "none"]),
-    ("ab.py", ["--device", "cpu", "--variants", "new=,general=ROLLBUF_K_UNIT_STRIDE_OVERRIDE=0",
-               "--cases", "gae:4096x128:mask,vtrace:8x8:term+trunc:bfloat16:time"]),
-    ("memory.py", ["--device", "cpu"]),
+@pytest.mark.parametrize("name,argv", [
+    ("launch-overhead", ["--device", "cpu"]),
+    ("ab", ["--device", "cpu", "--variants", "new=,general=ROLLBUF_K_UNIT_STRIDE_OVERRIDE=0",
+            "--cases", "gae:4096x128:mask,vtrace:8x8:term+trunc:bfloat16:time"]),
+    ("memory", ["--device", "cpu"]),
 ])
-def test_gpu_session_scripts_dry_run(script, argv, tmp_path):
-    """The scripts `benchmarks/gpu_session.sh` runs on the lent GPU, in their CPU dry-run mode under
-    the interpreter: their logic (argument recording, every variant's float64 gate) must not fail
-    where device time is scarce."""
+def test_experiments_dry_run(name, argv, tmp_path):
+    """The experiments run on the lent GPU, in their CPU dry-run mode under the interpreter (one
+    process each, as on the GPU): their logic (argument recording, every variant's float64 gate)
+    must not fail where device time is scarce."""
     import os
     import subprocess
     import sys
-    from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
     env = dict(os.environ, TRITON_INTERPRET="1")
-    res = subprocess.run([sys.executable, str(root / "benchmarks" / script), *argv, "--out", str(tmp_path)],
+    res = subprocess.run([sys.executable, "-m", "rollbuf.bench", "--experiment", name, *argv, "--out", str(tmp_path)],
                          capture_output=True, text=True, timeout=600, env=env)
     assert res.returncode == 0, res.stderr[-2000:]
-    if script == "time_major.py":
-        assert "0 wrong variant(s)" in res.stdout
-    if script == "ab.py":
-        import csv
-
+    if name == "ab":
         rows = list(csv.DictReader(open(tmp_path / "ab.csv")))
         assert len(rows) == 4 and all(r["status"] == "ok" for r in rows), rows
         assert {r["variant"] for r in rows} == {"new", "general"} and "0 rows not ok" in res.stdout
-    if script == "memory.py":  # every case ran; outputs counted (3 x 37 fp32: 444 B, a 512-byte block)
-        import csv
-
+    if name == "memory":  # every case ran; outputs counted (3 x 37 fp32: 444 B, a 512-byte block)
         rows = list(csv.DictReader(open(tmp_path / "memory.csv")))
         assert len(rows) == 15 and all(int(r["output_bytes"]) > 0 for r in rows), rows
         assert all(int(r["output_alloc_bytes"]) % 512 == 0 for r in rows)
 
 
 def test_ab_lists_the_compiled_kernels():
-    """benchmarks/ab.py's register report reads the lean launch's cache keys (GPU only at run time):
+    """The ab experiment's register report reads the lean launch's cache keys (GPU only at run time):
     scan kernels by their strategy constexprs, the resolve kernel by its own."""
-    import importlib.util
     import types
-    from pathlib import Path
 
     import rollbuf.kernels as K
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "ab.py"
-    spec = importlib.util.spec_from_file_location("_ab", path)
-    ab = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ab)
+    from rollbuf.bench.experiments import ab
     fake = types.SimpleNamespace(n_regs=80, n_spills=0)
     scan_const = dict(FAMILY=0, HAS_V=True, HAS_K=True, HAS_TR=True, BOOT=2, HAS_M=False, CARRY_IN=1,
                       WRITE_CARRY=False, TWO_OUT=True, ADV_OUT=True, ACC="fp32", BLOCK_N=1, BLOCK_T=2048,
@@ -214,3 +193,411 @@ def test_ab_lists_the_compiled_kernels():
     lines = ab.compiled_kernels(cache)
     assert lines[0].startswith("kernel scan FAMILY=0 BLOCK_N=1 BLOCK_T=2048 SPLIT=True PHASE=2")
     assert lines[1] == "kernel resolve BLOCK_N=1 BLOCK_R=256 PAIR=False warps=1: 80 registers, 0 spills"
+
+
+# ------------------------------------------------------------------------ the independent gate
+
+
+def _torch_impl(name, f, params):
+    return C.rollbuf_backend("torch")(name, f, params)
+
+
+def _trunc_as_term(name, f, params):
+    """Truncation treated as termination: no bootstrap at a time limit."""
+    return _torch_impl(name, dict(f, terminated=f["terminated"] | f["truncated"], truncated=None), params)
+
+
+def _no_window_end_bootstrap(name, f, params):
+    """The window end treated as terminal: the last step bootstraps from 0."""
+    return _torch_impl(name, f, dict(params, window_end="terminal"))
+
+
+def _gamma_098(name, f, params):
+    return _torch_impl(name, f, dict(params, gamma=0.98))
+
+
+def _lambda_ignored(name, f, params):
+    return _torch_impl(name, f, dict(params, lam=1.0))
+
+
+def _mask_ignored(name, f, params):
+    """The mask dropped (its steps' garbage replaced by zeros so the error is not a NaN)."""
+    m = f["mask"]
+    g = {k: (torch.where(m, v, torch.zeros_like(v)) if isinstance(v, torch.Tensor) and v.is_floating_point()
+             and v.shape == m.shape else v) for k, v in f.items()}
+    return _torch_impl(name, dict(g, mask=None), params)
+
+
+def _retrace_current_trace(name, f, params):
+    """Retrace with the off-by-one trace: c_t where the recursion has c_{t+1}."""
+    r, v, q = (f[k].float() for k in ("rewards", "values", "q_values"))
+    k, tr = C._flags(f)
+    nxt = C._successor(f).float()
+    c = params["lam"] * torch.exp(f["target_log_probs"].float() - f["log_probs"].float()).clamp(max=1.0)
+    T = r.shape[-1]
+    out = torch.empty_like(r)
+    Q_next = torch.zeros_like(r[:, 0])
+    for t in range(T - 1, -1, -1):
+        d = (k[:, t] | tr[:, t]) if t < T - 1 else torch.ones_like(k[:, t])
+        trace = torch.where(d, 0.0, c[:, t] * (Q_next - (q[:, t + 1] if t < T - 1 else 0.0)))
+        Q_next = r[:, t] + params["gamma"] * (~k[:, t]) * (nxt[:, t] + trace)
+        out[:, t] = Q_next
+    return (out.to(f["rewards"].dtype),)
+
+
+def _vtrace_pg_current_vs(name, f, params):
+    """V-trace whose policy-gradient advantage bootstraps from vs_t instead of vs_{t+1}."""
+    vs, _ = _torch_impl(name, f, params)
+    k, tr = C._flags(f)
+    d = k | tr
+    d[:, -1] = True
+    ratio = torch.exp(f["target_log_probs"].float() - f["log_probs"].float()).clamp(max=1.0)
+    qv = torch.where(d, C._successor(f).float(), vs.float())
+    pg = ratio * (f["rewards"].float() + params["gamma"] * (~k) * qv - f["values"].float())
+    return vs, pg.to(vs.dtype)
+
+
+WRONG = {  # wrong implementation -> (estimator, mix) cases where its error is a semantic one
+    "truncation-as-termination": (_trunc_as_term, [(e, "term+trunc") for e in
+                                                  ("gae", "lambda_returns", "discounted_returns", "vtrace",
+                                                   "retrace")]),
+    "no-window-end-bootstrap": (_no_window_end_bootstrap, [(e, "term+trunc") for e in
+                                                          ("gae", "lambda_returns", "discounted_returns", "vtrace",
+                                                           "retrace")] + [("gae", "term-only")]),
+    "gamma-0.98": (_gamma_098, [(e, "term+trunc") for e in
+                                ("gae", "lambda_returns", "discounted_returns", "monte_carlo_returns", "vtrace",
+                                 "retrace", "eligibility_traces")]),
+    "lambda-ignored": (_lambda_ignored, [(e, "term+trunc") for e in
+                                         ("gae", "lambda_returns", "retrace", "eligibility_traces")]),
+    "mask-ignored": (_mask_ignored, [(e, "mask") for e in ("gae", "vtrace", "episodic_sums")]),
+    "retrace-trace-off-by-one": (_retrace_current_trace, [("retrace", "term+trunc")]),
+    "vtrace-pg-from-vs_t": (_vtrace_pg_current_vs, [("vtrace", "term+trunc")]),
+}
+
+
+@pytest.mark.parametrize("wrong", list(WRONG))
+def test_gate_rejects_wrong_implementations_in_fp32_and_bf16(wrong, monkeypatch):
+    """Deliberately wrong implementations are ``wrong`` in fp32 and in bf16 (the bf16 case is also
+    run on the same inputs in fp32), on rows long enough that boundaries occur (16 × 200, 1%
+    terminations and truncations), while rollbuf's torch backend passes the same cases."""
+    fn, where = WRONG[wrong]
+    monkeypatch.setitem(C.COMPETITORS, "wrong", fn)
+    cases = [Case(e, 16, 200, dtype=d, mix=m) for e, m in where for d in ("float32", "bfloat16")]
+    rows = run_cases(cases, ["rollbuf-torch", "wrong"], "cpu", reps=1)
+    got = {(r["estimator"], r["mix"], r["dtype"], r["impl"]): r for r in rows}
+    for c in cases:
+        ours, bad = got[(c.estimator, c.mix, c.dtype, "rollbuf-torch")], got[(c.estimator, c.mix, c.dtype, "wrong")]
+        assert ours["status"] == "ok", ours
+        assert bad["status"] == "wrong", (wrong, bad)
+        assert "call_us" not in bad  # not timed
+        if c.dtype == "bfloat16":  # the fp32 rerun on the same inputs is what catches it for certain
+            assert bad["err_fp32"] >= 1e-4 and "fp32" in bad["note"], bad
+
+
+def test_gate_oracle_is_independent_at_every_size(monkeypatch):
+    """Every case, however large, is gated by rollbuf.oracles (no rollbuf backend as oracle)."""
+    from rollbuf import oracles
+    from rollbuf.bench import suite
+
+    calls = []
+    real = oracles.outputs
+
+    def counting(name, fields, **kw):
+        calls.append((name, fields["rewards"].numel()))
+        return real(name, fields, **kw)
+
+    monkeypatch.setattr(oracles, "outputs", counting)
+    rows = run_cases([Case("vtrace", 4, 2**13 + 7), Case("gae", 3, 50)], ["rollbuf-torch"], "cpu", reps=1)
+    assert sorted(calls) == [("gae", 150), ("vtrace", 4 * (2**13 + 7))]
+    assert all(r["status"] == "ok" and r["err"] < suite.TOLERANCE[torch.float32] for r in rows)
+    src = open(suite.__file__, encoding="utf-8").read()
+    assert "reference_outputs" not in src and "_ORACLE_TORCH" not in src
+
+
+def test_bf16_cases_are_also_run_in_fp32_on_the_same_inputs(monkeypatch):
+    seen = []
+
+    def spy(name, f, params):
+        seen.append((f["rewards"].dtype, f["rewards"].float().clone()))
+        return _torch_impl(name, f, params)
+
+    monkeypatch.setitem(C.COMPETITORS, "spy", spy)
+    rows = run_cases([Case("gae", 4, 30, dtype="bfloat16")], ["spy"], "cpu", reps=1)
+    assert rows[0]["status"] == "ok" and rows[0]["err_fp32"] < 1e-4 <= rows[0]["tol"]
+    dtypes = [d for d, _ in seen[:2]]
+    assert dtypes == [torch.bfloat16, torch.float32] and torch.equal(seen[0][1], seen[1][1])
+
+
+def test_ratios_never_divide_two_clocks():
+    """A competitor with a full-call time only is compared on the full call; device time with
+    device time; the scoreboard names both and never mixes them."""
+    base = dict(estimator="gae", n=8, t=64, dtype="float32", mix="term", layout="env", status="ok")
+    rows = [dict(base, impl="ours", call_us=50.0, device_us=5.0),
+            dict(base, impl="eager", call_us=5000.0, device_us=None),
+            dict(base, impl="graphed", call_us=100.0, device_us=20.0)]
+    from rollbuf.bench import suite
+
+    assert suite.speedups(rows, "ours", "eager", "call_us") == [100.0]  # not 5000 / 5 = 1000
+    assert suite.speedups(rows, "ours", "eager", "device_us") == []
+    assert suite.speedups(rows, "ours", "graphed", "device_us") == [4.0]
+    board = {b["impl"]: b for b in scoreboard(rows, "ours")}
+    assert board["eager"]["call_geomean_speedup"] == pytest.approx(100.0)
+    assert board["eager"]["device_compared"] == 0
+    md = cli._markdown(scoreboard(rows, "ours"), rows, "ours", {})
+    assert "device time ÷ device time" in md and "full call ÷ full call" in md
+    assert "| eager | 1 | 1 | 100% | – | 1, 100%, 100.0× |" in md
+
+
+def test_parse_cases_and_the_term_only_mix():
+    from rollbuf.bench import suite
+
+    cs = suite.parse_cases("gae:4096x128:mask,vtrace:8x8:term+trunc:bfloat16:time,advantages:3x5:term-only")
+    assert [c.key for c in cs] == [("gae", 4096, 128, "float32", "mask", "env"),
+                                   ("vtrace", 8, 8, "bfloat16", "term+trunc", "time"),
+                                   ("advantages", 3, 5, "float32", "term-only", "env")]
+    with pytest.raises(ValueError, match="unknown mix"):
+        suite.parse_cases("gae:4x4:sometimes")
+    f = suite.make_fields(cs[2], "cpu")
+    assert f["truncated"] is None and f["bootstrap_values"].shape == (3,)
+    assert torch.isfinite(f["bootstrap_values"]).all()
+
+
+# ----------------------------------------------------------------------------------------- peers
+
+_FAKE_RL_TRITON = '''
+"""A stand-in for rl-triton 0.1.3 (its API and its documented conventions, in plain torch) for
+testing rollbuf.bench's adapters without a GPU: float flags, terminated/truncated exclusive,
+bootstrap_values zero except where read (added to the next value), last_value = the window end."""
+import torch
+
+CALLS = []
+
+
+def _next(x, trunc, bv, last):
+    nxt = torch.cat([x[:, 1:], torch.zeros_like(x[:, :1])], 1)
+    if trunc is not None:
+        nxt = nxt * (1 - trunc)
+    nxt[:, -1] = 0.0
+    if bv is not None:
+        nxt = nxt + bv
+    elif last is not None:
+        nxt[:, -1] = last
+    return nxt
+
+
+def _scan(u, v, carry=None):
+    out = torch.empty_like(u)
+    a = torch.zeros_like(u[:, 0]) if carry is None else carry
+    for t in range(u.shape[1] - 1, -1, -1):
+        a = u[:, t] + v[:, t] * a
+        out[:, t] = a
+    return out
+
+
+def compute_gae(rewards, values, terminateds, truncateds=None, gamma=0.99, lambda_=0.95,
+                bootstrap_values=None, last_value=None):
+    CALLS.append("gae")
+    done = terminateds if truncateds is None else (terminateds + truncateds).clamp(max=1)
+    delta = rewards + gamma * (1 - terminateds) * _next(values, truncateds, bootstrap_values, last_value) - values
+    return _scan(delta, gamma * lambda_ * (1 - done))
+
+
+def compute_vtrace(log_pi_target, log_pi_behavior, values, rewards, terminateds, truncateds=None, gamma=0.99,
+                   rho_bar=1.0, c_bar=1.0, bootstrap_values=None, last_value=None):
+    CALLS.append("vtrace")
+    done = terminateds if truncateds is None else (terminateds + truncateds).clamp(max=1)
+    ratio = torch.exp(log_pi_target - log_pi_behavior)
+    rho, c = ratio.clamp(max=rho_bar), ratio.clamp(max=c_bar)
+    nv = _next(values, truncateds, bootstrap_values, last_value)
+    vs = _scan(rho * (rewards + gamma * nv * (1 - terminateds) - values), gamma * c * (1 - done)) + values
+    nvs = _next(vs, truncateds, bootstrap_values, last_value)
+    return vs, rho * (rewards + gamma * nvs * (1 - terminateds) - values)
+
+
+def compute_lambda_returns(rewards, next_values, terminateds, truncateds=None, gamma=0.99, lambda_=0.95,
+                           bootstrap_values=None):
+    tr = torch.zeros_like(rewards) if truncateds is None else truncateds
+    bv = torch.zeros_like(rewards) if bootstrap_values is None else bootstrap_values
+    nd = 1 - (terminateds + tr).clamp(max=1)
+    return _scan(rewards + gamma * (1 - lambda_) * nd * next_values + gamma * tr * bv, gamma * lambda_ * nd,
+                 bv[:, -1])
+
+
+def compute_discounted_returns(rewards, terminateds, truncateds=None, gamma=0.99, bootstrap_values=None):
+    tr = torch.zeros_like(rewards) if truncateds is None else truncateds
+    bv = torch.zeros_like(rewards) if bootstrap_values is None else bootstrap_values
+    done = (terminateds + tr).clamp(max=1)
+    return _scan(rewards + gamma * tr * bv, gamma * (1 - done), bv[:, -1])
+
+
+def compute_retrace(action_probs_target, action_probs_behavior, q_values, next_q_values_all, actions, rewards,
+                    terminateds, truncateds, gamma, lambda_=1.0, c_bar=1.0, rho_bar=1.0):
+    done = (terminateds + truncateds).clamp(max=1)
+    e_next = (action_probs_target * next_q_values_all).sum(-1)
+    pi = action_probs_target.gather(-1, actions[..., None])[..., 0]
+    c = lambda_ * (pi / action_probs_behavior).clamp(max=c_bar)
+    c_next = torch.cat([c[:, 1:], torch.zeros_like(c[:, :1])], 1)
+    q_ret = _scan(rewards + gamma * e_next * (1 - terminateds) - q_values, gamma * c_next * (1 - done)) + q_values
+    return q_ret, torch.zeros_like(q_ret)
+
+
+def _forward(x, dones, decay):
+    out = torch.empty_like(x)
+    e = torch.zeros_like(x[:, 0])
+    prev = torch.zeros_like(e)
+    for t in range(x.shape[1]):
+        e = x[:, t] + decay * (1 - prev) * e
+        out[:, t] = e
+        prev = dones[:, t]
+    return out
+
+
+def compute_eligibility_traces(gradients, dones, gamma, lambda_, seed_values=None):
+    return _forward(gradients, dones, gamma * lambda_)
+
+
+def compute_episodic_prefix_sum(inputs, dones, seed_values=None, boundary="ends_at"):
+    return _forward(inputs, dones, 1.0)
+'''
+
+_FAKE_PUFFERLIB_BUILD = '''
+import torch
+
+
+def load_puff_advantage():
+    """A stand-in for PufferLib 3.0's CPU/CUDA op: same signature, same in-place write, its
+    dones[t+1] convention, the last step left unwritten."""
+    def op(values, rewards, dones, importance, advantages, gamma, lam, rho_clip, c_clip):
+        last = torch.zeros_like(values[:, 0])
+        for t in range(values.shape[1] - 2, -1, -1):
+            nn = 1.0 - dones[:, t + 1]
+            rho, c = importance[:, t].clamp(max=rho_clip), importance[:, t].clamp(max=c_clip)
+            delta = rho * (rewards[:, t + 1] + gamma * values[:, t + 1] * nn - values[:, t])
+            last = delta + gamma * lam * c * last * nn
+            advantages[:, t] = last
+
+    return op, "stand-in"
+'''
+
+
+@pytest.fixture
+def fake_peers(tmp_path, monkeypatch):
+    """A peers source folder with stand-ins of rl-triton and PufferLib's build, fetched by the CLI
+    into a fresh peers folder (what ``--fetch-peers`` does with the real ones)."""
+    import sys
+
+    src = tmp_path / "src"
+    pkg = src / "rl-triton-0.1.3" / "src" / "rl_triton"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(_FAKE_RL_TRITON)
+    (src / "pufferlib-3.0-advantage").mkdir()
+    (src / "pufferlib-3.0-advantage" / "build.py").write_text(_FAKE_PUFFERLIB_BUILD)
+    monkeypatch.setenv("ROLLBUF_PEERS", str(tmp_path / ".peers"))
+    monkeypatch.setattr(C, "_PEERS", {})
+    for m in [m for m in sys.modules if m == "rl_triton" or m.startswith("rl_triton.")]:
+        monkeypatch.delitem(sys.modules, m)
+    assert cli.main(["--fetch-peers", str(src)]) == 0
+    assert sorted(p.name for p in (tmp_path / ".peers").iterdir()) == ["pufferlib-3.0-advantage", "rl-triton-0.1.3"]
+    yield tmp_path
+    for m in [m for m in sys.modules if m == "rl_triton" or m.startswith("rl_triton.")]:
+        del sys.modules[m]
+
+
+def test_peers_adapters_through_the_gate(fake_peers):
+    """rl-triton's adapters pass the gate on every estimator both have (the stand-in follows
+    rl-triton's documented conventions), PufferLib is timed and marked unchecked, and the
+    scoreboard has a case-by-case table naming both clocks."""
+    out = fake_peers / "out"
+    cases = ",".join(f"{e}:6x40:{m}" for e in ("advantages", "vtrace", "lambda_returns", "discounted_returns",
+                                                "monte_carlo_returns", "retrace", "eligibility_traces",
+                                                "episodic_sums") for m in ("term-only", "term+trunc"))
+    assert cli.main(["--cases", cases, "--competitors", "rollbuf-torch,rl-triton,pufferlib", "--out", str(out)]) == 0
+    rows = list(csv.DictReader(open(out / "results.csv")))
+    rt = {(r["estimator"], r["mix"]): r for r in rows if r["impl"] == "rl-triton"}
+    assert len(rt) == 16 and all(r["status"] == "ok" and float(r["err"]) < 1e-4 for r in rt.values()), rt
+    pl = {(r["estimator"], r["mix"]): r["status"] for r in rows if r["impl"] == "pufferlib"}
+    assert pl.pop(("advantages", "term-only")) == "unchecked" and set(pl.values()) == {"unsupported"}
+    assert all(float(r["call_us"]) > 0 for r in rows if r["status"] in ("ok", "unchecked"))
+    md = (out / "scoreboard.md").read_text()
+    assert "### rollbuf-torch and rl-triton 0.1.3 (`rl-triton`), case by case" in md
+    assert "speedup (device ÷ device)" in md and "speedup (full call ÷ full call)" in md
+    assert "PufferLib 3.0 is timed only" in md
+    assert "| advantages | term-only | 6 × 40 |" in md
+
+
+def test_peers_absent_are_reported_not_fatal(tmp_path, monkeypatch):
+    monkeypatch.setenv("ROLLBUF_PEERS", str(tmp_path / "nothing"))
+    monkeypatch.setattr(C, "_PEERS", {})
+    import sys
+
+    monkeypatch.setitem(sys.modules, "rl_triton", None)  # an installed rl_triton is not importable here
+    rows = run_cases([Case("advantages", 4, 16, mix="term-only")], ["rollbuf-torch", "rl-triton", "pufferlib"],
+                     "cpu", reps=1)
+    status = {r["impl"]: (r["status"], r.get("note", "")) for r in rows}
+    assert status["rollbuf-torch"][0] == "ok"
+    for peer in ("rl-triton", "pufferlib"):
+        assert status[peer][0] == "unsupported" and "--fetch-peers" in status[peer][1], status
+
+
+def test_the_peers_grid():
+    """rl-triton's 40-shape grid (8192 × 128 is in both of its halves: 39 distinct shapes) plus
+    256 × 131072, 1 × 2^20 and 16384 × 4096; every estimator both
+    have with terminations and [N] window-end values, GAE advantages and V-trace with truncations too;
+    the peers are the grid's default competitors."""
+    from rollbuf.bench import suite
+
+    shapes = {(c.n, c.t) for c in GRIDS["peers"]}
+    assert len(shapes) == 42 and {(256, 131072), (1, 2**20), (16384, 4096)} <= shapes
+    assert {(n, t) for n, t in shapes if t >= 128 and n <= 8192 and (n, t) != (256, 131072)} >= {
+        (n, t) for t in (128, 512, 1024, 2048, 4096) for n in (128, 512, 2048, 8192)}
+    assert {c.estimator for c in GRIDS["peers"]} == set(suite.PEER_ESTIMATORS)
+    assert {c.mix for c in GRIDS["peers"] if c.estimator not in ("advantages", "vtrace")} == {"term-only"}
+    assert all(c.dtype == "float32" and c.layout == "env" for c in GRIDS["peers"])
+    assert suite.GRID_COMPETITORS["peers"] == ("rollbuf-triton", "rl-triton", "pufferlib")
+
+
+def test_help_lists_grids_experiments_and_competitors(capsys):
+    from rollbuf.bench.experiments import EXPERIMENTS
+
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--help"])
+    assert e.value.code == 0
+    text = capsys.readouterr().out
+    assert all(name in text for name in list(EXPERIMENTS) + list(GRIDS) + list(C.COMPETITORS))
+    assert "--fetch-peers" in text and "--experiment" in text and "--cases" in text
+
+
+def test_light_experiments_run_in_process(tmp_path, capsys):
+    """The experiments without a GPU part, on tiny inputs (the rest: dry runs above)."""
+    from rollbuf.bench.experiments import why
+
+    assert cli.main(["--experiment", "cpu-torch", "--n", "2", "--t", "40", "--out", str(tmp_path / "c.csv")]) == 0
+    rows = list(csv.DictReader(open(tmp_path / "c.csv")))
+    assert len(rows) == 8 and all(float(r["rel_err"]) < 1e-5 for r in rows)
+    assert cli.main(["--experiment", "llm-cpu", "--sizes", "2x48", "--out", str(tmp_path / "l.csv")]) == 0
+    rows = list(csv.DictReader(open(tmp_path / "l.csv")))
+    assert len(rows) == 1 and float(rows[0]["max_abs_err"]) < 1e-5
+    capsys.readouterr()
+    assert cli.main(["--experiment", "why"]) == 0
+    assert capsys.readouterr().out == why.report(why.default_csvs())
+    with pytest.raises(SystemExit, match="unknown experiment"):
+        cli.main(["--experiment", "time-major"])
+
+
+@pytest.mark.parametrize("mix", ["term-only", "term+trunc", "mask"])
+def test_device_drawn_inputs_pass_the_gate(mix):
+    """The inputs drawn on the device for large GPU cases (here drawn on the CPU): window-end values
+    finite, ``[N]`` for term-only, and rollbuf passes the oracle on them for every estimator."""
+    from rollbuf import oracles
+    from rollbuf.bench import suite
+
+    for est in ("gae", "vtrace", "retrace", "episodic_sums"):
+        case = Case(est, 5, 300, mix=mix)
+        f = suite._device_fields(case, "cpu", seed=3)
+        bv = f["bootstrap_values"]
+        if mix == "term-only":
+            assert f["truncated"] is None and bv.shape == (5,) and torch.isfinite(bv).all()
+        else:
+            assert bv.shape == (5, 300) and bv.isnan().any()
+        out = C.rollbuf_backend("torch")(est, f, suite.PARAMS[est])
+        assert suite.gate_error(out, oracles.outputs(est, f, **suite.PARAMS[est])) < 1e-5

@@ -21,7 +21,7 @@ import torch
 
 import rollbuf.functional as F
 from rollbuf import backends, llm
-from rollbuf.bench.competitors import verl_multi_turn_gae
+from rollbuf.oracles import verl_multi_turn_gae
 
 ROOT = Path(__file__).resolve().parents[1]
 NAN = float("nan")

@@ -1,4 +1,4 @@
-"""``python -m rollbuf.bench``: check, time and score rollbuf against what users run today.
+"""``python -m rollbuf.bench``: check, time and score rollbuf against what users run today and its peers.
 
     python -m rollbuf.bench --grid cpu-smoke --out bench-out          # any machine, seconds
     python -m rollbuf.bench --grid gpu --out $OUT                      # the H200 scoreboard
@@ -6,9 +6,16 @@
     python -m rollbuf.bench --grid gpu --part 0/2 --budget-s 500 --out $OUT  # half the grid
     python -m rollbuf.bench --grid gpu --redo a/results.csv --out $OUT # the cases that failed there, again
     python -m rollbuf.bench --from-csv a/results.csv b/results.csv --out DIR  # scoreboard of parts
+    python -m rollbuf.bench --cases gae:4096x128:mask,vtrace:1x1048576 --out DIR  # chosen cases
+    python -m rollbuf.bench --fetch-peers /path/to/peers                # copy rl-triton, PufferLib into .peers/
+    python -m rollbuf.bench --grid peers --out DIR                     # rollbuf against the peers (GPU)
+    python -m rollbuf.bench --experiment NAME [its options]            # a named experiment (list below)
 
-Writes ``results.csv`` (one row per case and competitor, with provenance), ``scoreboard.md`` and,
-when matplotlib is installed, ``speedup.png`` (and ``bandwidth.png`` on a GPU) under ``--out``.
+Every case is first checked against float64 oracles (``rollbuf.oracles``) on the same inputs;
+a competitor that fails is reported ``wrong`` and not timed. Writes ``results.csv`` (one row per
+case and competitor, with provenance), ``scoreboard.md`` and, when matplotlib is installed,
+``speedup.png`` (and ``bandwidth.png`` on a GPU) under ``--out``. Every speedup divides one clock
+by the same clock: device time (CUDA-graph replay) by device time, full call by full call.
 """
 
 from __future__ import annotations
@@ -21,11 +28,17 @@ import sys
 
 import torch
 
-from rollbuf.bench.competitors import COMPETITORS
-from rollbuf.bench.suite import GRIDS, compare, part, row_key, run_cases, scoreboard
+from rollbuf.bench.competitors import COMPETITORS, fetch_peers, peers_dir
+from rollbuf.bench.experiments import EXPERIMENTS
+from rollbuf.bench.suite import (CLOCKS, GRID_COMPETITORS, GRIDS, MIXES, compare, parse_cases, part, row_key,
+                                 run_cases, scoreboard, speedups)
 
-_COLUMNS = ["estimator", "n", "t", "dtype", "mix", "layout", "impl", "status", "rel_err", "call_us", "device_us", "spread",
-            "bytes", "pct_copy", "first_call_s", "note", "device", "torch", "triton", "commit", "date", "threads"]
+_COLUMNS = ["estimator", "n", "t", "dtype", "mix", "layout", "impl", "status", "err", "err_fp32", "tol", "rel_err",
+            "call_us", "device_us", "spread", "bytes", "pct_copy", "first_call_s", "note", "device", "torch",
+            "triton", "commit", "date", "threads"]
+_FLOATS = ("err", "err_fp32", "tol", "rel_err", "call_us", "device_us", "spread", "pct_copy", "bytes",
+           "first_call_s")
+_CLOCK_NAME = {"device_us": "device time", "call_us": "full call"}
 
 
 def _copy_bandwidth():
@@ -42,34 +55,77 @@ def _fmt(x, spec="{:.2f}"):
 
 
 def _markdown(board, rows, ours, prov):
-    lines = [f"Scoreboard ({prov}); speedups are of `{ours}` over each competitor on the cases both passed.", "",
-             "| implementation | cases | passed | pass rate | ours faster | geomean speedup of ours | median % of copy |",
+    lines = [f"Scoreboard ({prov}). Speedup = the competitor's time ÷ the time of `{ours}` on the cases both "
+             "passed, on one clock: device time ÷ device time (CUDA-graph replay), full call ÷ full call.", "",
+             "| implementation | cases | passed | pass rate | device: cases, ours faster, geomean speedup "
+             "| full call: cases, ours faster, geomean speedup | median % of copy |",
              "|---|---|---|---|---|---|---|"]
     for b in board:
-        lines.append(f"| {b['impl']} | {b['cases']} | {b['passed']} | {_fmt(b['pass_rate'], '{:.0%}')} | "
-                     f"{_fmt(b['ours_faster_share'], '{:.0%}')} | {_fmt(b['geomean_speedup'], '{:.1f}×')} | "
-                     f"{_fmt(b['median_pct_copy'], '{:.0f}')} |")
+        per = []
+        for tag in ("device", "call"):
+            n = b[f"{tag}_compared"]
+            per.append("–" if not n else f"{n}, {_fmt(b[f'{tag}_ours_faster_share'], '{:.0%}')}, "
+                       f"{_fmt(b[f'{tag}_geomean_speedup'], '{:.1f}×')}")
+        passed = f"{b['passed']}" + (f" (+{b['unchecked']} timed, not gated)" if b.get("unchecked") else "")
+        lines.append(f"| {b['impl']} | {b['cases']} | {passed} | {_fmt(b['pass_rate'], '{:.0%}')} | "
+                     f"{per[0]} | {per[1]} | {_fmt(b['median_pct_copy'], '{:.0f}')} |")
     bad = [r for r in rows if r.get("status") in ("wrong", "error")]
     if bad:
         lines += ["", "Wrong or failing (not timed):", ""]
         lines += [f"* {r['impl']} on {r['estimator']} {r['n']}×{r['t']} {r['dtype']} {r['mix']} "
                   f"{r.get('layout') or 'env'}-major: {r.get('note')}"
                   for r in bad]
+    peers = sorted({r["impl"] for r in rows if getattr(COMPETITORS.get(r["impl"]), "peer", None)})
+    for impl in peers:
+        lines += ["", _pairs_markdown(rows, ours, impl)]
     return "\n".join(lines) + "\n"
 
 
-def _speedup_points(rows, mine, impl):
-    """(T, N, layout, speedup, measure) of ``ours`` over ``impl``: device time where both have one
-    (the CUDA-graph replay), else full call (launch-bound competitors such as the eager loop)."""
+def _pairs_markdown(rows, ours, impl) -> str:
+    """One line per case both ran: device time and full call of each side, and each ratio on its clock."""
+    label = getattr(COMPETITORS.get(impl), "peer", impl)
+    mine = {row_key(r): r for r in rows if r["impl"] == ours and r.get("status") == "ok"}
+    theirs = [r for r in rows if r["impl"] == impl and r.get("status") in ("ok", "unchecked")]
+    out = [f"### {ours} and {label} (`{impl}`), case by case", ""]
+    if not theirs:
+        reasons = sorted({str(r.get("note")) for r in rows if r["impl"] == impl})
+        return "\n".join(out + [f"No case ran: {'; '.join(reasons) or 'no rows'}."])
+    share = []
+    for clock in CLOCKS:
+        sp = speedups(rows, ours, impl, clock)
+        if sp:
+            share.append(f"{_CLOCK_NAME[clock]}: {ours} at or below {label} in {sum(s >= 1 for s in sp)} of "
+                         f"{len(sp)} cases, geomean speedup {math.exp(sum(map(math.log, sp)) / len(sp)):.2f}×")
+    if any(r.get("status") == "unchecked" for r in theirs):
+        share.append(f"{label} is timed only (its own convention; not gated)")
+    out += ["; ".join(share) + ".", "",
+            f"| estimator | mix | N × T | {ours} device µs | {label} device µs | speedup (device ÷ device) "
+            f"| {ours} full call µs | {label} full call µs | speedup (full call ÷ full call) |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(theirs, key=lambda r: (r["estimator"], r["mix"], r["t"], r["n"])):
+        m = mine.get(row_key(r))
+        if m is None:
+            continue
+        cells = []
+        for clock in CLOCKS:
+            a, b = r.get(clock), m.get(clock)
+            ok = a is not None and b is not None and a == a and b == b and b > 0
+            cells.append((_fmt(b, "{:.1f}"), _fmt(a, "{:.1f}"), f"{a / b:.2f}×" if ok else "–"))
+        out.append(f"| {r['estimator']} | {r['mix']} | {r['n']} × {r['t']} | {cells[0][0]} | {cells[0][1]} | "
+                   f"{cells[0][2]} | {cells[1][0]} | {cells[1][1]} | {cells[1][2]} |")
+    return "\n".join(out)
+
+
+def _speedup_points(rows, ours, impl, clock):
+    """(T, N, layout, speedup) of ``ours`` over ``impl`` on one clock, on the cases both passed."""
+    mine = {row_key(r): r for r in rows if r["impl"] == ours and r.get("status") == "ok"}
     pts = []
     for r in rows:
-        if r["impl"] != impl or r.get("status") != "ok" or (m := mine.get(row_key(r))) is None:
+        if r["impl"] != impl or r.get("status") not in ("ok", "unchecked") or (m := mine.get(row_key(r))) is None:
             continue
-        for key in ("device_us", "call_us"):
-            a, b = r.get(key), m.get(key)
-            if a is not None and b is not None and a == a and b == b and b > 0:
-                pts.append((r["t"], r["n"], r.get("layout") or "env", a / b, key))
-                break
+        a, b = r.get(clock), m.get(clock)
+        if a is not None and b is not None and a == a and b == b and b > 0:
+            pts.append((r["t"], r["n"], r.get("layout") or "env", a / b))
     return pts
 
 
@@ -87,23 +143,28 @@ def _plots(rows, ours, out, gpu):
         return []
     files = []
     mine = {row_key(r): r for r in rows if r["impl"] == ours and r.get("status") == "ok"}
-    panels = [(impl, pts) for impl in sorted({r["impl"] for r in rows} - {ours})
-              if (pts := _speedup_points(rows, mine, impl))]
+    panels = []  # one clock per panel: device time where the competitor has it, else the full call
+    for impl in sorted({r["impl"] for r in rows} - {ours}):
+        for clock in CLOCKS:
+            pts = _speedup_points(rows, ours, impl, clock)
+            if pts:
+                panels.append((impl, pts, clock))
+                break
     if panels:
         cols = min(2, len(panels))
         rows_ = -(-len(panels) // cols)
         fig, axes = plt.subplots(rows_, cols, figsize=(5 * cols + 1, 3.6 * rows_), squeeze=False,
                                  layout="constrained")
-        ns = [p[1] for _, pts in panels for p in pts]
+        ns = [p[1] for _, pts, _ in panels for p in pts]
         norm = LogNorm(vmin=min(ns), vmax=max(max(ns), min(ns) + 1))
         sc = None
-        for ax, (impl, pts) in zip(axes.ravel(), panels):
+        for ax, (impl, pts, clock) in zip(axes.ravel(), panels):
             for layout, marker in (("env", "o"), ("time", "x")):
                 sel = [p for p in pts if p[2] == layout]
                 if sel:
                     sc = ax.scatter([p[0] for p in sel], [p[3] for p in sel], c=[p[1] for p in sel], norm=norm,
                                     cmap="viridis", marker=marker, s=16, label=f"{layout}-major")
-            what = "device time" if all(p[4] == "device_us" for p in pts) else "full call"
+            what = "device ÷ device" if clock == "device_us" else "full call ÷ full call"
             ax.set_title(f"vs {impl} ({what}, {len(pts)} cases)", fontsize=9)
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
@@ -146,7 +207,7 @@ def _read_csv(paths):
             for r in csv.DictReader(fh):
                 for k in ("n", "t"):
                     r[k] = int(r[k])
-                for k in ("rel_err", "call_us", "device_us", "spread", "pct_copy", "bytes", "first_call_s"):
+                for k in _FLOATS:
                     r[k] = float(r[k]) if r.get(k) not in (None, "") else None
                 key = row_key(r) + (r["impl"],)
                 if r.get("status") == "skipped" and key in rows:
@@ -155,14 +216,36 @@ def _read_csv(paths):
     return list(rows.values())
 
 
+def _epilog() -> str:
+    width = max(map(len, EXPERIMENTS))
+    lines = ["grids: " + ", ".join(f"{g} ({len(c)} cases)" for g, c in GRIDS.items()),
+             "mixes: " + ", ".join(MIXES) + " (term-only: no truncated tensor, [N] window-end bootstrap values)",
+             "competitors: " + ", ".join(COMPETITORS), "",
+             "experiments (python -m rollbuf.bench --experiment NAME --help for their options):"]
+    lines += [f"  {n:<{width}}  {d}" for n, (_, d) in EXPERIMENTS.items()]
+    lines += ["", f"peers are imported from {peers_dir()} (git-ignored), filled by --fetch-peers DIR"]
+    return "\n".join(lines)
+
+
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m rollbuf.bench", description=__doc__.splitlines()[0])
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--experiment" in argv:  # everything after the experiment's name is its own
+        i = argv.index("--experiment")
+        if i + 1 >= len(argv):
+            raise SystemExit(f"--experiment needs a name: {', '.join(EXPERIMENTS)}")
+        from rollbuf.bench.experiments import run
+
+        return run(argv[i + 1], argv[i + 2:])
+    ap = argparse.ArgumentParser(prog="python -m rollbuf.bench", description=__doc__.splitlines()[0].replace("``", ""),
+                                 epilog=_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--grid", default="cpu-smoke", choices=sorted(GRIDS))
-    ap.add_argument("--competitors", default=None, help="comma-separated (default: all that apply here)")
+    ap.add_argument("--cases", default=None, help="instead of a grid: estimator:NxT[:mix[:dtype[:layout]]],...")
+    ap.add_argument("--competitors", default=None,
+                    help="comma-separated (default: the grid's own list, else all that apply on this machine)")
     ap.add_argument("--out", default="bench-out")
     ap.add_argument("--compare", default=None, help="baseline results.csv from the same GPU")
     ap.add_argument("--estimators", default=None, help="comma-separated subset")
-    ap.add_argument("--mixes", default=None, help="comma-separated subset of none,term,term+trunc,mask")
+    ap.add_argument("--mixes", default=None, help="comma-separated subset of " + ",".join(MIXES))
     ap.add_argument("--layouts", default=None, help="comma-separated subset of env,time")
     ap.add_argument("--part", default=None, help="i/k: run the i-th (0-based) of k parts of the grid")
     ap.add_argument("--budget-s", type=float, default=None, help="start no case after this many seconds")
@@ -172,7 +255,15 @@ def main(argv=None):
                     help="results.csv files: run only the cases where some implementation was wrong or failed there")
     ap.add_argument("--from-csv", nargs="+", default=None,
                     help="no run: scoreboard and plots from results.csv files (e.g. the parts of one run)")
+    ap.add_argument("--fetch-peers", metavar="DIR", default=None,
+                    help="copy DIR/rl-triton-* and DIR/pufferlib-* into the peers folder (.peers/), then exit")
+    ap.add_argument("--experiment", metavar="NAME", default=None,
+                    help="run a named experiment with the arguments that follow it (list below)")
     args = ap.parse_args(argv)
+    if args.fetch_peers:
+        copied = fetch_peers(args.fetch_peers)
+        print(f"copied {', '.join(copied)} into {peers_dir()}")
+        return 0
     gpu = torch.cuda.is_available()
     os.makedirs(args.out, exist_ok=True)
     if args.from_csv:
@@ -183,9 +274,18 @@ def main(argv=None):
     else:
         device = "cuda" if gpu else "cpu"
         ours = "rollbuf-triton" if gpu else "rollbuf-torch"
-        names = args.competitors.split(",") if args.competitors else [
-            n for n in COMPETITORS if gpu or n != "rollbuf-triton"]
-        cases = GRIDS[args.grid]
+        if args.competitors:
+            names = args.competitors.split(",")
+            unknown = [n for n in names if n not in COMPETITORS]
+            if unknown:
+                raise SystemExit(f"unknown competitor(s) {unknown}; known: {', '.join(COMPETITORS)}")
+        elif args.cases is None and args.grid in GRID_COMPETITORS:
+            names = [n for n in GRID_COMPETITORS[args.grid] if gpu or not getattr(COMPETITORS[n], "cuda_only", False)]
+            if ours not in names:
+                names.insert(0, ours)
+        else:
+            names = [n for n in COMPETITORS if gpu or not getattr(COMPETITORS[n], "cuda_only", False)]
+        cases = parse_cases(args.cases) if args.cases else GRIDS[args.grid]
         if args.mixes:
             keep = set(args.mixes.split(","))
             cases = [c for c in cases if c.mix in keep]
@@ -209,7 +309,8 @@ def main(argv=None):
         try:
             from tqdm import tqdm
 
-            progress = tqdm(total=len(cases), desc=f"rollbuf.bench {args.grid}", file=sys.stderr, mininterval=5)
+            progress = tqdm(total=len(cases), desc=f"rollbuf.bench {'cases' if args.cases else args.grid}",
+                            file=sys.stderr, mininterval=5)
         except ImportError:
             progress = None
         fh = open(os.path.join(args.out, "results.csv"), "w", newline="")
@@ -243,7 +344,8 @@ def main(argv=None):
         slower = compare(rows, _read_csv([args.compare]), ours)
         print(f"{len(slower)} case(s) of {ours} slower than {args.compare} beyond the measured spread")
         for s in slower:
-            print(f"  {s['case']}: {s['old_us']:.1f} -> {s['new_us']:.1f} µs ({s['ratio']:.2f}x, spread {s['spread']:.0%})")
+            print(f"  {s['case']}: {s['old_us']:.1f} -> {s['new_us']:.1f} µs ({s['ratio']:.2f}x on the {s['clock']}, "
+                  f"spread {s['spread']:.0%})")
     return 0
 
 

@@ -1,27 +1,60 @@
-"""What users run today, and rollbuf's backends, behind one calling convention.
+"""What users run today, peers' kernels, and rollbuf's backends, behind one calling convention.
 
 A competitor is ``fn(name, fields, params) -> tuple of outputs`` (the outputs of
-``rollbuf.functional.<name>``, in order). It raises :class:`Unsupported` for an estimator or a boundary
-mix it does not offer; whether what it *does* compute is right is decided by the correctness gate,
-not here: the loops below are written the way trainers commonly write them.
+``rollbuf.functional.<name>``, in order; ``None`` for an output it does not write, which the gate
+then does not compare). It raises :class:`Unsupported` for an estimator, dtype or boundary mix it
+does not offer; whether what it *does* compute is right is decided by the correctness gate, not
+here: the loops are written the way trainers commonly write them (:mod:`rollbuf.oracles`, part 2).
+
+Optional attributes of a competitor:
+
+* ``prepare(name, fields, params) -> call``: the untimed part (inputs turned into the competitor's
+  own convention, as its users' buffers already are: float flags, shifted arrays, preallocated
+  outputs); ``call()`` is what is timed and returns the outputs;
+* ``graph = False``: launch-bound (the eager loop): no CUDA-graph device time, full call only;
+* ``gate = False``: a different convention, so its numbers cannot be compared with the oracle's:
+  timed, reported ``unchecked``, never ``ok``;
+* ``cuda_only = True``: left out of the default list on a machine without a GPU;
+* ``peer``: the third-party library it runs (its rows get a per-case table in ``scoreboard.md``).
+
+**Peers** (rl-triton 0.1.3's Triton kernels, PufferLib 3.0's CUDA advantage kernel) are not
+dependencies: they are imported from the git-ignored folder ``.peers/`` of the checkout (or
+``$ROLLBUF_PEERS``), filled once by ``python -m rollbuf.bench --fetch-peers DIR`` (copies
+``DIR/rl-triton-*`` and ``DIR/pufferlib-*``); an installed ``rl_triton`` is used as well. Absent,
+they are reported ``unsupported`` with the reason.
 """
 
 from __future__ import annotations
 
 import functools
+import glob
+import importlib.util
+import os
+import shutil
+import sys
+from pathlib import Path
 from typing import Callable
 
 import torch
 
+from rollbuf.oracles import gae_doubling, gae_loop
 from rollbuf.testing import run_estimator
 
 
 class Unsupported(Exception):
-    """The competitor does not offer this estimator or boundary mix."""
+    """The competitor does not offer this estimator, dtype or boundary mix."""
 
 
 def _tuple(x):
     return tuple(x) if isinstance(x, tuple) else (x,)
+
+
+def bind(fn: Callable, name: str, fields: dict, params: dict) -> Callable:
+    """The zero-argument call of competitor ``fn`` on this case (its untimed preparation done)."""
+    prepare = getattr(fn, "prepare", None)
+    if prepare is not None:
+        return prepare(name, fields, params)
+    return lambda: fn(name, fields, params)
 
 
 def rollbuf_backend(backend: str, max_gpu_elements: int | None = None) -> Callable:
@@ -35,12 +68,18 @@ def rollbuf_backend(backend: str, max_gpu_elements: int | None = None) -> Callab
     return fn
 
 
+def _window_end_value(f) -> torch.Tensor:
+    """``[*B, 1]``: each row's window-end bootstrap value (from a ``[*B, T]`` or ``[*B]`` field)."""
+    bv = f["bootstrap_values"]
+    return bv[..., -1:] if bv.dim() == f["rewards"].dim() else bv.unsqueeze(-1)
+
+
 def _successor(f):
     """V'_t as a trainer builds it: next value, bootstrap at truncations and the window end."""
-    v, bv = f["values"], f["bootstrap_values"]
-    nxt = torch.cat([v[..., 1:], bv[..., -1:]], dim=-1)
+    v = f["values"]
+    nxt = torch.cat([v[..., 1:], _window_end_value(f).to(v.dtype)], dim=-1)
     if f.get("truncated") is not None:
-        nxt = torch.where(f["truncated"], torch.nan_to_num(bv), nxt)
+        nxt = torch.where(f["truncated"], torch.nan_to_num(f["bootstrap_values"]), nxt)
     return nxt
 
 
@@ -53,46 +92,17 @@ def _flags(f):
     return k, tr
 
 
-def gae_loop(r, v, nxt, k, tr, gamma: float, lam: float):
-    """The CleanRL/SB3 loop: one small kernel per op per step."""
-    T = r.shape[-1]
-    nterm = 1.0 - k.to(r.dtype)
-    ndone = 1.0 - (k | tr).to(r.dtype)
-    adv = torch.empty_like(r)
-    last = torch.zeros_like(r[..., 0])
-    for t in range(T - 1, -1, -1):
-        delta = r[..., t] + gamma * nterm[..., t] * nxt[..., t] - v[..., t]
-        cont = ndone[..., t] if t < T - 1 else torch.zeros_like(last)
-        last = delta + gamma * lam * cont * last
-        adv[..., t] = last
-    return adv, adv + v
-
-
-def gae_doubling(r, v, nxt, k, tr, gamma: float, lam: float):
-    """A linear-space doubling scan (log2 T passes through memory), as in ``torch.compile``d code."""
-    nterm = 1.0 - k.to(r.dtype)
-    a = r + gamma * nterm * nxt - v
-    b = gamma * lam * (1.0 - (k | tr).to(r.dtype))
-    b = torch.cat([b[..., :-1], torch.zeros_like(b[..., -1:])], dim=-1)
-    T = r.shape[-1]
-    off = 1
-    while off < T:
-        a = a + b * torch.nn.functional.pad(a[..., off:], (0, off))
-        b = b * torch.nn.functional.pad(b[..., off:], (0, off), value=1.0)
-        off *= 2
-    return a, a + v
-
-
 def _gae_impl(impl, max_t=None):
     def fn(name, f, params):
         if max_t is not None and f["rewards"].is_cuda and f["rewards"].shape[-1] > max_t:
             raise Unsupported(f"T > {max_t} on the GPU: seconds per call, one launch per op per step")
-        if name != "gae":
+        if name not in ("gae", "advantages"):
             raise Unsupported(name)
         if f.get("mask") is not None:
             raise Unsupported("masks")
         k, tr = _flags(f)
-        return impl(f["rewards"], f["values"], _successor(f), k, tr, params["gamma"], params["lam"])
+        adv, ret = impl(f["rewards"], f["values"], _successor(f), k, tr, params["gamma"], params["lam"])
+        return (adv, ret) if name == "gae" else (adv,)
 
     return fn
 
@@ -121,7 +131,7 @@ def torchrl_gae(name, f, params):
         from torchrl.objectives.value.functional import generalized_advantage_estimate
     except Exception as e:  # pragma: no cover - optional dependency
         raise Unsupported(f"torchrl not importable: {e}") from None
-    if name != "gae":
+    if name not in ("gae", "advantages"):
         raise Unsupported(name)
     if f.get("mask") is not None:
         raise Unsupported("masks")
@@ -129,25 +139,232 @@ def torchrl_gae(name, f, params):
     u = lambda x: x.unsqueeze(-1)  # noqa: E731
     adv, ret = generalized_advantage_estimate(params["gamma"], params["lam"], u(f["values"]), u(_successor(f)),
                                               u(f["rewards"]), done=u(k | tr), terminated=u(k), time_dim=-2)
-    return adv.squeeze(-1), ret.squeeze(-1)
+    return (adv.squeeze(-1), ret.squeeze(-1)) if name == "gae" else (adv.squeeze(-1),)
 
 
-def verl_multi_turn_gae(token_level_rewards, values, response_mask, gamma, lam):
-    """verl's multi-turn GAE loop as written (``verl/trainer/ppo/core_algos.py``, without the final
-    ``masked_whiten``): one token per step, the response end terminal, masked tokens carried
-    forward by mask arithmetic (finite inputs only)."""
-    nextvalues = 0
-    lastgaelam = 0
-    advantages_reversed = []
-    gen_len = token_level_rewards.shape[-1]
-    for t in reversed(range(gen_len)):
-        delta = token_level_rewards[:, t] + gamma * nextvalues - values[:, t]
-        lastgaelam_ = delta + gamma * lam * lastgaelam
-        nextvalues = values[:, t] * response_mask[:, t] + (1 - response_mask[:, t]) * nextvalues
-        lastgaelam = lastgaelam_ * response_mask[:, t] + (1 - response_mask[:, t]) * lastgaelam
-        advantages_reversed.append(lastgaelam)
-    advantages = torch.stack(advantages_reversed[::-1], dim=1)
-    return advantages, advantages + values
+# ------------------------------------------------------------------------------------------ peers
+
+
+def peers_dir() -> Path:
+    """Where the peers' sources are looked up: ``$ROLLBUF_PEERS``, else ``.peers/`` of the checkout."""
+    env = os.environ.get("ROLLBUF_PEERS")
+    return Path(env) if env else Path(__file__).resolve().parents[2] / ".peers"
+
+
+PEER_GLOBS = ("rl-triton-*", "pufferlib-*")
+
+
+def fetch_peers(src, dest=None) -> list[str]:
+    """Copy the peers' source folders (``rl-triton-*``, ``pufferlib-*``) from ``src`` into
+    ``dest`` (default :func:`peers_dir`); returns the folders copied."""
+    src, dest = Path(src), Path(dest) if dest is not None else peers_dir()
+    found = [p for g in PEER_GLOBS for p in sorted(src.glob(g)) if p.is_dir()]
+    if not found:
+        raise FileNotFoundError(f"no {' or '.join(PEER_GLOBS)} folder under {src}")
+    dest.mkdir(parents=True, exist_ok=True)
+    for p in found:
+        shutil.copytree(p, dest / p.name, dirs_exist_ok=True)
+    return [p.name for p in found]
+
+
+_PEERS: dict = {}  # name -> loaded module / op, or the Unsupported explaining why not
+
+
+def _load(key, loader):
+    if key not in _PEERS:
+        try:
+            _PEERS[key] = loader()
+        except Unsupported as e:
+            _PEERS[key] = e
+        except Exception as e:  # a broken or unbuildable peer is reported, not fatal
+            _PEERS[key] = Unsupported(f"{key} failed to load: {type(e).__name__}: {str(e)[:120]}")
+    got = _PEERS[key]
+    if isinstance(got, Unsupported):
+        raise got
+    return got
+
+
+def _rl_triton():
+    def load():
+        roots = sorted(glob.glob(str(peers_dir() / "rl-triton-*" / "src")))
+        if roots and "rl_triton" not in sys.modules:
+            sys.path.insert(0, roots[-1])
+            try:
+                import rl_triton
+            finally:
+                sys.path.remove(roots[-1])
+            return rl_triton
+        try:
+            import rl_triton
+        except ImportError:
+            raise Unsupported(f"rl-triton absent: python -m rollbuf.bench --fetch-peers DIR "
+                              f"(looked for {peers_dir()}/rl-triton-*)") from None
+        return rl_triton
+
+    return _load("rl-triton", load)
+
+
+def _pufferlib_op():
+    def load():
+        builds = sorted(glob.glob(str(peers_dir() / "pufferlib-*" / "build.py")))
+        if not builds:
+            raise Unsupported(f"PufferLib absent: python -m rollbuf.bench --fetch-peers DIR "
+                              f"(looked for {peers_dir()}/pufferlib-*)")
+        spec = importlib.util.spec_from_file_location("_rollbuf_peer_pufferlib_build", builds[-1])
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        got = mod.load_puff_advantage()  # JIT-compiled with torch's cpp_extension (nvcc) the first time
+        return got[0] if isinstance(got, tuple) else got
+
+    return _load("pufferlib", load)
+
+
+def _f32(f, keys):
+    for k in keys:
+        x = f.get(k)
+        if x is not None and x.dtype != torch.float32:
+            raise Unsupported(f"float32 inputs only ({k} is {str(x.dtype).replace('torch.', '')})")
+    if f.get("mask") is not None:
+        raise Unsupported("masks")
+
+
+def _boundaries(f):
+    """rl-triton's boundary convention: float 0/1 flags, terminated and truncated exclusive
+    (terminated wins, as in rollbuf); ``bootstrap_values`` zero except where it is read (truncated
+    steps and the window end), or ``last_value`` ``[N]`` when there is no truncated tensor."""
+    k = f["terminated"].bool()
+    kf = k.float().contiguous()
+    if f.get("truncated") is None:
+        return kf, None, None, _window_end_value(f)[..., 0].float().contiguous()
+    tr = f["truncated"].bool() & ~k
+    read = tr.clone()
+    read[..., -1] |= ~k[..., -1]
+    bv = torch.where(read, torch.nan_to_num(f["bootstrap_values"].float()), 0.0).contiguous()
+    return kf, tr.float().contiguous(), bv, None
+
+
+def _rl_triton_prepare(name, f, params):
+    rt = _rl_triton()
+    g = params.get("gamma", 0.99)
+    T = f["rewards"].shape[-1]
+    if f["rewards"].dim() != 2:
+        raise Unsupported("[N, T] inputs only")
+    if name in ("advantages", "vtrace", "lambda_returns", "discounted_returns", "monte_carlo_returns", "retrace"):
+        _f32(f, ("rewards", "values", "log_probs", "target_log_probs", "q_values", "bootstrap_values"))
+    else:
+        _f32(f, ("rewards",))
+    r, v = f["rewards"], f["values"]
+    if name == "advantages":  # compute_gae writes advantages only
+        k, tr, bv, last = _boundaries(f)
+        return lambda: (rt.compute_gae(r, v, k, tr, gamma=g, lambda_=params["lam"], bootstrap_values=bv,
+                                       last_value=last),)
+    if name == "vtrace":
+        if params.get("lam", 1.0) != 1.0 or params.get("pg_rho_bar") not in (None, params.get("rho_bar", 1.0)):
+            raise Unsupported("V-trace with λ = 1 and ρ̄_pg = ρ̄ only")
+        k, tr, bv, last = _boundaries(f)
+        lp, tlp = f["log_probs"], f["target_log_probs"]
+        return lambda: tuple(rt.compute_vtrace(tlp, lp, v, r, k, tr, gamma=g, rho_bar=params.get("rho_bar", 1.0),
+                                               c_bar=params.get("c_bar", 1.0), bootstrap_values=bv,
+                                               last_value=last))
+    if name in ("lambda_returns", "discounted_returns"):
+        k, tr, bv, last = _boundaries(f)
+        if bv is None:  # these take no last_value: the window-end column of a [N, T] array
+            bv = torch.zeros_like(r)
+            bv[:, -1] = last
+        # next_values: V(s_{t+1}), zero at truncated steps (their value comes from bootstrap_values),
+        # the window-end value in the last column
+        nv = torch.cat([v[:, 1:], bv[:, -1:]], dim=-1)
+        if tr is not None:
+            nv = torch.where(tr.bool(), 0.0, nv)
+        nv = nv.contiguous()
+        if name == "lambda_returns":
+            return lambda: (rt.compute_lambda_returns(r, nv, k, tr, gamma=g, lambda_=params["lam"],
+                                                      bootstrap_values=bv),)
+        return lambda: (rt.compute_discounted_returns(r, k, tr, gamma=g, bootstrap_values=bv),)
+    if name == "monte_carlo_returns":  # no bootstrap at all: a zero carry past the window
+        k, tr, _, _ = _boundaries(f)
+        return lambda: (rt.compute_discounted_returns(r, k, tr, gamma=g),)
+    if name == "retrace":
+        # rl-triton's Retrace takes discrete-action tensors: E_π Q(s_{t+1}, ·) from target
+        # probabilities and next Q-values over all actions, π(a_t) by the action's index. Two
+        # actions with equal next Q-values (= V'_t) give E = V'_t; action 0 with π = exp(target
+        # log-prob) and μ = exp(behaviour log-prob) gives the ratio.
+        k, tr, bv, last = _boundaries(f)
+        if tr is None:
+            tr = torch.zeros_like(k)
+        nxt = torch.cat([v[:, 1:], (last[:, None] if last is not None else bv[:, -1:])], dim=-1)
+        if bv is not None:
+            nxt = torch.where(tr.bool(), bv, nxt)
+        p = torch.exp(f["target_log_probs"])
+        probs = torch.stack([p, 1.0 - p], dim=-1).contiguous()
+        next_q = torch.stack([nxt, nxt], dim=-1).contiguous()
+        mu = torch.exp(f["log_probs"]).contiguous()
+        actions = torch.zeros(r.shape, dtype=torch.int64, device=r.device)
+        q = f["q_values"]
+        return lambda: (rt.compute_retrace(probs, mu, q, next_q, actions, r, k, tr, gamma=g,
+                                           lambda_=params.get("lam", 1.0), c_bar=params.get("c_bar", 1.0))[0],)
+    if name in ("eligibility_traces", "episodic_sums"):
+        if T > 131072:
+            raise Unsupported("rl-triton's forward scans stop at T = 131072")
+        k, trf = _flags(f)
+        done = (k | trf).float().contiguous()
+        x = f.get("x") if f.get("x") is not None else r
+        if x.dim() != 2:
+            raise Unsupported("[N, T] x only")
+        if name == "eligibility_traces":  # traces only (no final)
+            return lambda: (rt.compute_eligibility_traces(x, done, g, params["lam"]), None)
+        return lambda: (rt.compute_episodic_prefix_sum(x, done), None)
+    raise Unsupported(name)
+
+
+def rl_triton(name, f, params):
+    """rl-triton 0.1.3: ``compute_gae`` (advantages only: the ``advantages`` estimator),
+    ``compute_vtrace`` (vs and pg advantages), ``compute_lambda_returns``,
+    ``compute_discounted_returns`` (bootstrapped and Monte Carlo), ``compute_retrace`` (Q targets;
+    it also writes advantages, not compared), ``compute_eligibility_traces`` and
+    ``compute_episodic_prefix_sum`` (per-step outputs; no ``final``)."""
+    return _rl_triton_prepare(name, f, params)()
+
+
+rl_triton.prepare = _rl_triton_prepare
+
+
+def _pufferlib_prepare(name, f, params):
+    if name != "advantages":
+        raise Unsupported("PufferLib's kernel writes GAE advantages only")
+    if f.get("truncated") is not None or f.get("mask") is not None:
+        raise Unsupported("PufferLib has one done flag: no truncations, no masks")
+    _f32(f, ("rewards", "values"))
+    op = _pufferlib_op()
+    r, v = f["rewards"], f["values"]
+    # PufferLib's buffer convention: rewards and dones one slot ahead of values (it reads
+    # r[t+1], done[t+1] with V[t]); importance 1 (on-policy, the V-trace clips inactive); it
+    # writes advantages in place into the caller's buffer and leaves the last step unwritten
+    pr, pd = torch.zeros_like(r), torch.zeros_like(r)
+    pr[:, 1:] = r[:, :-1]
+    pd[:, 1:] = f["terminated"][:, :-1].float()
+    vv, imp, adv = v.contiguous(), torch.ones_like(r), torch.zeros_like(r)
+    g, lam = float(params["gamma"]), float(params["lam"])
+
+    def call():
+        op(vv, pr, pd, imp, adv, g, lam, 1.0, 1.0)
+        return (adv,)
+
+    return call
+
+
+def pufferlib(name, f, params):
+    """PufferLib 3.0's CUDA advantage kernel (one thread per row, sequential in time): GAE
+    advantages in its own done convention (``dones[t+1]``, the last step not written), so it is
+    timed against rollbuf's ``advantages`` on the same arrays but not gated."""
+    return _pufferlib_prepare(name, f, params)()
+
+
+pufferlib.prepare = _pufferlib_prepare
+pufferlib.gate = False
+for _p, _label in ((rl_triton, "rl-triton 0.1.3"), (pufferlib, "PufferLib 3.0")):
+    _p.cuda_only = True
+    _p.peer = _label
 
 
 COMPETITORS: dict[str, Callable] = {
@@ -157,5 +374,8 @@ COMPETITORS: dict[str, Callable] = {
     "loop-compiled": compiled(gae_loop, max_t=128),
     "doubling-compiled": compiled(gae_doubling),
     "torchrl": torchrl_gae,
+    "rl-triton": rl_triton,
+    "pufferlib": pufferlib,
 }
 COMPETITORS["loop"].graph = False  # launch-bound: its full-call time is what users pay
+COMPETITORS["rollbuf-triton"].cuda_only = True

@@ -1,4 +1,13 @@
-"""Cases, the correctness gate, timing, the scoreboard and the regression check."""
+"""Cases, the correctness gate, timing, the scoreboard and the regression check.
+
+**The gate.** Before a competitor is timed on a case, its outputs are compared with
+:mod:`rollbuf.oracles` (float64 recursions written apart from rollbuf's arithmetic) on the same
+inputs, at every case size. The error is the largest absolute error over each row's scale,
+``max |got − oracle| / max(1, max |oracle| over the row)``, over every output the competitor
+writes; a case passes below :data:`TOLERANCE` of its dtype. A bf16 (or fp16) case is also run at
+fp32 on the same inputs (the bf16 values, exactly converted) and must pass the fp32 tolerance too,
+so that a semantic error cannot hide behind bf16 rounding.
+"""
 
 from __future__ import annotations
 
@@ -13,26 +22,39 @@ from typing import Iterable
 import attrs
 import torch
 
-from rollbuf.bench.competitors import COMPETITORS, Unsupported, rollbuf_backend
-
-_ORACLE_TORCH = rollbuf_backend("torch")  # float64 torch backend (tested against the reference), any size
-from rollbuf.testing import default_tolerance, make_rollout, reference_outputs, window_end_index
+from rollbuf import oracles
+from rollbuf.bench.competitors import COMPETITORS, Unsupported, bind
+from rollbuf.testing import make_rollout, window_end_index
 
 L2_BYTES = 60 * 2**20  # H200
 
 PARAMS = {
-    "gae": dict(gamma=0.99, lam=0.95), "lambda_returns": dict(gamma=0.99, lam=0.95),
+    "gae": dict(gamma=0.99, lam=0.95), "advantages": dict(gamma=0.99, lam=0.95),
+    "lambda_returns": dict(gamma=0.99, lam=0.95),
     "discounted_returns": dict(gamma=0.99), "monte_carlo_returns": dict(gamma=0.99),
     "vtrace": dict(gamma=0.99), "retrace": dict(gamma=0.99, lam=0.95),
     "eligibility_traces": dict(gamma=0.99, lam=0.95), "episodic_sums": {},
 }
-ESTIMATORS = tuple(PARAMS)
-MIXES = {  # boundary mixes: (p_terminated, p_truncated, p_masked)
+ESTIMATORS = tuple(e for e in PARAMS if e != "advantages")  # the scoreboard grids' estimators
+#: Boundary mixes: (p_terminated, p_truncated, p_masked). ``p_truncated = None``: no truncated
+#: tensor at all and ``bootstrap_values`` given as the ``[N]`` window-end column (how trainers with
+#: terminations only call it: CleanRL/SB3, rl-triton's ``last_value``).
+MIXES = {
     "none": (0.0, 0.0, 0.0), "term": (0.01, 0.0, 0.0), "term+trunc": (0.01, 0.01, 0.0),
-    "mask": (0.01, 0.01, 0.3),
+    "mask": (0.01, 0.01, 0.3), "term-only": (0.02, None, 0.0),
 }
+#: The gate's tolerance per dtype on ``max |got − oracle|`` over the row's scale. Measured on the
+#: CPU (every estimator, 16 × 200 and 2 × 3000, with truncations and with masks): rollbuf fp32
+#: 1.3e-7–1.4e-6; rollbuf bf16 2.2e-3–3.8e-3 (the outputs' own rounding, 2^-9 of their value); the
+#: eager GAE loop computing in bf16 1.6e-2–2.3e-2 (it rounds every step); deliberately wrong
+#: implementations (truncation as termination, no window-end bootstrap, γ = 0.98, λ ignored, mask
+#: ignored) 3.8e-2–7.2 in fp32. The bf16 bound admits honest bf16 arithmetic and so cannot tell
+#: every semantic error from rounding (the smallest wrong one, 3.8e-2, is below it): the fp32 rerun
+#: of every bf16 case, at 1e-4, decides semantics.
+TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-4, torch.bfloat16: 5e-2, torch.float16: 1e-2}
 _READS = {  # fields each estimator reads (for bytes moved)
     "gae": ("rewards", "values", "terminated", "truncated", "mask"),
+    "advantages": ("rewards", "values", "terminated", "truncated", "mask"),
     "lambda_returns": ("rewards", "values", "terminated", "truncated", "mask"),
     "discounted_returns": ("rewards", "terminated", "truncated", "mask"),
     "monte_carlo_returns": ("rewards", "terminated", "truncated", "mask"),
@@ -76,6 +98,14 @@ SHORT = [(n, t) for t in (8, 16, 32, 64, 128) for n in (4096, 8192, 16384, 32768
 MEDIUM = [(n, t) for n in (64, 128, 256, 512, 4096, 16384) for t in (128, 512, 1024, 2048, 4096)]
 LONG = [(n, t) for n in (1, 8, 64, 256) for t in (16384, 131072, 1048576)]
 LLM = [(8, 8192), (64, 32768), (256, 131072)]
+#: rl-triton's own benchmark grid (its GAE-vs-PufferLib benchmark: T 128…4096 × N 128…8192 and the
+#: short-horizon T 8…128 × N 4096…32768: 40 shapes, 39 distinct as 8192 × 128 is in both halves)
+#: and three shapes beyond it: 256 long rows, one row of 2^20 steps, and 16384 × 4096.
+PEER_SHAPES = ([(n, t) for t in (128, 512, 1024, 2048, 4096) for n in (128, 512, 2048, 8192)]
+               + [(n, t) for t in (8, 16, 32, 64, 128) for n in (4096, 8192, 16384, 32768)]
+               + [(256, 131072), (1, 1048576), (16384, 4096)])
+PEER_ESTIMATORS = ("advantages", "vtrace", "lambda_returns", "discounted_returns", "monte_carlo_returns",
+                   "retrace", "eligibility_traces", "episodic_sums")
 GRIDS: dict[str, list[Case]] = {
     "cpu-smoke": _grid(ESTIMATORS, [(16, 64), (2, 1000)], mixes=("term+trunc", "mask"))
     + _grid(["gae"], [(64, 128)], mixes=("none", "term", "term+trunc"))
@@ -83,14 +113,41 @@ GRIDS: dict[str, list[Case]] = {
     "cpu": _grid(ESTIMATORS, [(8, 32768), (1024, 128)], mixes=("term+trunc",)),
     "gpu-quick": _grid(["gae"], [(32768, 8), (4096, 128), (1024, 1024), (256, 131072), (1, 1048576)],
                        dtypes=("float32", "bfloat16")),
-    # the kernel grid of PERF.md: every estimator, fp32 and bf16, with and without truncations;
-    # GAE also with no boundaries at all and with masks
+    # the kernel grid: every estimator, fp32 and bf16, with and without truncations; GAE also with
+    # no boundaries at all and with masks
     "gpu": _grid(ESTIMATORS, SHORT + MEDIUM + LONG, dtypes=("float32", "bfloat16"), mixes=("term", "term+trunc"))
     + _grid(["gae"], SHORT + MEDIUM + LONG, mixes=("none", "mask"))
     # time-major buffers ([T, N] in memory, the layout of a step-by-step collector), read in place
     + _grid(ESTIMATORS, SHORT + MEDIUM, layouts=("time",)),
     "llm": _grid(["gae", "discounted_returns"], LLM, dtypes=("float32", "bfloat16"), mixes=("mask",)),
+    # rollbuf against rl-triton and PufferLib's kernel, each pair on the same outputs: every
+    # estimator both have, fp32, terminations only with [N] window-end values (as the peers'
+    # benchmarks call them); GAE advantages and V-trace also with truncations
+    "peers": _grid(PEER_ESTIMATORS, PEER_SHAPES, mixes=("term-only",))
+    + _grid(["advantages", "vtrace"], PEER_SHAPES, mixes=("term+trunc",)),
 }
+#: The competitors a grid runs by default (others: every competitor that applies on the machine).
+GRID_COMPETITORS = {"peers": ("rollbuf-triton", "rl-triton", "pufferlib")}
+
+
+def parse_cases(spec: str) -> list[Case]:
+    """Cases from ``estimator:NxT[:mix[:dtype[:layout]]],...`` (defaults: term+trunc, float32, env)."""
+    out = []
+    for item in spec.split(","):
+        parts = item.strip().split(":")
+        if len(parts) < 2:
+            raise ValueError(f"case {item!r}: expected estimator:NxT[:mix[:dtype[:layout]]]")
+        name, shape = parts[0], parts[1]
+        if name not in PARAMS:
+            raise ValueError(f"case {item!r}: unknown estimator {name!r}; known: {sorted(PARAMS)}")
+        mix = parts[2] if len(parts) > 2 else "term+trunc"
+        if mix not in MIXES:
+            raise ValueError(f"case {item!r}: unknown mix {mix!r}; known: {sorted(MIXES)}")
+        dtype = parts[3] if len(parts) > 3 else "float32"
+        layout = parts[4] if len(parts) > 4 else "env"
+        n, t = (int(x) for x in shape.lower().split("x"))
+        out.append(Case(name, n, t, dtype=dtype, mix=mix, layout=layout))
+    return out
 
 
 def part(cases: list[Case], i: int, k: int) -> list[Case]:
@@ -137,13 +194,14 @@ def make_fields(case: Case, device, seed=0) -> dict:
     """Inputs of ``case``: :func:`rollbuf.testing.make_rollout` (float64 draws on the CPU, garbage at
     masked steps) on the CPU and for small GPU cases; large GPU cases draw on the device
     (:func:`_device_fields`: the same distributions, seconds instead of minutes at 2^28 elements).
-    ``layout="time"``: every per-step field is stored ``[T, N]`` and passed as its ``[N, T]`` view."""
+    ``layout="time"``: every per-step field is stored ``[T, N]`` and passed as its ``[N, T]`` view.
+    The mix ``term-only`` has no truncated tensor and ``[N]`` window-end ``bootstrap_values``."""
     pk, ptr, pm = MIXES[case.mix]
     if device != "cpu" and case.n * case.t > 2**14:
         f = _device_fields(case, device, seed)
     else:
         f = make_rollout(case.n, case.t, seed=seed, dtype=getattr(torch, case.dtype), p_terminated=pk,
-                         p_truncated=ptr, p_masked=pm, device=device, garbage=True)
+                         p_truncated=ptr or 0.0, p_masked=pm, device=device, garbage=True)
         if not pm:
             f["mask"] = None  # no mask at all, as most trainers call it
         # the window-end bootstrap finite even where the last step terminates (as _device_fields
@@ -154,6 +212,9 @@ def make_fields(case: Case, device, seed=0) -> dict:
         fill = torch.randn(bv.shape[:-1] + (1,), generator=torch.Generator().manual_seed(seed + 7)).to(bv)
         at_end = bv.gather(-1, end)
         f["bootstrap_values"] = bv.scatter(-1, end, torch.where(at_end.isnan(), fill, at_end))
+        if ptr is None:
+            f["truncated"] = None
+            f["bootstrap_values"] = f["bootstrap_values"].gather(-1, end)[..., 0].contiguous()
     if case.layout == "time":
         f = {k: (v.mT.contiguous().mT if isinstance(v, torch.Tensor) and v.dim() == 2 else v) for k, v in f.items()}
     return f
@@ -169,7 +230,7 @@ def _device_fields(case: Case, device, seed) -> dict:
     tlp = torch.where(u() < 0.25, lp, lp + 0.5 * rn())
     v = rn()
     f = dict(rewards=rn().to(dt), values=v.to(dt), q_values=(v + rn()).to(dt), log_probs=lp.to(dt),
-             target_log_probs=tlp.to(dt), terminated=u() < pk, truncated=u() < ptr)
+             target_log_probs=tlp.to(dt), terminated=u() < pk, truncated=u() < (ptr or 0.0))
     mask = None
     if pm:  # spans of mean length 4: a step starts a masked span w.p. pm/4, ends one w.p. 1/4
         # a span starts at a start toggle and ends at the next end toggle
@@ -191,6 +252,9 @@ def _device_fields(case: Case, device, seed) -> dict:
     end[torch.arange(N, device=device), last] = True
     bv = torch.where(read | end, rn(), bv)
     f["bootstrap_values"] = bv.to(dt)
+    if ptr is None:
+        f["truncated"] = None
+        f["bootstrap_values"] = f["bootstrap_values"][torch.arange(N, device=device), last].contiguous()
     return f
 
 
@@ -200,22 +264,51 @@ def bytes_moved(case: Case, f, outs) -> int:
 
 
 def rel_err(got, ref) -> float:
+    """Relative L2 error, the largest over the outputs compared (reported, not gated)."""
     errs = []
     for a, b in zip(got, ref):
-        a, b = a.detach().double().cpu(), b.double().cpu()
+        if a is None:
+            continue
+        a, b = a.detach().to(b.device, torch.float64), b.double()  # where the oracle ran
         if a.shape != b.shape or torch.isnan(a).any():
             return math.inf
         errs.append(((a - b).norm() / b.norm().clamp_min(1e-30)).item())
-    return max(errs)
+    return max(errs) if errs else math.inf
 
 
-def _oracle(case: Case, f) -> tuple[torch.Tensor, ...]:
-    cpu_dev = f["rewards"].device.type == "cpu"
-    if case.n * case.t <= (2**17 if cpu_dev else 2**14):
-        cpu = {k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in f.items()}
-        return reference_outputs(case.estimator, cpu, **PARAMS[case.estimator])
-    f64 = {k: (v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v) for k, v in f.items()}
-    return _ORACLE_TORCH(case.estimator, f64, PARAMS[case.estimator])
+def gate_error(got, ref) -> float:
+    """The gated error: ``max |got − ref| / scale`` over every output ``got`` holds (``None`` =
+    not written, not compared), ``scale`` = ``max(1, max |ref| over the row)`` (for a per-row
+    output such as ``final``: ``max(1, |ref|)``). ``inf`` for a NaN, a wrong shape or a missing
+    output."""
+    if len(got) != len(ref) or all(a is None for a in got):
+        return math.inf
+    worst = 0.0
+    for a, b in zip(got, ref):
+        if a is None:
+            continue
+        if not isinstance(a, torch.Tensor) or tuple(a.shape) != tuple(b.shape):
+            return math.inf
+        a, b = a.detach().to(b.device, torch.float64), b.to(torch.float64)
+        if b.numel() == 0:
+            continue
+        rows = b.reshape(b.shape[0], -1) if b.dim() >= 2 else b.reshape(-1, 1)
+        scale = rows.abs().amax(1).clamp_min(1.0)
+        err = (a.reshape(rows.shape) - rows).abs() / scale[:, None]
+        e = float(err.max()) if not bool(err.isnan().any()) else math.inf
+        worst = max(worst, e)
+    return worst
+
+
+def oracle(case: Case, f) -> tuple[torch.Tensor, ...]:
+    """The float64 outputs of :mod:`rollbuf.oracles` for ``case`` on ``f``, on ``f``'s device."""
+    return oracles.outputs(case.estimator, f, **PARAMS[case.estimator])
+
+
+def _as_fp32(f) -> dict:
+    """The same inputs in float32 (bf16/fp16 values convert exactly; strides kept)."""
+    return {k: (v.to(torch.float32) if isinstance(v, torch.Tensor) and v.is_floating_point() else v)
+            for k, v in f.items()}
 
 
 def _sync(device):
@@ -312,10 +405,9 @@ def run_cases(cases: Iterable[Case], competitors: Iterable[str], device: str, *,
             sets = [make_fields(case, device)]
             cached_key = key
         f = sets[0]
-        ref = _oracle(case, f)
-        tol = default_tolerance(getattr(torch, case.dtype))[0] * 10
+        ref = oracle(case, f)
         for name in competitors:
-            row = _run_one(case, name, f, ref, tol, device, sets, copy_bw, reps, prov)
+            row = _run_one(case, name, f, ref, device, sets, copy_bw, reps, prov)
             rows.append(row)
             if on_row:
                 on_row(row)
@@ -325,75 +417,135 @@ def run_cases(cases: Iterable[Case], competitors: Iterable[str], device: str, *,
     return rows
 
 
-def _run_one(case, name, f, ref, tol, device, sets, copy_bw, reps, prov):
+def _check(case, fn, f, ref) -> tuple[dict, object]:
+    """Gate ``fn`` on ``case``: ``(row fields, the bound call)``; the row has ``status`` set when the
+    competitor is unsupported, failed or wrong. bf16/fp16 cases are also run on the same inputs in
+    fp32 against the fp32 tolerance."""
+    dtype = getattr(torch, case.dtype)
+    params = PARAMS[case.estimator]
+    row: dict = {}
+    try:
+        t0 = time.perf_counter()
+        call = bind(fn, case.estimator, f, params)
+        out = call()
+        _sync(f["rewards"].device.type)
+        row["first_call_s"] = time.perf_counter() - t0
+        out32 = None
+        if dtype in (torch.bfloat16, torch.float16):
+            out32 = bind(fn, case.estimator, _as_fp32(f), params)()
+    except Unsupported as e:
+        row.update(status="unsupported", note=str(e)[:200])
+        return row, None
+    except Exception as e:  # a competitor that fails is reported, not hidden
+        row.update(status="error", note=f"{type(e).__name__}: {str(e)[:100]}")
+        return row, None
+    out = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+    row["rel_err"] = rel_err(out, ref)
+    row["err"] = err = gate_error(out, ref)
+    row["tol"] = tol = TOLERANCE[dtype]
+    problems = []
+    if not err < tol:
+        problems.append(f"max error {err:.2e} of the row scale >= {tol:.0e} ({case.dtype})")
+    if out32 is not None:
+        out32 = tuple(out32) if isinstance(out32, (tuple, list)) else (out32,)
+        row["err_fp32"] = err32 = gate_error(out32, ref)
+        if not err32 < TOLERANCE[torch.float32]:
+            problems.append(f"the same inputs in fp32: max error {err32:.2e} >= {TOLERANCE[torch.float32]:.0e}")
+    if not getattr(fn, "gate", True):
+        row.update(status="unchecked", note="its own convention: timed, not gated")
+    elif problems:
+        row.update(status="wrong", note="; ".join(problems))
+    row["_outs"] = out
+    return row, call
+
+
+def _run_one(case, name, f, ref, device, sets, copy_bw, reps, prov):
     fn = COMPETITORS[name]
     row = dict(estimator=case.estimator, n=case.n, t=case.t, dtype=case.dtype, mix=case.mix, layout=case.layout,
                impl=name, **prov)
-    try:
-        t0 = time.perf_counter()
-        out = fn(case.estimator, f, PARAMS[case.estimator])
-        _sync(device)
-        row["first_call_s"] = time.perf_counter() - t0
-    except Unsupported as e:
-        row.update(status="unsupported", note=str(e)[:80])
+    checked, call = _check(case, fn, f, ref)
+    outs = checked.pop("_outs", None)
+    row.update(checked)
+    if row.get("status") in ("unsupported", "error", "wrong"):
         return row
-    except Exception as e:  # a competitor that fails is reported, not hidden
-        row.update(status="error", note=f"{type(e).__name__}: {str(e)[:80]}")
-        return row
-    err = rel_err(out, ref)
-    row["rel_err"] = err
-    if not err < tol:
-        row.update(status="wrong", note=f"relative error {err:.2e} >= {tol:.0e}")
-        return row
-    nbytes = bytes_moved(case, f, out)
-    del out
-    row.update(status="ok", bytes=nbytes)
+    nbytes = bytes_moved(case, f, [o for o in outs if o is not None])
+    del outs
+    row.setdefault("status", "ok")
+    row["bytes"] = nbytes
+    params = PARAMS[case.estimator]
     if device == "cuda":
         n_sets = max(1, min(8, -(-3 * L2_BYTES // max(nbytes, 1))))
         while len(sets) < n_sets:  # input sets rotated past the L2, made once per shape
             sets.append(make_fields(case, device, seed=len(sets)))
-        graph = getattr(fn, "graph", True)
-        call, dev, spread = time_cuda([lambda s=s: fn(case.estimator, s, PARAMS[case.estimator])
-                                        for s in sets[:n_sets]], graph=graph)
-        row.update(call_us=call * 1e6, device_us=dev * 1e6, spread=spread)
+        calls = [call] + [bind(fn, case.estimator, s, params) for s in sets[1:n_sets]]
+        call_s, dev, spread = time_cuda(calls, graph=getattr(fn, "graph", True))
+        row.update(call_us=call_s * 1e6, device_us=dev * 1e6, spread=spread)
         if copy_bw and dev == dev:
             row["pct_copy"] = 100 * nbytes / dev / copy_bw
     else:
-        call, spread = _time_cpu(lambda: fn(case.estimator, f, PARAMS[case.estimator]), reps)
-        row.update(call_us=call * 1e6, spread=spread)
+        call_s, spread = _time_cpu(call, reps)
+        row.update(call_us=call_s * 1e6, spread=spread)
     return row
 
 
-def _time_of(r):
-    d = r.get("device_us")
-    return d if d is not None and d == d else r.get("call_us")
+#: The two clocks a ratio may use; a ratio never divides one by the other.
+CLOCKS = ("device_us", "call_us")
+
+
+def _clock(r, key):
+    v = r.get(key)
+    return float(v) if v is not None and v == v and float(v) > 0 else None
+
+
+def speedups(rows: list[dict], ours: str, impl: str, clock: str) -> list[float]:
+    """``time(impl) / time(ours)`` on the cases both passed (``ok``, or ``unchecked`` for a
+    competitor that is timed only), on one clock: ``device_us`` over ``device_us`` or ``call_us``
+    over ``call_us``; a case where either lacks that clock is left out."""
+    mine = {row_key(r): r for r in rows if r["impl"] == ours and r.get("status") == "ok"}
+    out = []
+    for r in rows:
+        if r["impl"] != impl or r.get("status") not in ("ok", "unchecked"):
+            continue
+        m = mine.get(row_key(r))
+        if m is None:
+            continue
+        a, b = _clock(r, clock), _clock(m, clock)
+        if a is not None and b is not None:
+            out.append(a / b)
+    return out
+
+
+def _geomean(xs):
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else math.nan
 
 
 def scoreboard(rows: list[dict], ours: str) -> list[dict]:
-    """Per competitor: pass rate, share of cases where ``ours`` is faster, geomean speedup of ours."""
-    mine = {row_key(r): r for r in rows if r["impl"] == ours}
+    """Per competitor: pass rate, and per clock (device time, full call) the cases compared, the share
+    where ``ours`` is faster and the geomean speedup of ours — each ratio on one clock."""
     board = []
     for name in sorted({r["impl"] for r in rows}):
         rs = [r for r in rows if r["impl"] == name]
         attempted = [r for r in rs if r.get("status") not in ("unsupported", "skipped")]
+        gated = [r for r in attempted if r.get("status") != "unchecked"]
         ok = [r for r in attempted if r.get("status") == "ok"]
-        speed = []
-        for r in ok:
-            m = mine.get(row_key(r))
-            if m is not None and m.get("status") == "ok" and name != ours:
-                speed.append(float(_time_of(r)) / float(_time_of(m)))
         pct = [float(r["pct_copy"]) for r in ok if r.get("pct_copy") is not None]
-        board.append(dict(
-            impl=name, cases=len(attempted), passed=len(ok),
-            pass_rate=len(ok) / len(attempted) if attempted else math.nan,
-            ours_faster_share=(sum(s > 1 for s in speed) / len(speed)) if speed else math.nan,
-            geomean_speedup=math.exp(sum(math.log(s) for s in speed) / len(speed)) if speed else math.nan,
-            median_pct_copy=statistics.median(pct) if pct else math.nan))
+        entry = dict(impl=name, cases=len(attempted), passed=len(ok),
+                     unchecked=len(attempted) - len(gated),
+                     pass_rate=len(ok) / len(gated) if gated else math.nan,
+                     median_pct_copy=statistics.median(pct) if pct else math.nan)
+        for clock in CLOCKS:
+            sp = speedups(rows, ours, name, clock) if name != ours else []
+            tag = clock.split("_")[0]
+            entry[f"{tag}_compared"] = len(sp)
+            entry[f"{tag}_ours_faster_share"] = (sum(s > 1 for s in sp) / len(sp)) if sp else math.nan
+            entry[f"{tag}_geomean_speedup"] = _geomean(sp)
+        board.append(entry)
     return board
 
 
 def compare(new: list[dict], baseline: list[dict], impl: str, floor: float = 0.05) -> list[dict]:
-    """Cases of ``impl`` slower than the baseline by more than the run-to-run spread measured."""
+    """Cases of ``impl`` slower than the baseline by more than the run-to-run spread measured, on
+    the device time where both runs have it, else on the full call (never one against the other)."""
     key = row_key
     old = {key(r): r for r in baseline if r["impl"] == impl and r.get("status") == "ok"}
     slower = []
@@ -401,8 +553,14 @@ def compare(new: list[dict], baseline: list[dict], impl: str, floor: float = 0.0
         if r["impl"] != impl or r.get("status") != "ok" or key(r) not in old:
             continue
         o = old[key(r)]
-        t_new, t_old = float(_time_of(r)), float(_time_of(o))
+        for clock in CLOCKS:
+            t_new, t_old = _clock(r, clock), _clock(o, clock)
+            if t_new is not None and t_old is not None:
+                break
+        else:
+            continue
         spread = max(floor, float(r.get("spread") or 0), float(o.get("spread") or 0))
         if t_new > t_old * (1 + spread):
-            slower.append(dict(case=key(r), old_us=t_old, new_us=t_new, ratio=t_new / t_old, spread=spread))
+            slower.append(dict(case=key(r), old_us=t_old, new_us=t_new, ratio=t_new / t_old, spread=spread,
+                               clock=clock))
     return slower

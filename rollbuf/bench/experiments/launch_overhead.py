@@ -1,6 +1,6 @@
 """Where the full call's time goes at small shapes, on a CUDA GPU (PERF.md P2: ≤ 8 µs at 4096 × 128).
 
-    ROLLBUF_COMMIT=$(git rev-parse --short HEAD) python benchmarks/launch_overhead.py [--out DIR]
+    python -m rollbuf.bench --experiment launch-overhead [--out DIR] [--device cpu]
 
 For GAE fp32 4096 × 128 (terminations + truncations) and V-trace at the same shape, each timed as
 the median of ``triton.testing.do_bench`` (full call, host included) and, for the kernel, CUDA-graph
@@ -26,11 +26,8 @@ from __future__ import annotations
 import argparse
 import csv
 import os
-import sys
 
 import torch
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 def record_launch(call):
@@ -59,11 +56,17 @@ def record_launch(call):
     return seen
 
 
-def main():
-    ap = argparse.ArgumentParser()
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m rollbuf.bench --experiment launch-overhead")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--device", default="cuda")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    if args.device == "cpu":  # tensors on the CPU through backend="triton": Triton's interpreter
+        from rollbuf.bench.experiments._common import interpreted
+
+        rc = interpreted("rollbuf.bench.experiments.launch_overhead", argv)
+        if rc is not None:
+            return rc
     dev = args.device
     import triton
     import triton.language as tl
@@ -89,11 +92,11 @@ def main():
             seen = record_launch(call)
             print(f"{name}: grid {seen['grid']}, {len(seen['args'])} positional + {len(seen['kwargs'])} keyword "
                   f"arguments recorded")
-        return
+        return 0
 
     from triton.testing import do_bench
 
-    from gpu_kernels import provenance
+    from rollbuf.bench.experiments._common import provenance
 
     @triton.jit
     def _copy(x, y, n, BLOCK: tl.constexpr):
@@ -176,6 +179,8 @@ def main():
     bad = [r_["estimator"] for r_ in rows if not r_["direct_launch_matches"]]
     print("direct launch wrote the same outputs as the JIT path" if not bad else f"DIRECT LAUNCH DIFFERS: {bad}")
 
+    return 0 if not bad else 1
+
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

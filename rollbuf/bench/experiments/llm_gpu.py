@@ -1,8 +1,8 @@
 """LLM-RL GAE on the GPU: verl's multi-turn token loop against rollbuf.llm; table last, CSV under $OUT.
 
-    ROLLBUF_COMMIT=$(git rev-parse --short HEAD) python benchmarks/llm_gpu.py [--sizes 8x8192,...]
+    python -m rollbuf.bench --experiment llm-gpu [--sizes 8x8192,...] [--out DIR]
 
-Same inputs as ``benchmarks/llm_cpu.py`` (multi-turn rows with tool spans and trailing padding,
+Same inputs as the ``llm-cpu`` experiment (multi-turn rows with tool spans and trailing padding,
 float32, γ = 1, λ = 0.95). Per size:
 
 * **loop (GPU)** / **loop (CPU)**: verl's multi-turn ``compute_gae_advantage_return`` loop as written
@@ -21,17 +21,14 @@ from __future__ import annotations
 import argparse
 import csv
 import os
-import sys
 import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_kernels import provenance  # noqa: E402
-from llm_cpu import make_batch, verl_multi_turn_gae  # noqa: E402
-
-from rollbuf import llm  # noqa: E402
-from rollbuf.bench.suite import time_cuda  # noqa: E402  (do_bench median; CUDA-graph device time)
+from rollbuf import llm
+from rollbuf.bench.experiments._common import provenance
+from rollbuf.bench.experiments.llm_cpu import make_batch, verl_multi_turn_gae
+from rollbuf.bench.suite import time_cuda  # do_bench median; CUDA-graph device time
 
 
 def wall(fn, reps=1):
@@ -45,14 +42,14 @@ def wall(fn, reps=1):
     return best
 
 
-def main():
+def main(argv=None):
     from triton.testing import do_bench
 
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(prog="python -m rollbuf.bench --experiment llm-gpu")
     ap.add_argument("--sizes", default="8x8192,64x32768,256x131072")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--no-cpu-loop", action="store_true")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     gamma, lam = 1.0, 0.95
     prov = dict(provenance(), cpus=os.cpu_count(), threads=torch.get_num_threads())
     rows = []
@@ -108,6 +105,8 @@ def main():
               f"| {q['bf16_device_us']:.0f} µs | {q['whiten_call_us']:.0f} µs | {q['packed_call_us']:.0f} µs "
               f"| {q['rollbuf_cpu_s'] * 1e3:.0f} ms | {q['max_abs_err']:.1e} |")
 
+    return 0
+
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -1,6 +1,6 @@
 """A/B of kernel variants on chosen benchmark cases, on a CUDA GPU.
 
-    ROLLBUF_COMMIT=$(git rev-parse --short HEAD) python benchmarks/ab.py --out DIR \\
+    python -m rollbuf.bench --experiment ab --out DIR \\
         --variants "new=,old=ROLLBUF_LIVE_LOADS=1" --cases gae:4096x128:mask,gae:256x1048576:mask
 
 Each variant is a set of environment variables (``NAME=VALUE`` joined by ``+``; empty = the
@@ -26,18 +26,9 @@ import sys
 
 
 def parse_cases(spec: str):
-    from rollbuf.bench.suite import Case
+    from rollbuf.bench.suite import parse_cases as parse
 
-    out = []
-    for item in spec.split(","):
-        parts = item.split(":")
-        name, shape = parts[0], parts[1]
-        mix = parts[2] if len(parts) > 2 else "term+trunc"
-        dtype = parts[3] if len(parts) > 3 else "float32"
-        layout = parts[4] if len(parts) > 4 else "env"
-        n, t = (int(x) for x in shape.lower().split("x"))
-        out.append(Case(name, n, t, dtype=dtype, mix=mix, layout=layout))
-    return out
+    return parse(spec)
 
 
 def parse_variants(spec: str):
@@ -51,8 +42,6 @@ def parse_variants(spec: str):
 
 def child(args):
     """Run the cases in this process (the variant's environment is already set)."""
-    if args.device == "cpu":
-        os.environ.setdefault("TRITON_INTERPRET", "1")
     import ast
 
     import rollbuf.kernels as K
@@ -71,9 +60,9 @@ def child(args):
         cases = [Case(c.estimator, 3, 37, dtype=c.dtype, mix=c.mix, layout=c.layout) for c in cases]
     copy_bw = None
     if args.device == "cuda":
-        from rollbuf.bench.__main__ import _copy_bandwidth
+        from rollbuf.bench.experiments._common import copy_bandwidth
 
-        copy_bw = _copy_bandwidth()
+        copy_bw = copy_bandwidth()
     rows = run_cases(cases, ["rollbuf-triton"], args.device, copy_bw=copy_bw)
     for line in compiled_kernels(K._COMPILED):  # registers and spills (GPU only)
         print(line, file=sys.stderr)
@@ -98,21 +87,24 @@ def compiled_kernels(cache: dict) -> list[str]:
     return out
 
 
-def main():
-    ap = argparse.ArgumentParser()
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m rollbuf.bench --experiment ab", description=__doc__.splitlines()[0])
     ap.add_argument("--cases", required=True, help="estimator:NxT[:mix[:dtype[:layout]]],...")
     ap.add_argument("--variants", default="default=", help="name=ENV=VAL+ENV=VAL,...")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.child:
         child(args)
-        return
+        return 0
     rows = []
     os.makedirs(args.out, exist_ok=True)
     for name, env in parse_variants(args.variants):
-        cmd = [sys.executable, os.path.abspath(__file__), "--child", "--cases", args.cases, "--device", args.device]
+        cmd = [sys.executable, "-m", "rollbuf.bench.experiments.ab", "--child", "--cases", args.cases,
+               "--device", args.device]
+        if args.device == "cpu":  # CPU tensors through backend="triton": the interpreter, set before import
+            env = dict(env, TRITON_INTERPRET="1")
         res = subprocess.run(cmd, env=dict(os.environ, **env), capture_output=True, text=True)
         if res.returncode != 0:
             print(res.stderr[-3000:])
@@ -150,9 +142,8 @@ def main():
         print(f"| {label} | " + " | ".join(cells + ratios) + " |")
     print(f"{len(bad)} rows not ok" + (": " + "; ".join(f"{r['variant']} {r['estimator']} {r['n']}x{r['t']} "
                                                      f"{r.get('status')} {r.get('note')}" for r in bad) if bad else ""))
-    if bad:
-        raise SystemExit(1)
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

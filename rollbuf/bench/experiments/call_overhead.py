@@ -1,6 +1,6 @@
 """Python time of one estimator call on the triton path, the kernel launch stubbed out (any machine).
 
-    python benchmarks/call_overhead.py [--profile]
+    python -m rollbuf.bench --experiment call-overhead [--profile] [--backward] [--device cuda]
 
 The full call at 4096 × 128 (PERF.md P2: ≤ 8 µs) is our Python (validation, the problem, the
 strategy, argument marshalling) plus Triton's launcher plus the kernel. This measures the first part
@@ -18,16 +18,14 @@ with the number of aten ops (each a kernel launch on a GPU) and of scan-kernel l
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # CPU tensors accepted by backend="triton"; never launched
+import torch
 
-import torch  # noqa: E402
+from rollbuf.bench.experiments._common import interpreted
 
-import rollbuf.kernels.scan as S  # noqa: E402
-from rollbuf import functional as F  # noqa: E402
+S = F = None  # rollbuf.kernels.scan and rollbuf.functional, imported under the interpreter by main()
 
 
 class _Stub:
@@ -131,16 +129,24 @@ def backward_table():
         print(f"| {name} | {timeit(fwd_bwd, 300) * 1e6:.0f} | {of.n} | {ob.n - len(outs)} | {n_launch} |")
 
 
-def main():
-    ap = argparse.ArgumentParser()
+def main(argv=None):
+    # CPU tensors accepted by backend="triton" (the launch itself is stubbed): the interpreter
+    rc = interpreted("rollbuf.bench.experiments.call_overhead", argv)
+    if rc is not None:
+        return rc
+    global S, F
+    import rollbuf.kernels.scan as S
+    from rollbuf import functional as F
+
+    ap = argparse.ArgumentParser(prog="python -m rollbuf.bench --experiment call-overhead")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--backward", action="store_true")
     ap.add_argument("--device", default="cpu", help="where the inputs live (cuda: our Python on the GPU host)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.backward:
         print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; launch stubbed, CPU tensors 4 x 8\n")
         backward_table()
-        return
+        return 0
     S.scan_kernel = _Stub()
     names = ["gae", "gae (no truncations, [N] bootstrap)", "gae (mask)", "vtrace"]
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; launch stubbed, {args.device} tensors "
@@ -158,6 +164,8 @@ def main():
         cProfile.runctx("for _ in range(5000): fn()", globals(), {"fn": fn}, "/tmp/rollbuf_call.prof")
         pstats.Stats("/tmp/rollbuf_call.prof").sort_stats("tottime").print_stats(18)
 
+    return 0
+
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

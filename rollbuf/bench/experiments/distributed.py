@@ -1,6 +1,6 @@
 """rollbuf.distributed: what the exchange costs next to the local work, per rank.
 
-    python benchmarks/distributed.py --world 2 [--n 16 --t 65536] [--estimator gae] [--nccl]
+    python -m rollbuf.bench --experiment distributed --world 2 [--n 16 --t 65536] [--estimator gae] [--nccl]
 
 Starts ``--world`` processes (gloo on the CPU, or NCCL with one GPU per rank), shards ``[n, t]``
 rows evenly in time, and reports, per rank (median of ``--iters`` calls, the slowest rank):
@@ -88,15 +88,15 @@ def _worker(rank, world, init, args, out):
     dist.destroy_process_group()
 
 
-def main():
-    ap = argparse.ArgumentParser()
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m rollbuf.bench --experiment distributed")
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--n", type=int, default=16)
     ap.add_argument("--t", type=int, default=65536)
     ap.add_argument("--estimator", choices=sorted(K), default="gae")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--nccl", action="store_true")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     import torch.multiprocessing as mp
 
     d = tempfile.mkdtemp()
@@ -109,6 +109,8 @@ def main():
     print(f"| {backend} | {args.world} | {args.estimator} | {args.n}x{args.t} | {payload} B/rank | "
           f"{ag * 1e6:.0f} µs | {local * 1e3:.2f} ms | {dist_ * 1e3:.2f} ms |")
 
+    return 0
+
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -1,6 +1,6 @@
 """The CPU path: the vectorised ``torch`` backend against the sequential reference loop.
 
-    python benchmarks/cpu_torch.py [--n 8 --t 32768] [--out results.csv]
+    python -m rollbuf.bench --experiment cpu-torch [--n 8 --t 32768] [--out results.csv]
 
 Each estimator on a random rollout with terminations, truncations and a bootstrapped window end;
 median of 5 calls of the torch backend, one call of the reference loop; relative L2 error between
@@ -28,13 +28,13 @@ PARAMS = {"gae": dict(gamma=0.99, lam=0.95), "lambda_returns": dict(gamma=0.99, 
           "eligibility_traces": dict(gamma=0.99, lam=0.95), "episodic_sums": {}}
 
 
-def main():
-    ap = argparse.ArgumentParser()
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m rollbuf.bench --experiment cpu-torch")
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--t", type=int, default=32768)
     ap.add_argument("--out", default=None)
     ap.add_argument("--threads", type=int, default=None)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     f = make_rollout(args.n, args.t, seed=0, p_terminated=0.01, p_truncated=0.01, p_masked=0.0)
@@ -70,6 +70,8 @@ def main():
     for r in rows:
         print(f"| {r['estimator']} | {r['torch_ms']:.1f} | {r['reference_ms']:.0f} | {r['speedup']:.1f}× | {r['rel_err']:.1e} |")
 
+    return 0
+
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -1,6 +1,6 @@
 """Backward (gradient) time next to the forward, on a CUDA GPU; table last, CSV under $OUT.
 
-    ROLLBUF_COMMIT=$(git rev-parse --short HEAD) python benchmarks/backward.py [--out DIR]
+    python -m rollbuf.bench --experiment backward [--out DIR] [--quick] [--device cpu]
 
 Per case (fp32, 1% terminations and 1% truncations, every floating input requiring grad):
 
@@ -25,14 +25,11 @@ from __future__ import annotations
 import argparse
 import csv
 import os
-import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_kernels import copy_bandwidth, make_inputs, provenance  # noqa: E402
-
-from rollbuf.testing import run_estimator  # noqa: E402
+from rollbuf.bench.experiments._common import copy_bandwidth, make_inputs, provenance
+from rollbuf.testing import run_estimator
 
 PARAMS = {"gae": dict(gamma=0.99, lam=0.95), "lambda_returns": dict(gamma=0.99, lam=0.95),
           "vtrace": dict(gamma=0.99), "retrace": dict(gamma=0.99, lam=0.95),
@@ -51,15 +48,28 @@ def fields(name, f):
                               "target_log_probs", "q_values")}
 
 
-def main():
-    from triton.testing import do_bench
-
-    ap = argparse.ArgumentParser()
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m rollbuf.bench --experiment backward")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run of the script's logic (kernel interpreted)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    if args.device == "cpu":  # tensors on the CPU through backend="triton": Triton's interpreter
+        from rollbuf.bench.experiments._common import interpreted
+
+        rc = interpreted("rollbuf.bench.experiments.backward", argv)
+        if rc is not None:
+            return rc
     dev = args.device
+    if dev == "cuda":
+        from triton.testing import do_bench
+    else:  # the dry run: one interpreted call each, not a measurement
+        def do_bench(fn, warmup=0, rep=0, return_mode="median"):
+            import time
+
+            t0 = time.perf_counter()
+            fn()
+            return (time.perf_counter() - t0) * 1e3
     prov = provenance() if dev == "cuda" else dict(device="cpu")
     bw = copy_bandwidth() if dev == "cuda" else float("nan")
     rows = []
@@ -134,6 +144,8 @@ def main():
               f"| {r['backward_us']:.1f} | {r['bwd_over_fwd']:.1f} | {r['backward_pct_copy']:.0f} "
               f"| {r['torch_fwd_bwd_us']:.1f} | {r['grad_rel_err']:.1e} |")
 
+    return 0
+
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -1,6 +1,6 @@
 """Where the time of one triton fwd+bwd call goes, on a CUDA GPU (host vs device, per op).
 
-    python benchmarks/profile_backward.py [--estimator gae] [--n 4096] [--t 128]
+    python -m rollbuf.bench --experiment profile-backward [--estimator gae] [--n 4096] [--t 128]
 
 Prints the host time of the call (no sync), the call with a sync, the CUDA-graph-free device time
 (``do_bench``), a ``torch.profiler`` table (top ops by self CPU time, with launches and syncs), and
@@ -11,29 +11,25 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import os
 import pstats
-import sys
 import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from backward import GRAD, PARAMS, fields  # noqa: E402
-from gpu_kernels import make_inputs  # noqa: E402
-
-from rollbuf.testing import run_estimator  # noqa: E402
+from rollbuf.bench.experiments._common import make_inputs
+from rollbuf.bench.experiments.backward import GRAD, PARAMS, fields
+from rollbuf.testing import run_estimator
 
 
-def main():
+def main(argv=None):
     from triton.testing import do_bench
 
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(prog="python -m rollbuf.bench --experiment profile-backward")
     ap.add_argument("--estimator", default="gae")
     ap.add_argument("--n", type=int, default=4096)
     ap.add_argument("--t", type=int, default=128)
     ap.add_argument("--device", default="cuda")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     name, dev = args.estimator, args.device
     f = fields(name, make_inputs(args.n, args.t, torch.float32, True, seed=1, device=dev))
     keys = GRAD[name]
@@ -76,6 +72,8 @@ def main():
     pr.disable()
     pstats.Stats(pr).sort_stats("tottime").print_stats(20)
 
+    return 0
+
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

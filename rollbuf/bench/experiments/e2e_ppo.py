@@ -1,7 +1,7 @@
 """End to end: one PPO update on a synthetic actor-critic, with the advantage step done the way
 CleanRL/SB3 do it (an eager loop over time) or by rollbuf, and the share of the update it takes.
 
-    python benchmarks/e2e_ppo.py [--envs 4096 --steps 128 --hidden 64,1024] [--device cuda]
+    python -m rollbuf.bench --experiment e2e-ppo [--envs 4096 --steps 128 --hidden 64,1024] [--device cuda]
 
 An update = values of the whole buffer (no grad), the advantage step, then ``epochs`` passes of
 minibatch forward/backward/step of a two-headed MLP. Amdahl: the end-to-end speedup is bounded by
@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from rollbuf import functional as F
-from rollbuf.bench.competitors import gae_loop
+from rollbuf.oracles import gae_loop
 
 
 def _sync(device):
@@ -68,8 +68,8 @@ def update(model, opt, batch, advantage_fn, epochs=4, minibatches=4, device="cpu
     return t3 - t0, t2 - t1
 
 
-def main():
-    ap = argparse.ArgumentParser()
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m rollbuf.bench --experiment e2e-ppo")
     ap.add_argument("--envs", type=int, default=4096)
     ap.add_argument("--steps", type=int, default=128)
     ap.add_argument("--hidden", default="64,1024")
@@ -77,7 +77,7 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--out", default=None)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     dev, N, T = args.device, args.envs, args.steps
     g = torch.Generator(device="cpu").manual_seed(0)
     obs = torch.randn(N, T, args.obs_dim, generator=g).to(dev)
@@ -135,6 +135,8 @@ def main():
               f"{r['rollbuf_update_s'] * 1e3:.0f} ms | {r['rollbuf_adv_share']:.1%} | {r['e2e_speedup']:.2f}× | "
               f"{r['amdahl_bound']:.2f}× |")
 
+    return 0
+
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -1,6 +1,6 @@
 """Peak extra device memory of one call (target P4: the outputs, nothing else).
 
-    ROLLBUF_COMMIT=$(git rev-parse --short HEAD) python benchmarks/memory.py [--out DIR]
+    python -m rollbuf.bench --experiment memory [--out DIR] [--device cpu]
 
 For each case (every strategy: tiles of short rows, rows walked in chunks, rows split across
 programs with the look-back chain, a single row in three passes, time-major tiles and time-major
@@ -67,13 +67,20 @@ def measure(case: Case, device: str) -> dict:
     return row
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m rollbuf.bench --experiment memory",
+                                 description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--device", default="cuda", help="cuda, or cpu for a dry run at 3 x 37 (Triton's interpreter)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    if args.device == "cpu":  # tensors on the CPU through backend="triton": Triton's interpreter
+        from rollbuf.bench.experiments._common import interpreted
+
+        rc = interpreted("rollbuf.bench.experiments.memory", argv)
+        if rc is not None:
+            return rc
     if args.device != "cpu" and not torch.cuda.is_available():
-        raise SystemExit("benchmarks/memory.py measures device memory: it needs a CUDA GPU (or --device cpu)")
+        raise SystemExit("the memory experiment measures device memory: it needs a CUDA GPU (or --device cpu)")
     prov = provenance(args.device)
     dry = args.device == "cpu"
     rows = [dict(measure(Case(e, 3 if dry else n, 37 if dry else t, mix=m, layout=lay), args.device), **prov)

@@ -1,7 +1,7 @@
 """LLM-RL GAE on the CPU: verl's multi-turn token loop against rollbuf.llm (``torch`` backend).
 
-    python benchmarks/llm_cpu.py [--sizes 8x8192,64x32768,256x131072] [--budget 60]
-                                 [--out benchmarks/results/llm_cpu.csv]
+    python -m rollbuf.bench --experiment llm-cpu [--sizes 8x8192,64x32768,256x131072] [--budget 60]
+                                                 [--out benchmarks/results/llm_cpu.csv]
 
 Inputs: ``[B, T]`` float32 multi-turn rows: model turns and tool spans of random lengths (about 64
 tokens on average), trailing padding after a random response length, finite values at masked tokens
@@ -37,7 +37,8 @@ import time
 import torch
 
 from rollbuf import llm
-from rollbuf.bench.competitors import verl_multi_turn_gae as _verl_loop
+from rollbuf.bench.experiments._common import RESULTS
+from rollbuf.oracles import verl_multi_turn_gae as _verl_loop
 
 
 def verl_multi_turn_gae(token_level_rewards, values, response_mask, gamma, lam):
@@ -79,14 +80,14 @@ def git_commit():
         return "unknown"
 
 
-def main():
-    ap = argparse.ArgumentParser()
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m rollbuf.bench --experiment llm-cpu")
     ap.add_argument("--sizes", default="8x8192,64x32768,256x131072")
     ap.add_argument("--budget", type=float, default=60.0, help="seconds allowed for one size")
     ap.add_argument("--gamma", type=float, default=1.0)
     ap.add_argument("--lam", type=float, default=0.95)
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "llm_cpu.csv"))
-    args = ap.parse_args()
+    ap.add_argument("--out", default=str(RESULTS / "llm_cpu.csv"))
+    args = ap.parse_args(argv)
     sizes = [tuple(int(x) for x in s.split("x")) for s in args.sizes.split(",")]
     gamma, lam = args.gamma, args.lam
     prov = dict(commit=git_commit(), date=_dt.date.today().isoformat(), threads=torch.get_num_threads(),
@@ -161,6 +162,8 @@ def main():
               f"| {r_['speedup']:.0f}× | {r_['packed_s'] * 1e3:.1f} ms | {r_['packed_speedup']:.0f}× "
               f"| {r_['whiten_s'] * 1e3:.1f} ms | {r_['max_abs_err']:.1e} |")
 
+    return 0
+
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
