@@ -120,13 +120,19 @@ def test_imports_inside_functions_have_a_reason(path):
     assert not extra, f"imports inside functions without a listed reason: {sorted(extra)}"
 
 
+# Modules that may spell estimator names out: the two independent oracles (their per-estimator
+# functions are the point: they share nothing with the registry's path) and the benchmark
+# experiments, each of which times a chosen subset.
+_OWN_LISTS = ("estimators.py", "reference.py", "oracles.py")
+
+
 def test_the_estimator_list_exists_once():
     """No module but the registry spells out the built-in estimator names as a list or a dict."""
     names = ("gae", "lambda_returns", "discounted_returns", "vtrace", "retrace", "eligibility_traces",
              "episodic_sums")
     offenders = []
     for f in FILES:
-        if f.name == "estimators.py":
+        if f.name in _OWN_LISTS or f.is_relative_to(PKG / "bench" / "experiments"):
             continue
         tree = ast.parse(f.read_text(), str(f))
         skip = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Assign)

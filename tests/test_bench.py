@@ -144,7 +144,7 @@ def test_redo_runs_only_failed_cases_and_later_csvs_replace_rows(tmp_path):
     assert [(r["estimator"], r["n"], r["t"], r["mix"]) for r in redo] == [
         (rows[0]["estimator"], rows[0]["n"], rows[0]["t"], rows[0]["mix"])]
     assert redo[0]["status"] == "ok"
-    merged_rows = cli._read_csv([str(first / "results.csv"), str(again / "results.csv")])
+    merged_rows = cli.read_csv([str(first / "results.csv"), str(again / "results.csv")])
     assert len(merged_rows) == len(rows) and all(r["status"] == "ok" for r in merged_rows)
 
 

@@ -198,7 +198,7 @@ def _plots(rows, ours, out, gpu):
     return files
 
 
-def _read_csv(paths):
+def read_csv(paths):
     """The rows of ``paths``, one per (case, implementation): a row of a later file replaces one of an
     earlier file (a case run again), except that a ``skipped`` row (budget) never replaces a result."""
     rows: dict[tuple, dict] = {}
@@ -267,7 +267,7 @@ def main(argv=None):
     gpu = torch.cuda.is_available()
     os.makedirs(args.out, exist_ok=True)
     if args.from_csv:
-        rows = _read_csv(args.from_csv)
+        rows = read_csv(args.from_csv)
         gpu = any(r.get("device_us") is not None for r in rows)
         ours = "rollbuf-triton" if any(r["impl"] == "rollbuf-triton" for r in rows) else "rollbuf-torch"
         bw = None
@@ -299,10 +299,10 @@ def main(argv=None):
             i, k = (int(x) for x in args.part.split("/"))
             cases = part(cases, i, k)
         if args.redo:
-            again = {row_key(r) for r in _read_csv(args.redo) if r.get("status") in ("wrong", "error")}
+            again = {row_key(r) for r in read_csv(args.redo) if r.get("status") in ("wrong", "error")}
             cases = [c for c in cases if c.key in again]
         if args.skip_done:
-            done = {row_key(r) for r in _read_csv(args.skip_done)
+            done = {row_key(r) for r in read_csv(args.skip_done)
                     if r["impl"] == ours and r.get("status") == "ok"}
             cases = [c for c in cases if c.key not in done]
         bw = _copy_bandwidth() if gpu else None
@@ -341,7 +341,7 @@ def main(argv=None):
     for f in _plots(rows, ours, args.out, gpu):
         print("wrote", f)
     if args.compare:
-        slower = compare(rows, _read_csv([args.compare]), ours)
+        slower = compare(rows, read_csv([args.compare]), ours)
         print(f"{len(slower)} case(s) of {ours} slower than {args.compare} beyond the measured spread")
         for s in slower:
             print(f"  {s['case']}: {s['old_us']:.1f} -> {s['new_us']:.1f} µs ({s['ratio']:.2f}x on the {s['clock']}, "

@@ -37,6 +37,8 @@ from typing import Callable
 
 import torch
 
+from rollbuf.estimators import REGISTRY
+
 from rollbuf.oracles import gae_doubling, gae_loop
 from rollbuf.testing import run_estimator
 
@@ -249,7 +251,7 @@ def _rl_triton_prepare(name, f, params):
     T = f["rewards"].shape[-1]
     if f["rewards"].dim() != 2:
         raise Unsupported("[N, T] inputs only")
-    if name in ("advantages", "vtrace", "lambda_returns", "discounted_returns", "monte_carlo_returns", "retrace"):
+    if REGISTRY[name].direction == "backward":
         _f32(f, ("rewards", "values", "log_probs", "target_log_probs", "q_values", "bootstrap_values"))
     else:
         _f32(f, ("rewards",))

@@ -23,19 +23,21 @@ import attrs
 import torch
 
 from rollbuf import oracles
+from rollbuf.estimators import REGISTRY
+from rollbuf.problem import Family
 from rollbuf.bench.competitors import COMPETITORS, Unsupported, bind
 from rollbuf.testing import make_rollout, window_end_index
 
 L2_BYTES = 60 * 2**20  # H200
 
-PARAMS = {
-    "gae": dict(gamma=0.99, lam=0.95), "advantages": dict(gamma=0.99, lam=0.95),
-    "lambda_returns": dict(gamma=0.99, lam=0.95),
-    "discounted_returns": dict(gamma=0.99), "monte_carlo_returns": dict(gamma=0.99),
-    "vtrace": dict(gamma=0.99), "retrace": dict(gamma=0.99, lam=0.95),
-    "eligibility_traces": dict(gamma=0.99, lam=0.95), "episodic_sums": {},
-}
-ESTIMATORS = tuple(e for e in PARAMS if e != "advantages")  # the scoreboard grids' estimators
+#: The parameter values every case runs with: γ = 0.99 and λ = 0.95 wherever the estimator has
+#: them, except V-trace's λ, which stays 1 (IMPALA's V-trace, as the peers implement it); the other
+#: parameters at their defaults. Read from the estimator registry.
+BENCH_VALUES = {"gamma": 0.99, "lam": 0.95}
+PARAMS = {name: {p.name: BENCH_VALUES[p.name] for p in e.params
+                 if p.name in BENCH_VALUES and not (e.family == Family.VTRACE and p.name == "lam")}
+          for name, e in REGISTRY.items()}
+ESTIMATORS = tuple(n for n, e in REGISTRY.items() if e.docs is not None)  # the scoreboard grids' (not `advantages`)
 #: Boundary mixes: (p_terminated, p_truncated, p_masked). ``p_truncated = None``: no truncated
 #: tensor at all and ``bootstrap_values`` given as the ``[N]`` window-end column (how trainers with
 #: terminations only call it: CleanRL/SB3, rl-triton's ``last_value``).
@@ -52,17 +54,9 @@ MIXES = {
 #: every semantic error from rounding (the smallest wrong one, 3.8e-2, is below it): the fp32 rerun
 #: of every bf16 case, at 1e-4, decides semantics.
 TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-4, torch.bfloat16: 5e-2, torch.float16: 1e-2}
-_READS = {  # fields each estimator reads (for bytes moved)
-    "gae": ("rewards", "values", "terminated", "truncated", "mask"),
-    "advantages": ("rewards", "values", "terminated", "truncated", "mask"),
-    "lambda_returns": ("rewards", "values", "terminated", "truncated", "mask"),
-    "discounted_returns": ("rewards", "terminated", "truncated", "mask"),
-    "monte_carlo_returns": ("rewards", "terminated", "truncated", "mask"),
-    "vtrace": ("rewards", "values", "terminated", "truncated", "mask", "log_probs", "target_log_probs"),
-    "retrace": ("rewards", "values", "terminated", "truncated", "mask", "log_probs", "target_log_probs",
-                "q_values"),
-    "eligibility_traces": ("rewards", "terminated", "truncated", "mask"),
-    "episodic_sums": ("rewards", "terminated", "truncated", "mask"),
+_READS = {  # per-step fields each estimator reads (for bytes moved; x is the rollout's rewards here)
+    name: tuple("rewards" if f.name == "x" else f.name for f in e.fields if f.read and f.kind != "bootstrap")
+    for name, e in REGISTRY.items()
 }
 
 
@@ -104,8 +98,7 @@ LLM = [(8, 8192), (64, 32768), (256, 131072)]
 PEER_SHAPES = ([(n, t) for t in (128, 512, 1024, 2048, 4096) for n in (128, 512, 2048, 8192)]
                + [(n, t) for t in (8, 16, 32, 64, 128) for n in (4096, 8192, 16384, 32768)]
                + [(256, 131072), (1, 1048576), (16384, 4096)])
-PEER_ESTIMATORS = ("advantages", "vtrace", "lambda_returns", "discounted_returns", "monte_carlo_returns",
-                   "retrace", "eligibility_traces", "episodic_sums")
+PEER_ESTIMATORS = tuple(n for n in REGISTRY if n != "gae")  # rl-triton's GAE writes advantages only
 GRIDS: dict[str, list[Case]] = {
     "cpu-smoke": _grid(ESTIMATORS, [(16, 64), (2, 1000)], mixes=("term+trunc", "mask"))
     + _grid(["gae"], [(64, 128)], mixes=("none", "term", "term+trunc"))

@@ -18,14 +18,11 @@ import time
 import torch
 
 
+from rollbuf.bench import suite  # noqa: E402
 from rollbuf.testing import make_rollout, run_estimator  # noqa: E402
 
-ESTIMATORS = ["gae", "lambda_returns", "discounted_returns", "monte_carlo_returns", "vtrace", "retrace",
-              "eligibility_traces", "episodic_sums"]
-PARAMS = {"gae": dict(gamma=0.99, lam=0.95), "lambda_returns": dict(gamma=0.99, lam=0.95),
-          "discounted_returns": dict(gamma=0.99), "monte_carlo_returns": dict(gamma=0.99),
-          "vtrace": dict(gamma=0.99), "retrace": dict(gamma=0.99, lam=0.95),
-          "eligibility_traces": dict(gamma=0.99, lam=0.95), "episodic_sums": {}}
+ESTIMATORS = suite.ESTIMATORS
+PARAMS = suite.PARAMS
 
 
 def main(argv=None):

@@ -41,11 +41,11 @@ def default_csvs():
 
 
 def table(paths) -> str:
-    from rollbuf.bench.__main__ import _read_csv
+    from rollbuf.bench.__main__ import read_csv
     from rollbuf.bench.suite import LONG, MEDIUM, SHORT
     from rollbuf.kernels import FAMILY_MAX_CHUNK, strategy
 
-    rows = [r for r in _read_csv(paths) if r["impl"] == "rollbuf-triton" and r.get("status") == "ok"
+    rows = [r for r in read_csv(paths) if r["impl"] == "rollbuf-triton" and r.get("status") == "ok"
             and (r.get("layout") or "env") == "env" and r["mix"] in ("term", "term+trunc")]
     by = {}
     for r in rows:
@@ -91,9 +91,9 @@ def table(paths) -> str:
 
 
 def cliff_table(paths) -> str:
-    from rollbuf.bench.__main__ import _read_csv
+    from rollbuf.bench.__main__ import read_csv
 
-    rows = [r for r in _read_csv(paths) if r["impl"] == "rollbuf-triton" and r.get("status") == "ok"
+    rows = [r for r in read_csv(paths) if r["impl"] == "rollbuf-triton" and r.get("status") == "ok"
             and (r.get("layout") or "env") == "env" and r["mix"] == "term+trunc" and r["dtype"] == "float32"
             and int(r["n"]) * int(r["t"]) >= 2**22]
     ts = sorted({int(r["t"]) for r in rows})
