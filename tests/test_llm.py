@@ -1,4 +1,4 @@
-"""rollbuf.llm against plain loops that follow verl's multi-turn semantics.
+"""rollbuf.integrations.llm against plain loops that follow verl's multi-turn semantics.
 
 The oracles are written here from verl's loop (``verl/trainer/ppo/core_algos.py``,
 ``compute_gae_advantage_return``): t from T−1 down, ``delta = r_t + γ·nextvalues − V_t``,
@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import rollbuf.functional as F
-from rollbuf import llm
+from rollbuf.integrations import llm
 from rollbuf.bench.competitors import verl_multi_turn_gae
 
 ROOT = Path(__file__).resolve().parents[1]
