@@ -512,7 +512,7 @@ WORKED = dict(
 
 
 def render_worked_example() -> str:
-    """The tables of docs/llm.md's worked example, computed by rollbuf.llm."""
+    """The tables of docs/llm.md's worked example, computed by rollbuf.integrations.llm."""
     w = WORKED
     r = torch.tensor([w["rewards"]], dtype=torch.float64)
     v = torch.tensor([w["values"]], dtype=torch.float64)
@@ -543,7 +543,7 @@ def render_worked_example() -> str:
         "| `token_level_rewards` | " + " | ".join(f"{x:g}" for x in w["rewards"]) + " |",
         "| `values` | " + " | ".join(f"{x:g}" for x in w["values"]) + " |",
         "",
-        "Outputs (`rollbuf.llm.compute_gae_advantage_return`, float64):",
+        "Outputs (`rollbuf.integrations.llm.compute_gae_advantage_return`, float64):",
         "",
         head,
         sep,
