@@ -83,7 +83,8 @@ def main(argv=None):
                    help="comma-separated TxN shapes (buffer_size x n_envs)")
     p.add_argument("--warmup", type=int, default=3, help="untimed calls first")
     p.add_argument("--repeats", type=int, default=30, help="timed calls (the median is shown)")
-    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch.set_num_threads (SB3's loop is single-threaded NumPy; 0 = torch's default)")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)

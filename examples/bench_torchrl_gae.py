@@ -80,14 +80,18 @@ def main(argv=None):
     p.add_argument("--estimators", default="GAE,TDLambdaEstimator", help="comma-separated class names")
     p.add_argument("--warmup", type=int, default=3, help="untimed calls first")
     p.add_argument("--repeats", type=int, default=20, help="timed calls (the median is shown)")
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     import torchrl
     from torchrl.objectives import value as tv
 
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
     print(f"device: {device} ({name}); torch {torch.__version__}, torchrl {torchrl.__version__}, "
-          f"rollbuf {rollbuf.__version__} at commit {commit()}; float32, value_network=None")
+          f"rollbuf {rollbuf.__version__} at commit {commit()}; float32, value_network=None, "
+          f"torch threads {torch.get_num_threads()}")
     print(f"full module call against full call, median of {args.repeats} after {args.warmup} warm-up calls\n")
     print("| estimator | N × T | TorchRL | rollbuf drop-in | speedup | max abs diff (advantage) |")
     print("|---|---|---|---|---|---|")
