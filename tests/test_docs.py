@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import inspect
 import re
@@ -416,3 +417,18 @@ def test_docs_cite_nothing_outside_the_repository(page):
     text = page.read_text(encoding="utf-8")
     for name in ("SPEC", "PERF.md", "STYLE.md"):
         assert name not in text, f"{_page_id(page)} cites {name}, which is not in the repository"
+
+
+@pytest.mark.parametrize("module", ["gym", "llm", "torchrl", "sb3"])
+def test_integrations_documented(api, module):
+    """Every public name of rollbuf.integrations.* is in docs/api.md, functions with their signature."""
+    if module in ("torchrl", "sb3"):
+        pytest.importorskip({"torchrl": "torchrl", "sb3": "stable_baselines3"}[module])
+    mod = importlib.import_module(f"rollbuf.integrations.{module}")
+    assert f"rollbuf.integrations.{module}" in api
+    for name in mod.__all__:
+        assert re.search(rf"\b{re.escape(name)}\b", api), f"rollbuf.integrations.{module}.{name} is not in docs/api.md"
+        obj = getattr(mod, name)
+        if inspect.isfunction(obj):
+            sig = name + _signature(obj, annotations=False)
+            assert _norm(sig) in _norm(api), f"docs/api.md must show the signature {sig}"

@@ -56,3 +56,22 @@ def test_ci_has_the_third_party_oracles():
 
     import rollbuf.integrations.sb3  # noqa: F401
     import rollbuf.integrations.torchrl  # noqa: F401
+
+
+def _tensordict_before_0_15():
+    import tensordict
+
+    major, minor = (int(x) for x in tensordict.__version__.split(".")[:2])
+    return (major, minor) < (0, 15)
+
+
+@pytest.mark.xfail(
+    _tensordict_before_0_15(), strict=True,
+    reason="tensordict 0.14's @tensorclass overwrites the class docstring with the signature "
+    "(tensordict/tensorclass.py: cls.__doc__ = f'{cls.__name__}{inspect.signature(cls)}'); torchrl 0.14 "
+    "needs tensordict <0.15, so rollbuf/rollout.py should set Rollout.__doc__ again after the decorator",
+)
+def test_rollout_keeps_its_docstring():
+    from rollbuf import Rollout
+
+    assert Rollout.__doc__ and Rollout.__doc__.startswith("A window of"), Rollout.__doc__[:120]
