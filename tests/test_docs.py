@@ -432,3 +432,51 @@ def test_integrations_documented(api, module):
         if inspect.isfunction(obj):
             sig = name + _signature(obj, annotations=False)
             assert _norm(sig) in _norm(api), f"docs/api.md must show the signature {sig}"
+
+
+# ------------------------------------------------------- torch.compile, as performance.md recommends
+
+_LRU_REASON = ("rollbuf/functional.py:283: _resolve_backend calls _triton_available, wrapped in "
+               "functools.cache, and Dynamo warns about every lru_cache-wrapped call it traces")
+
+
+def _compile_params():
+    import torch
+
+    gpu = torch.cuda.is_available()
+    return [
+        pytest.param("auto", marks=[pytest.mark.xfail(strict=True, reason=_LRU_REASON)] if gpu else []),
+        pytest.param("triton", marks=[pytest.mark.xfail(strict=True, reason=_LRU_REASON)]),
+    ]
+
+
+@pytest.mark.parametrize("backend", _compile_params())
+def test_no_warning_from_rollbuf_under_torch_compile(backend):
+    """A training step that calls ``rollout.gae`` compiles with ``fullgraph=True`` and rollbuf's own
+    code raises no warning (torch's and Triton's own warnings are not rollbuf's to fix).
+    ``backend="triton"`` runs the kernels under Triton's interpreter on a CPU."""
+    import warnings
+
+    import torch
+    import torch._dynamo.utils
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.warn_once_cache.clear()  # Dynamo warns once per process per message
+    g = torch.Generator().manual_seed(0)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    r, v, b = (torch.randn(3, 7, generator=g).to(device) for _ in range(3))
+
+    def step(rewards, values, bootstrap_values):
+        ro = Rollout(rewards=rewards, values=values, terminated=torch.zeros_like(rewards, dtype=torch.bool),
+                     bootstrap_values=bootstrap_values, batch_size=list(rewards.shape))
+        adv, ret = ro.gae(0.99, 0.95, backend=backend)
+        return (adv - adv.mean()) / (adv.std() + 1e-8), ret
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        adv, ret = torch.compile(step, fullgraph=True)(r, v, b)
+    want = F.gae(0.99, 0.95, rewards=r, values=v, bootstrap_values=b, backend="torch")
+    torch.testing.assert_close(ret, want.returns)
+    here = str(ROOT / "rollbuf")
+    ours = [f"{w.filename}:{w.lineno}: {w.message}" for w in caught if here in w.filename or here in str(w.message)]
+    assert not ours, "rollbuf's own code warns under torch.compile:\n" + "\n".join(ours)
