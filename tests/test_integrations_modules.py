@@ -8,23 +8,25 @@ from __future__ import annotations
 
 import importlib
 import os
+import subprocess
 import sys
 import warnings
 
 import pytest
 
 
-def _fresh_import(name):
-    sys.modules.pop(name, None)
+def _fresh_import(name, monkeypatch):
+    """Import ``name`` anew (its warning fires at import); sys.modules is restored afterwards."""
+    monkeypatch.delitem(sys.modules, name, raising=False)
     return importlib.import_module(name)
 
 
 @pytest.mark.parametrize("old,new", [("rollbuf.gym", "rollbuf.integrations.gym"),
                                      ("rollbuf.llm", "rollbuf.integrations.llm")])
-def test_old_path_warns_and_aliases(old, new):
+def test_old_path_warns_and_aliases(old, new, monkeypatch):
     module = importlib.import_module(new)
     with pytest.warns(DeprecationWarning, match=f"{old} has moved to {new}"):
-        alias = _fresh_import(old)
+        alias = _fresh_import(old, monkeypatch)
     assert alias.__all__ == module.__all__
     for name in module.__all__:
         assert getattr(alias, name) is getattr(module, name)
@@ -41,10 +43,11 @@ def test_old_path_warns_and_aliases(old, new):
 
 
 def test_new_paths_do_not_warn():
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", DeprecationWarning)
-        for name in ("rollbuf.integrations", "rollbuf.integrations.gym", "rollbuf.integrations.llm"):
-            _fresh_import(name)
+    """In a fresh interpreter, with DeprecationWarning an error."""
+    code = "import rollbuf.integrations, rollbuf.integrations.gym, rollbuf.integrations.llm"
+    res = subprocess.run([sys.executable, "-W", "error::DeprecationWarning", "-c", code], capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
 
 
 @pytest.mark.skipif(os.environ.get("CI") != "true", reason="CI only: a developer may run without them")
