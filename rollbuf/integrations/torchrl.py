@@ -7,7 +7,8 @@ names, the same call (``module(tensordict)`` or ``module(tensordict, params=...,
 and writes the same entries (``"advantage"``, ``"value_target"``). It runs the value network exactly
 as TorchRL does (TorchRL's own code is inherited); only the recursion over time is replaced by one
 call of :mod:`rollbuf.functional` (``backend="auto"``: the fused kernel on CUDA, the vectorised
-scan on the CPU), with no Python loop over time and no device synchronisation. A TorchRL loss takes
+scan on the CPU), with no Python loop over time and no device synchronisation per call (the
+``gamma``/``lmbda`` buffers are read once, and again only when they change). A TorchRL loss takes
 them like its own estimators::
 
     from rollbuf.integrations.torchrl import GAE
@@ -32,14 +33,16 @@ model (docs/howto/torchrl.md has the full list):
   trace is cut). A missing ``terminated`` entry means every ``done`` is terminal, as in TorchRL.
   A step flagged ``terminated`` but not ``done`` does not occur in TorchRL's data; rollbuf treats
   it as done.
-* TorchRL stores ``gamma`` and ``lmbda`` as float32 buffers; the value used is the buffer's, so
-  float64 data give TorchRL's float64 numbers.
+* TorchRL stores ``gamma`` and ``lmbda`` as float32 buffers and its GAE multiplies them in float32;
+  the values used are the buffers' (and that float32 ``γλ``), so float64 data give TorchRL's
+  float64 numbers.
 * ``time_dim`` and trailing feature dims (``[*B, T, *F]``, ``F`` usually 1) are moved to rollbuf's
   ``[*B, *F, T]`` layout as views.
 
 Not supported (a ``ValueError`` names the cause): ``steps_to_next_obs`` (a per-step γ from
 multi-step returns) and a ``gamma``/``lmbda`` with more than one element. TorchRL's ``vectorized``
-and ``deactivate_vmap`` keep their meaning for the value network call only.
+has no effect (there is one implementation); ``deactivate_vmap`` keeps its meaning for the value
+network call.
 """
 
 from __future__ import annotations
