@@ -2,8 +2,13 @@
 
     pip install -e ".[examples]" && python examples/ppo_cartpole.py
 
+Outputs go to ``runs/ppo_cartpole/`` (git-ignored) unless ``--out`` says otherwise. The learning
+curve committed in ``docs/img/`` is regenerated, from the repository root, by
+
+    python examples/ppo_cartpole.py --out docs/img
+
 The rollout is a ``rollbuf.Rollout`` filled step by step with ``record`` while collecting from a
-Gymnasium vector env; ``rollbuf.gym.StepConverter`` turns each ``envs.step`` result into the
+Gymnasium vector env; ``rollbuf.integrations.gym.StepConverter`` turns each ``envs.step`` result into the
 ``record`` arguments: terminated and truncated apart, and ``bootstrap_values = V(final observation)``
 where CartPole's 500-step time limit truncates an episode, for both autoreset modes
 (``--autoreset-mode next-step``, Gymnasium 1.x's default, where the step after an episode end is the
@@ -13,8 +18,9 @@ advantages are ``rollout.gae(gamma, lam)``.
 
 Training stops as soon as the mean episodic return of the last ``--window`` finished episodes
 reaches ``--target`` (exit code 0), or fails after ``--total-timesteps`` env steps (exit code 1).
-A learning-curve plot goes to ``--plot`` and a CSV of every finished episode (global step,
-episodic return, running mean) to ``--log``.
+A learning-curve plot (``ppo_cartpole.png``) and a CSV of every finished episode (global step,
+episodic return, running mean; ``ppo_cartpole_log.csv``) go to ``--out``; ``--plot`` / ``--log``
+name either file elsewhere ('' = do not write it).
 """
 
 from __future__ import annotations
@@ -35,37 +41,56 @@ from torch.distributions import Categorical
 from tqdm import tqdm
 
 from rollbuf import Rollout
-from rollbuf.gym import StepConverter
+from rollbuf.integrations.gym import StepConverter
+
+
+class _Help(argparse.HelpFormatter):
+    """Every option that takes a value shows its default; a flag's help says what it does."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if action.nargs == 0 or action.default in (None, argparse.SUPPRESS) or "default:" in text:
+            return text
+        return f"{text} (default: %(default)s)".strip()
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--env-id", default="CartPole-v1")
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--num-envs", type=int, default=8)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=_Help)
+    p.add_argument("--env-id", default="CartPole-v1", help="Gymnasium env id")
+    p.add_argument("--seed", type=int, default=1, help="seed of torch, numpy and the envs")
+    p.add_argument("--num-envs", type=int, default=8, help="envs of the synchronous vector env")
     p.add_argument("--num-steps", type=int, default=128, help="steps per env per rollout window")
     p.add_argument("--total-timesteps", type=int, default=500_000, help="env-step budget")
-    p.add_argument("--lr", type=float, default=2.5e-3)
+    p.add_argument("--lr", type=float, default=2.5e-3, help="Adam learning rate")
     p.add_argument("--no-anneal-lr", dest="anneal_lr", action="store_false",
-                   help="keep the learning rate constant instead of annealing it to 0 over the budget")
-    p.add_argument("--gamma", type=float, default=0.99)
-    p.add_argument("--gae-lambda", type=float, default=0.95)
-    p.add_argument("--update-epochs", type=int, default=4)
-    p.add_argument("--num-minibatches", type=int, default=4)
-    p.add_argument("--clip-coef", type=float, default=0.2)
-    p.add_argument("--ent-coef", type=float, default=0.01)
-    p.add_argument("--vf-coef", type=float, default=0.5)
-    p.add_argument("--max-grad-norm", type=float, default=0.5)
-    p.add_argument("--hidden", type=int, default=64)
-    p.add_argument("--autoreset-mode", choices=["next-step", "same-step"], default="next-step")
+                   help="keep the learning rate constant (without this flag it is annealed linearly to 0 "
+                        "over the budget)")
+    p.add_argument("--gamma", type=float, default=0.99, help="discount γ")
+    p.add_argument("--gae-lambda", type=float, default=0.95, help="GAE λ")
+    p.add_argument("--update-epochs", type=int, default=4, help="PPO epochs per window")
+    p.add_argument("--num-minibatches", type=int, default=4, help="minibatches per epoch")
+    p.add_argument("--clip-coef", type=float, default=0.2, help="PPO ratio and value clipping")
+    p.add_argument("--ent-coef", type=float, default=0.01, help="entropy bonus weight")
+    p.add_argument("--vf-coef", type=float, default=0.5, help="value loss weight")
+    p.add_argument("--max-grad-norm", type=float, default=0.5, help="gradient clipping norm")
+    p.add_argument("--hidden", type=int, default=64, help="hidden units of the actor and the critic")
+    p.add_argument("--autoreset-mode", choices=["next-step", "same-step"], default="next-step",
+                   help="Gymnasium vector-env autoreset mode")
     p.add_argument("--target", type=float, default=475.0, help="mean episodic return to reach")
     p.add_argument("--window", type=int, default=20, help="finished episodes averaged for --target")
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
-    p.add_argument("--plot", default="docs/img/ppo_cartpole.png", help="learning-curve PNG ('' = none)")
-    p.add_argument("--log", default="docs/img/ppo_cartpole_log.csv", help="CSV of finished episodes ('' = none)")
-    p.add_argument("--no-progress", dest="progress", action="store_false", help="no tqdm bar")
-    return p.parse_args(argv)
+    p.add_argument("--out", default=os.path.join("runs", "ppo_cartpole"),
+                   help="folder for ppo_cartpole.png and ppo_cartpole_log.csv (created if missing)")
+    p.add_argument("--plot", default=None, help="learning-curve PNG ('' = none; default: OUT/ppo_cartpole.png)")
+    p.add_argument("--log", default=None, help="CSV of finished episodes ('' = none; default: OUT/ppo_cartpole_log.csv)")
+    p.add_argument("--no-progress", dest="progress", action="store_false",
+                   help="hide the tqdm progress bar (shown without this flag)")
+    args = p.parse_args(argv)
+    if args.plot is None:
+        args.plot = os.path.join(args.out, "ppo_cartpole.png")
+    if args.log is None:
+        args.log = os.path.join(args.out, "ppo_cartpole_log.csv")
+    return args
 
 
 def layer(i, o, std=np.sqrt(2), bias=0.0):

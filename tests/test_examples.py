@@ -28,3 +28,54 @@ def test_ppo_cartpole_reaches_475(tmp_path):
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     assert "reached mean return 475" in res.stdout
     assert (tmp_path / "c.png").exists() and (tmp_path / "c.csv").exists()
+
+
+def test_ppo_cartpole_writes_to_runs_by_default(tmp_path):
+    """Started from any directory, the example writes under ./runs/ppo_cartpole (git-ignored), never
+    a docs/img/ of the current directory; --out moves both files."""
+    pytest.importorskip("gymnasium")
+    script = ROOT / "examples" / "ppo_cartpole.py"
+    args = [sys.executable, str(script), "--total-timesteps", "1024", "--no-progress"]
+    res = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 1, res.stdout[-2000:] + res.stderr[-2000:]  # 1024 steps: target not reached
+    assert "did NOT reach" in res.stdout
+    out = tmp_path / "runs" / "ppo_cartpole"
+    assert (out / "ppo_cartpole.png").is_file() and (out / "ppo_cartpole_log.csv").is_file()
+    assert not (tmp_path / "docs").exists()
+    res = subprocess.run([*args, "--out", "elsewhere", "--plot", ""], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=600)
+    assert (tmp_path / "elsewhere" / "ppo_cartpole_log.csv").is_file()
+    assert not (tmp_path / "elsewhere" / "ppo_cartpole.png").exists()
+    ignored = subprocess.run(["git", "check-ignore", "-q", "runs/ppo_cartpole/x.csv"], cwd=ROOT)
+    assert ignored.returncode == 0, "runs/ is not git-ignored"
+
+
+def test_ppo_cartpole_help_shows_defaults_plainly():
+    res = _run("ppo_cartpole.py", "--help")
+    assert res.returncode == 0
+    assert "(default: True)" not in res.stdout and "(default: False)" not in res.stdout
+    assert "(default: None)" not in res.stdout
+    for shown in ("(default: 128)", "(default: 0.99)", "(default: runs/ppo_cartpole)", "(default: CartPole-v1)"):
+        assert shown in res.stdout, shown
+
+
+def test_sb3_ppo_cartpole_runs_and_matches_sb3():
+    """The SB3 example on a small budget, comparing every rollout with SB3's own method."""
+    pytest.importorskip("stable_baselines3")
+    res = _run("sb3_ppo_cartpole.py", "--timesteps", "1024", "--target", "0", "--check", "--eval-episodes", "2")
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "checked 4 rollouts against SB3's compute_returns_and_advantage" in res.stdout
+
+
+def test_benchmark_scripts_run():
+    """The TorchRL and SB3 benchmark scripts print their tables (tiny shapes here)."""
+    pytest.importorskip("torchrl")
+    pytest.importorskip("stable_baselines3")
+    res = _run("bench_torchrl_gae.py", "--device", "cpu", "--shapes", "3x17", "--warmup", "0", "--repeats", "1")
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    rows = [line for line in res.stdout.splitlines() if line.startswith("| GAE") or line.startswith("| TDLambda")]
+    assert len(rows) == 2 and all(float(r.split("|")[-2]) < 1e-4 for r in rows), res.stdout
+    res = _run("bench_sb3_gae.py", "--shapes", "17x3", "--warmup", "0", "--repeats", "1")
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    rows = [line for line in res.stdout.splitlines() if line.startswith("| 17 × 3")]
+    assert len(rows) == 1 and float(rows[0].split("|")[-2]) < 1e-4, res.stdout

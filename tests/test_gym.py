@@ -1,4 +1,4 @@
-"""rollbuf.gym.StepConverter: vector-env step outputs → Rollout.record arguments.
+"""rollbuf.integrations.gym.StepConverter: vector-env step outputs → Rollout.record arguments.
 
 A scripted fake vector env reproduces Gymnasium 1.x's two autoreset modes exactly (the semantics of
 ``gymnasium.vector.SyncVectorEnv.step``), so the unit tests need no Gymnasium; with Gymnasium
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from rollbuf import Rollout
-from rollbuf.gym import NEXT_STEP, SAME_STEP, StepConverter, autoreset_mode
+from rollbuf.integrations.gym import NEXT_STEP, SAME_STEP, StepConverter, autoreset_mode
 
 GAMMA, LAM = 0.9, 0.8
 MODES = [NEXT_STEP, SAME_STEP]

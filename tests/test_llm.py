@@ -1,4 +1,4 @@
-"""rollbuf.llm against plain loops that follow verl's multi-turn semantics.
+"""rollbuf.integrations.llm against plain loops that follow verl's multi-turn semantics.
 
 The oracles are written here from verl's loop (``verl/trainer/ppo/core_algos.py``,
 ``compute_gae_advantage_return``): t from T−1 down, ``delta = r_t + γ·nextvalues − V_t``,
@@ -20,7 +20,8 @@ import pytest
 import torch
 
 import rollbuf.functional as F
-from rollbuf import backends, llm
+from rollbuf import backends
+from rollbuf.integrations import llm
 from rollbuf.oracles import verl_multi_turn_gae
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -512,7 +513,7 @@ WORKED = dict(
 
 
 def render_worked_example() -> str:
-    """The tables of docs/llm.md's worked example, computed by rollbuf.llm."""
+    """The tables of docs/llm.md's worked example, computed by rollbuf.integrations.llm."""
     w = WORKED
     r = torch.tensor([w["rewards"]], dtype=torch.float64)
     v = torch.tensor([w["values"]], dtype=torch.float64)
@@ -543,7 +544,7 @@ def render_worked_example() -> str:
         "| `token_level_rewards` | " + " | ".join(f"{x:g}" for x in w["rewards"]) + " |",
         "| `values` | " + " | ".join(f"{x:g}" for x in w["values"]) + " |",
         "",
-        "Outputs (`rollbuf.llm.compute_gae_advantage_return`, float64):",
+        "Outputs (`rollbuf.integrations.llm.compute_gae_advantage_return`, float64):",
         "",
         head,
         sep,

@@ -1,11 +1,10 @@
 """TorchRL interop: ``Rollout.from_torchrl(td)`` / ``Rollout.to_torchrl()``.
 
 The round-trip tests need only tensordict. The comparison with TorchRL's own functional estimators
-(``generalized_advantage_estimate``, ``td_lambda_return_estimate``) runs when ``torchrl`` is
-importable; otherwise it is skipped with the reason shown in the ``-ra`` summary. TorchRL 0.14.1
-imports with torch 2.13 when installed without its dependencies (``pip install torchrl --no-deps``;
-with them pip would downgrade tensordict below 0.15 and pull ``hoptorch``); its functional value
-estimators are plain torch.
+(``generalized_advantage_estimate``, ``td_lambda_return_estimate``) needs ``torchrl``, which the test
+extra installs (torchrl 0.14, with tensordict 0.14.3), so CI runs it; on a bare install without
+torchrl it is skipped with the reason shown in the ``-ra`` summary. The drop-in estimators built on
+this mapping are tested in tests/test_integrations_torchrl.py.
 
 (The methods are not called ``from_tensordict``/``to_tensordict``: those names are tensorclass's own
 API, see ``test_tensorclass_api_untouched``.)
@@ -33,7 +32,7 @@ except Exception as exc:  # ImportError, or a torchrl built against another torc
 needs_torchrl = pytest.mark.skipif(
     not HAVE_TORCHRL,
     reason="torchrl is not importable, so rollbuf is not compared with TorchRL's estimators here "
-    "(pip install torchrl --no-deps, which imports with torch 2.13); "
+    "(pip install -e '.[test]' installs it); "
     + ("" if HAVE_TORCHRL else TORCHRL_ERROR),
 )
 

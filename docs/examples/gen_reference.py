@@ -15,12 +15,15 @@ import rollbuf.bench
 import rollbuf.boundary.conventions
 import rollbuf.distributed
 import rollbuf.functional
-import rollbuf.gym
-import rollbuf.llm
+import rollbuf.integrations.gym
+import rollbuf.integrations.llm
+import rollbuf.integrations.sb3
+import rollbuf.integrations.torchrl
 import rollbuf.testing
 
-MODULES = [rollbuf.functional, rollbuf.llm, rollbuf.distributed, rollbuf.boundary.conventions, rollbuf.gym,
-           rollbuf.testing, rollbuf.bench]
+MODULES = [rollbuf.functional, rollbuf.integrations.llm, rollbuf.distributed, rollbuf.boundary.conventions,
+           rollbuf.integrations.gym, rollbuf.integrations.torchrl, rollbuf.integrations.sb3, rollbuf.testing,
+           rollbuf.bench]
 ROLLOUT_METHODS = ["empty", "record", "bootstrap", "gae", "advantages", "lambda_returns", "discounted_returns",
                    "vtrace", "retrace", "eligibility_traces", "episodic_sums", "from_torchrl", "to_torchrl"]
 

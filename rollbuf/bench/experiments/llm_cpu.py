@@ -36,7 +36,7 @@ import time
 
 import torch
 
-from rollbuf import llm
+from rollbuf.integrations import llm
 from rollbuf.bench.experiments._common import RESULTS
 from rollbuf.oracles import verl_multi_turn_gae as _verl_loop
 

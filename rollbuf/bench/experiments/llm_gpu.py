@@ -25,7 +25,7 @@ import time
 
 import torch
 
-from rollbuf import llm
+from rollbuf.integrations import llm
 from rollbuf.bench.experiments._common import provenance
 from rollbuf.bench.experiments.llm_cpu import make_batch, verl_multi_turn_gae
 from rollbuf.bench.suite import time_cuda  # do_bench median; CUDA-graph device time

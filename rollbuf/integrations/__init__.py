@@ -1,0 +1,15 @@
+"""Drop-ins and adapters for the libraries rollbuf is used with.
+
+Each submodule is imported on its own (``from rollbuf.integrations import sb3``), so a missing
+optional dependency only matters to the module that needs it:
+
+* :mod:`rollbuf.integrations.gym` — Gymnasium vector-env ``step`` results → ``Rollout.record``
+  arguments (both autoreset modes); needs nothing beyond numpy.
+* :mod:`rollbuf.integrations.llm` — token-level GAE and returns for LLM agents (verl's
+  ``compute_gae_advantage_return``, packed sequences); plain torch.
+* :mod:`rollbuf.integrations.torchrl` — ``GAE``, ``TDLambdaEstimator`` and ``VTrace`` with
+  TorchRL's constructor and call, usable by TorchRL's losses; needs ``torchrl``.
+* :mod:`rollbuf.integrations.sb3` — Stable-Baselines3's ``RolloutBuffer.compute_returns_and_advantage``
+  and a ``RolloutBuffer`` that uses it; needs ``stable-baselines3``.
+"""
+
