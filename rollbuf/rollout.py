@@ -29,6 +29,19 @@ def _sizes(name, v) -> tuple[int, ...]:
 _STEP_FIELDS = ("rewards", "values", "terminated", "truncated", "log_probs", "bootstrap_values", "mask")
 
 
+_ROLLOUT_DOC = """A window of ``[*B, T]`` steps (``B`` = envs, or envs × agents; time is the last dim).
+
+    Fields (docs/semantics.md), all ``[*B, T]``: ``rewards``, ``values`` (V(s_t)), ``terminated``,
+    ``truncated``, ``log_probs`` (behaviour policy), ``bootstrap_values`` (V(s'_t), read only
+    after truncations and at the window end) and an optional ``mask`` (``False`` = not an agent
+    step). Flags are transition-aligned: a flag at ``t`` says what happened after ``a_t``.
+
+    Fill it while collecting with :meth:`record`, close the window with :meth:`bootstrap`, then call
+    an estimator. Tensorclass indexing (``ro[:16]``, ``ro[..., :64]``), ``ro.to(device)``,
+    ``torch.stack`` and ``torch.cat`` work as for any tensorclass.
+    """
+
+
 @tensorclass(shadow=True)  # shadow: `values` is a reserved TensorDict name
 class Rollout:
     """A window of ``[*B, T]`` steps (``B`` = envs, or envs × agents; time is the last dim).
@@ -248,3 +261,7 @@ class Rollout:
         if self.mask is not None:
             td.set(mask_key, C.as_flags(self.mask, "mask"))
         return td
+
+
+# tensordict < 0.15's @tensorclass replaces the class docstring with its signature: keep ours
+Rollout.__doc__ = _ROLLOUT_DOC

@@ -68,12 +68,6 @@ def _tensordict_before_0_15():
     return (major, minor) < (0, 15)
 
 
-@pytest.mark.xfail(
-    _tensordict_before_0_15(), strict=True,
-    reason="tensordict 0.14's @tensorclass overwrites the class docstring with the signature "
-    "(tensordict/tensorclass.py: cls.__doc__ = f'{cls.__name__}{inspect.signature(cls)}'); torchrl 0.14 "
-    "needs tensordict <0.15, so rollbuf/rollout.py should set Rollout.__doc__ again after the decorator",
-)
 def test_rollout_keeps_its_docstring():
     from rollbuf import Rollout
 
