@@ -315,7 +315,6 @@ _BLOCK = re.compile(r"^```python[^\n]*\n(.*?)^```[ \t]*$|^<!-- doc-setup\n(.*?)^
 # Pages whose Python blocks are still fragments that do not run on their own; each entry is an
 # expected failure (strict: it fails once the page runs, so that the entry gets removed).
 _NOT_YET_RUNNABLE = {
-    "docs/semantics.md": "fragments using undefined buffers (dones, td, data)",
     "docs/distributed.md": "needs an initialised torch.distributed process group and fragments",
     "docs/howto/performance.md": "the graphed snippet uses torch without importing it",
 }
