@@ -175,16 +175,27 @@ def gae(rewards, values, terminated, truncated, bootstrap_values, mask, gamma, l
     for n in range(N):
         row = _row(n, rewards, values, terminated, truncated, bootstrap_values, mask, window_end)
         A = 0.0  # A_{t+1}; multiplied by (1 - d) = 0 at the window end
-        G = 0.0  # G_{t+1}: the returns by their own recursion (TD(λ)); equal to A + V, but they
-        # do not read V_t itself, so a NaN value at t leaves the return at t finite, as on every backend
-        for j in reversed(range(len(row.idx))):
+        G = 0.0  # G_{t+1}: the returns by their own recursion (TD(λ)), equal to A + V; they do not
+        # read V_t itself, so a NaN value at t leaves the return at t finite, as on every backend
+        m = len(row.idx)
+        for j in reversed(range(m)):
             delta = row.r[j] + gamma * (1 - row.k[j]) * row.vn[j] - row.v[j]
             A = delta + gamma * lam * (1 - row.d[j]) * A
-            w = lam * (1 - row.d[j])
-            G = row.r[j] + gamma * (1 - row.k[j]) * ((1 - w) * row.vn[j] + w * G)
+            G = _lambda_step(row, j, m, gamma, lam, G)
             adv[n][row.idx[j]] = A
             ret[n][row.idx[j]] = G
     return _out(adv, rewards), _out(ret, rewards)
+
+
+def _lambda_step(row, j, m, gamma, lam, G_next):
+    """``G_t = r_t + γ(1-k_t)[d_t V'_t + (1-d_t)((1-λ)V_{t+1} + λG_{t+1})]``: the TD(λ) return
+    (inside an episode ``V'_t = V_{t+1}``), written with the done flag weighing the whole next-step
+    term, so that a NaN there reaches ``G_t`` as ``0·NaN`` (as on every backend); at the window end
+    (``d = 1``) there is no next step."""
+    nxt = 0.0
+    if j + 1 < m:
+        nxt = (1 - lam) * row.v[j + 1] + lam * G_next
+    return row.r[j] + gamma * (1 - row.k[j]) * (row.d[j] * row.vn[j] + (1 - row.d[j]) * nxt)
 
 
 def lambda_returns(rewards, values, terminated, truncated, bootstrap_values, mask, gamma, lam, window_end):
@@ -195,9 +206,9 @@ def lambda_returns(rewards, values, terminated, truncated, bootstrap_values, mas
     for n in range(N):
         row = _row(n, rewards, values, terminated, truncated, bootstrap_values, mask, window_end)
         G = 0.0  # G_{t+1}
-        for j in reversed(range(len(row.idx))):
-            w = lam * (1 - row.d[j])
-            G = row.r[j] + gamma * (1 - row.k[j]) * ((1 - w) * row.vn[j] + w * G)
+        m = len(row.idx)
+        for j in reversed(range(m)):
+            G = _lambda_step(row, j, m, gamma, lam, G)
             out[n][row.idx[j]] = G
     return _out(out, rewards)
 
@@ -285,11 +296,12 @@ def retrace(rewards, values, terminated, truncated, bootstrap_values, mask, log_
         for j in reversed(range(m)):
             # (1 - d_j) removes the next step's term after a done step, as it multiplies G_{t+1} in
             # the other recursions (so a NaN there reaches Q_j as 0·NaN, on every backend alike)
-            trace = 0.0
-            if j + 1 < m:  # the window end (d = 1) has no next step
+            nxt = 0.0  # V_{t+1} + c_{t+1}(Q_{t+1} − q_{t+1}); the window end (d = 1) has no next step
+            if j + 1 < m:
                 c_next = lam * _min(c_bar, _exp(pi[j + 1] - mu[j + 1]))
-                trace = c_next * (Q[j + 1] - q[j + 1])
-            Q[j] = row.r[j] + gamma * (1 - row.k[j]) * (row.vn[j] + (1 - row.d[j]) * trace)
+                nxt = row.v[j + 1] + c_next * (Q[j + 1] - q[j + 1])
+            # inside an episode V'_t = V_{t+1}: Q_t = r_t + γ(1-k_t)[d_t V'_t + (1-d_t)·nxt]
+            Q[j] = row.r[j] + gamma * (1 - row.k[j]) * (row.d[j] * row.vn[j] + (1 - row.d[j]) * nxt)
             out[n][row.idx[j]] = Q[j]
     return _out(out, rewards)
 
