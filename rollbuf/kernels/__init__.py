@@ -8,7 +8,7 @@
   :mod:`~rollbuf.kernels.traces` (eligibility traces, episodic sums),
   :mod:`~rollbuf.kernels.affine` (the generic scan), :mod:`~rollbuf.kernels.adjoint` (the TD(λ)
   family's backward); :mod:`~rollbuf.kernels.resolve`, the middle pass of a split single row;
-* :mod:`~rollbuf.kernels.plan`: the strategy table, the :class:`Launch` built once per call
+* :mod:`~rollbuf.kernels.host`: the strategy table, the :class:`Launch` built once per call
   signature (layout, strategy, grid, constexprs, then the compiled kernel launched directly), the
   :class:`Plan` that binds one to a caller's tensors, and :func:`run`.
 
@@ -16,7 +16,7 @@ The arithmetic of every estimator comes from :mod:`rollbuf.boundary.coefficients
 the kernels from the same source the torch backend runs.
 """
 
-from rollbuf.kernels.plan import (  # noqa: F401
+from rollbuf.kernels.host import (  # noqa: F401
     FAMILIES,
     FAMILY_MAX_CHUNK,
     GATHER_MAX_T,

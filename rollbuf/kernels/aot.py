@@ -40,7 +40,7 @@ _MODES = {
 
 def variants() -> list[dict]:
     """The specialisations compiled: name and configuration of each."""
-    from rollbuf.kernels.plan import END_COLUMN, END_STEP, FAMILIES, STATE, ZERO
+    from rollbuf.kernels.host import END_COLUMN, END_STEP, FAMILIES, STATE, ZERO
 
     fams = {  # family -> its usual carry in, absent fields
         "gae": ("lambda", END_STEP, ()),
@@ -101,7 +101,7 @@ def _signature(v: dict):
     """(jit function, signature, constexprs, warps) of variant ``v``."""
     from triton.language import float32
 
-    from rollbuf.kernels.plan import FAMILIES, STATE, ZERO, _jit
+    from rollbuf.kernels.host import FAMILIES, STATE, ZERO, _jit
 
     fam = FAMILIES[v["family"]]
     jit = _jit(fam.kernel)

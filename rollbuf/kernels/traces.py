@@ -20,7 +20,7 @@ trace_out = core.jit_boundary(C.trace_out)
 @triton.jit
 def _fields(fam, geo, o, ok, ACC: tl.constexpr):
     fields = fam[0]
-    n, f, F, s_n, s_t = geo
+    f, F = geo[1], geo[2]
     off = core.offsets(geo, o)
     k, tr, boot, live = core.boundary(fields, off, ok, ACC)
     off_x = off * F + f
@@ -41,7 +41,7 @@ def _emit(fam, geo, o, ok, z, ACC: tl.constexpr):
     p_out = fam[1][0]
     zu = z[0]
     off_x, x, k, tr, live = _fields(fam, geo, o, ok, ACC)
-    n, f, F = geo[0], geo[1], geo[2]
+    f, F = geo[1], geo[2]
     tl.store(p_out + core.out_offsets(geo, o) * F + f, tl.where(live, trace_out(x, decay, zu), 0.0).to(p_out.dtype.element_ty), mask=ok)
     a, b = trace_step(x, k, tr, decay)
     return tl.where(live, a + b * zu, zu), zu

@@ -439,6 +439,15 @@ class Launch:
     def __call__(self, p: Problem, fields: tuple | None = None):
         if self.empty:
             return self._empty(p)
+        args, outs, co, ws = self.prepare(p, fields)
+        self.launch(args, ws)
+        if self.forward_final:
+            return tuple(outs) + (co,), None
+        return tuple(outs), co
+
+    def prepare(self, p: Problem, fields: tuple | None = None):
+        """``(args, outputs, carry out, scratch)`` of one call: the buffers allocated (the scratch's
+        flag words zeroed on the stream), the kernel's runtime arguments in its signature's order."""
         N, T, feat, dev = self.N, self.T, self.feat, self.device
         if fields is None:
             fields = self.fields(p)
@@ -468,11 +477,7 @@ class Launch:
             ws = torch.empty(self.scratch_len, dtype=self.compute_dtype, device=dev)
             if self.scratch_words:
                 ws[self.slot_values:].zero_()
-        args = self.args(p, fields, slots, ci, co, ws)
-        self.launch(args, ws)
-        if self.forward_final:
-            return tuple(outs) + (co,), None
-        return tuple(outs), co
+        return self.args(p, fields, slots, ci, co, ws), outs, co, ws
 
     def args(self, p, fields, slots, ci, co, ws) -> tuple:
         """The runtime arguments of the family kernel, in its signature's order."""
