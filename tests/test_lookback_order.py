@@ -25,7 +25,7 @@ import torch
 
 import rollbuf.kernels as K
 from rollbuf.problem import Problem
-from tests.test_kernels import assert_ref, call, make
+from test_kernels import assert_ref, call, make
 
 CUDA = torch.cuda.is_available()
 pytestmark = pytest.mark.skipif(CUDA, reason="drives the interpreter's programs one by one (CPU)")
@@ -62,7 +62,7 @@ class Harness:
         self.W = 7 if self.la.fam.pair else 3
         self.maps = self.W - (2 if self.la.fam.pair else 1)  # map components per slot
         self.slot = self.W * st.block_n
-        args, outs, co, ws = self.la.prepare(p)
+        args, outs, co, ws = self.la.prepare(*self.la.inputs(p))
         self.la.launch(args, ws)  # plain: every program in ticket order
         self.plain, self.plain_carry, self.published = [o.clone() for o in outs], co, ws.clone()
 
@@ -111,7 +111,7 @@ def test_reverse_order_composes_aggregates(name):
     (its state NaN), the first chunk of each row its state: every program composes all the
     aggregates back to its row's first chunk."""
     h = _setup(name)
-    args, outs, co, ws = h.la.prepare(h.p)
+    args, outs, co, ws = h.la.prepare(*h.la.inputs(h.p))
     for tile in range(h.tiles):
         for rank in range(5):
             h.seed(ws, tile * 5 + rank, 2 if rank == 0 else 1)
@@ -127,7 +127,7 @@ def test_shuffled_order_mixes_composed_and_found_states(name):
     h = _setup(name)
     rng = random.Random(zlib.crc32(name.encode()))
     for trial in range(2):
-        args, outs, co, ws = h.la.prepare(h.p)
+        args, outs, co, ws = h.la.prepare(*h.la.inputs(h.p))
         for tile in range(h.tiles):
             for rank in range(5):
                 h.seed(ws, tile * 5 + rank, 2 if rank == 0 else rng.choice((1, 2)))
@@ -146,7 +146,7 @@ def test_program_waits_on_an_unpublished_predecessor(name):
     tile 1 waits on the chunk before it, which the thread publishes as an aggregate first and its
     state a moment later, so the program also composes while waiting."""
     h = _setup(name)
-    args, outs, co, ws = h.la.prepare(h.p)
+    args, outs, co, ws = h.la.prepare(*h.la.inputs(h.p))
     tile, rank = 1, 4
     for t in range(h.tiles):
         for r in range(5):

@@ -376,6 +376,10 @@ class Launch:
             conv.append((fam.fields.index("bootstrap_values"), "bootstrap_values", "drop"))
         self.conv = tuple(conv)
         self.carry_in = carry_in
+        slot_of = [0] if self.forward_final else [fam.outputs.index(o) for o in self.out_names]
+        self.n_slots = 1 if self.forward_final else len(fam.outputs)
+        self.slot_of = None if slot_of == list(range(self.n_slots)) else tuple(slot_of)
+        self.sizes = ((self.R, T, F) if p.family == "trace" else (self.R, T)) + (s_n, s_t, self.s_on, self.s_ot)
 
         # -- strategy, grid, constexprs -------------------------------------------------------------
         from triton.language import float32, float64
@@ -436,34 +440,21 @@ class Launch:
             ts[self.fam.fields.index("bootstrap_values")] = None
         return tuple(ts)
 
-    def __call__(self, p: Problem, fields: tuple | None = None):
+    def __call__(self, p: Problem, fields: tuple | None = None, carry_in=None, scalars: tuple | None = None):
+        """Run on ``p``; ``fields``, ``carry_in``, ``scalars``: as :meth:`inputs` gives them, when the
+        caller holds them already (a :class:`Plan`)."""
         if self.empty:
             return self._empty(p)
-        args, outs, co, ws = self.prepare(p, fields)
+        if fields is None:
+            fields, carry_in, scalars = self.inputs(p)
+        args, outs, co, ws = self.prepare(fields, carry_in, scalars)
         self.launch(args, ws)
         if self.forward_final:
-            return tuple(outs) + (co,), None
+            return (*outs, co), None
         return tuple(outs), co
 
-    def prepare(self, p: Problem, fields: tuple | None = None):
-        """``(args, outputs, carry out, scratch)`` of one call: the buffers allocated (the scratch's
-        flag words zeroed on the stream), the kernel's runtime arguments in its signature's order."""
-        N, T, feat, dev = self.N, self.T, self.feat, self.device
-        if fields is None:
-            fields = self.fields(p)
-        if self.out_tm:
-            outs = [torch.empty((T, N, *feat), dtype=self.out_dtype, device=dev).transpose(0, 1)
-                    for _ in self.out_names]
-        else:
-            outs = [torch.empty((N, T, *feat), dtype=self.out_dtype, device=dev) for _ in self.out_names]
-        if self.poison:
-            _nan_fill(outs)
-        if self.forward_final:  # one output slot
-            slots = outs
-        else:
-            slots = [None] * len(self.fam.outputs)
-            for name, o in zip(self.out_names, outs):
-                slots[self.fam.outputs.index(name)] = o
+    def inputs(self, p: Problem) -> tuple:
+        """``(fields, carry in, scalars)`` of ``p`` as the kernel reads them."""
         if self.carry_in == STATE:
             ci = p.carry.contiguous()
         elif self.column:
@@ -471,19 +462,33 @@ class Launch:
             ci = ci if ci.is_contiguous() else ci.contiguous()
         else:
             ci = None
+        return self.fields(p), ci, tuple(float(getattr(p, s)) for s in self.scalars)
+
+    def prepare(self, fields: tuple, carry_in, scalars: tuple):
+        """``(args, outputs, carry out, scratch)`` of one call: the buffers allocated (the scratch's
+        flag words zeroed on the stream), the kernel's runtime arguments in its signature's order."""
+        dev = self.device
+        if self.out_tm:
+            shape = (self.T, self.N, *self.feat)
+            outs = [torch.empty(shape, dtype=self.out_dtype, device=dev).transpose(0, 1) for _ in self.out_names]
+        else:
+            shape = (self.N, self.T, *self.feat)
+            outs = [torch.empty(shape, dtype=self.out_dtype, device=dev) for _ in self.out_names]
+        if self.poison:
+            _nan_fill(outs)
+        if self.slot_of is None:  # the kernel's output slots in the order asked for
+            slots = outs
+        else:
+            slots = [None] * self.n_slots
+            for i, o in zip(self.slot_of, outs):
+                slots[i] = o
         co = torch.empty(self.carry_shape, dtype=self.compute_dtype, device=dev) if self.want_carry else None
         ws = None
         if self.scratch_len:
             ws = torch.empty(self.scratch_len, dtype=self.compute_dtype, device=dev)
             if self.scratch_words:
                 ws[self.slot_values:].zero_()
-        return self.args(p, fields, slots, ci, co, ws), outs, co, ws
-
-    def args(self, p, fields, slots, ci, co, ws) -> tuple:
-        """The runtime arguments of the family kernel, in its signature's order."""
-        sizes = (self.R, self.T, self.F) if self.family == "trace" else (self.R, self.T)
-        return (fields, *slots, ci, co, ws, *sizes, self.s_n, self.s_t, self.s_on, self.s_ot,
-                *(float(getattr(p, s)) for s in self.scalars))
+        return (fields, *slots, carry_in, co, ws, *self.sizes, *scalars), outs, co, ws
 
     def launch(self, args: tuple, ws, grid: int | None = None):
         """Run the launch's kernels on ``args`` (``grid``: a number of programs other than the whole)."""
@@ -526,10 +531,7 @@ _LAUNCHES: dict = {}
 LAUNCHES_MAX = 4096  # exact shapes are in the key: varying shapes (LLM batches) must not grow it without bound
 
 
-def _sig(t):
-    if t is None:
-        return None
-    return t.dtype, t.shape, t.stride(), t.data_ptr() % 16 == 0
+_NAMES = {family: tuple(n for n in fam.fields if n is not None) for family, fam in FAMILIES.items()}
 
 
 def signature(p: Problem, force: tuple = ()) -> tuple:
@@ -537,9 +539,14 @@ def signature(p: Problem, force: tuple = ()) -> tuple:
     16-byte alignment, the carry's, the device, the dtypes and the flags of the call; not the scalar
     parameters (they are arguments of every launch)."""
     f = p.fields
-    return (p.family, p.outputs, p.main.device, p.compute_dtype, p.out_dtype, p.window_end, p.no_bootstrap,
-            p.want_carry, p.reverse, p.feature_shape, _sig(p.carry), force,
-            tuple(_sig(f.get(name)) for name in FAMILIES[p.family].fields if name is not None))
+    key = [p.family, p.outputs, p.main.device, p.compute_dtype, p.out_dtype, p.window_end, p.no_bootstrap,
+           p.want_carry, p.reverse, p.feature_shape, force]
+    for t in (p.carry, *map(f.get, _NAMES[p.family])):
+        if t is None:
+            key.append(None)
+        else:
+            key += (t.dtype, t.shape, t.stride(), t.data_ptr() % 16 == 0)
+    return tuple(key)
 
 
 def launch_for(p: Problem) -> Launch:
@@ -560,15 +567,22 @@ class Plan:
     or checking anything. Valid while those tensors are the call's tensors: drop it when a field is
     replaced or changes shape, dtype, strides or device."""
 
-    __slots__ = ("launch", "problem", "_fields")
+    __slots__ = ("launch", "problem", "_inputs")
 
     def __init__(self, p: Problem):
         self.launch = launch_for(p)
         self.problem = p
-        self._fields = None if self.launch.empty or self.launch.conv else self.launch.fields(p)
+        self._inputs = None
+        if not (self.launch.empty or self.launch.conv):
+            inputs = self.launch.inputs(p)
+            ci = inputs[1]
+            if ci is None or ci is p.carry or ci is p.fields.get("bootstrap_values"):  # no snapshot taken
+                self._inputs = inputs
 
     def __call__(self):
-        return self.launch(self.problem, self._fields)
+        if self._inputs is None:
+            return self.launch(self.problem)
+        return self.launch(self.problem, *self._inputs)
 
 
 def run(p: Problem):
