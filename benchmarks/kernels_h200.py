@@ -478,10 +478,10 @@ def main():
             log(f"gate {'ok' if ok else 'FAILED'} ({time.time() - t0:.0f} s)")
         if "time" in parts:
             time_gae(args.impl, bw)
-        if "sweep" in parts and args.impl == "new":
-            sweep()
         if "vtrace" in parts:
             time_vtrace(args.impl)
+        if "sweep" in parts and args.impl == "new":
+            sweep()
     finally:
         path = os.path.join(args.out, f"kernels_{args.impl}.csv")
         keys = ["part", "estimator", "n", "t", "competitor", "clock", "us", "pct_copy", "note"]
