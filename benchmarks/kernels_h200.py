@@ -262,7 +262,7 @@ def loop_oracle(f, gamma=0.97, lam=0.9):
             live = m[:, t]
             at_end = last == t
             boot = np.where(tr[:, t] > 0, bv[:, t], np.where(at_end, end_v, v_next))
-            delta = r[:, t] + gamma * (1 - k[:, t]) * boot - v[:, t]
+            delta = r[:, t] + gamma * np.where(k[:, t] > 0, 0.0, boot) - v[:, t]  # terminated: nothing read
             cont = (1 - k[:, t]) * (1 - tr[:, t]) * (~at_end)
             a = delta + gamma * lam * cont * adv_next
             A[:, t] = np.where(live, a, 0.0)
