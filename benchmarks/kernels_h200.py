@@ -419,25 +419,53 @@ def time_gae(impl, bw):
         torch.cuda.empty_cache()
 
 
-def sweep():
+SWEEP = {  # shape -> (rows per program, warps) tried jointly
+    (4096, 128): ((1, 2, 4, 8), (1, 2, 4, 8)),
+    (16384, 128): ((1, 2, 4, 8), (1, 2, 4, 8)),
+    (2048, 512): ((1, 2, 4), (2, 4, 8)),
+    (512, 1024): ((1, 2), (4, 8, 16)),
+    (32768, 8): ((16, 32, 64, 128, 256), (1, 2, 4, 8)),
+    (32768, 32): ((8, 16, 32, 64), (1, 2, 4, 8)),
+    (2048, 2048): ((1,), (4, 8, 16)),
+}
+
+
+def _regs(p):
     import rollbuf.kernels as K
 
-    for N, T in SWEEP_SHAPES:
+    la = K.launch_for(p)
+    c = la.passes[0].compiled
+    return "" if c is None else f"{c[3].n_regs} regs {c[3].n_spills} spills"
+
+
+def sweep():
+    """Rows per program x warps for GAE (both outputs), and V-trace's chunk length and warps."""
+    import rollbuf.kernels as K
+
+    sms = K.device_sms(torch.device("cuda"))
+    for (N, T), (bns, ws) in SWEEP.items():
         ss = sets(N, T, N * T * 17)
-        st = K.strategy(N, T, sms=K.device_sms(torch.device("cuda")))
-        variants = [("shipped", {})]
-        for bn in (1, 2, 4, 8, 16, 32):
-            if bn != st.block_n and bn * min(T, 2048) <= 8192:
-                variants.append((f"block_n={bn}", dict(block_n=bn)))
-        for w in (1, 2, 4, 8):
-            if w != st.num_warps:
-                variants.append((f"warps={w}", dict(num_warps=w)))
-        variants.append(("shift_load=" + str(not st.shift_load), dict(shift_load=not st.shift_load)))
-        for label, force in variants:
-            with K.forced(**force):
-                dev = graph_time([rb_gae(f) for f in ss])
-            record(part="sweep", estimator="gae", n=N, t=T, competitor=f"rollbuf {label}", clock="device",
-                   us=dev * 1e6, note=f"shipped: {st.block_n}x{st.block_t} w{st.num_warps} sl={st.shift_load}")
+        st = K.strategy(N, T, sms=sms)
+        for bn in bns:
+            for w in ws:
+                with K.forced(block_n=bn, num_warps=w):
+                    dev = graph_time([rb_gae(f) for f in ss])
+                    regs = _regs(rb_problem(ss[0], ("advantages", "returns")))
+                shipped = "shipped " if (bn, w) == (st.block_n, st.num_warps) else ""
+                record(part="sweep", estimator="gae", n=N, t=T, competitor=f"rollbuf {bn}x{st.block_t} w{w}",
+                       clock="device", us=dev * 1e6, note=f"{shipped}{regs}")
+        del ss
+        torch.cuda.empty_cache()
+    for N, T in ((2048, 2048), (8192, 4096), (4096, 128)):
+        ss = sets(N, T, N * T * 25)
+        for mc in (1024, 2048):
+            for w in (4, 8, 16):
+                if T <= 128 and (mc, w) != (1024, 4):
+                    continue
+                with K.forced(max_chunk=mc, num_warps=w if T > 128 else None):
+                    dev = graph_time([rb_vtrace(f) for f in ss])
+                record(part="sweep", estimator="vtrace", n=N, t=T, competitor=f"rollbuf chunk {mc} w{w}",
+                       clock="device", us=dev * 1e6)
         del ss
         torch.cuda.empty_cache()
 
@@ -456,6 +484,36 @@ def time_vtrace(impl):
             record(**base, competitor="rl-triton compute_vtrace", clock="call", us=call_time(rlt_vtrace(ss[0], mod)) * 1e6)
         del ss
         torch.cuda.empty_cache()
+
+
+def host(impl):
+    """Host time per call at 4096x128 (back to back, one sync at the end), and where F.gae spends it."""
+    import cProfile
+    import pstats
+
+    f = inputs(4096, 128, 0)
+    fns = {"F.gae": rb_gae(f)}
+    if impl == "new":
+        fns.update({"kernels.run (adv+ret)": rb_plan_call(f, ("advantages", "returns"), bound=False),
+                    "plan() (adv+ret)": rb_plan_call(f, ("advantages", "returns")),
+                    "plan() (adv)": rb_plan_call(f, ("advantages",))})
+    for name, fn in fns.items():
+        for _ in range(50):
+            fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(2000):
+            fn()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        record(part="host", estimator="gae", n=4096, t=128, competitor=name, clock="host", us=(t1 - t0) / 2000 * 1e6)
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(300):
+        fns["F.gae"]()
+    pr.disable()
+    torch.cuda.synchronize()
+    pstats.Stats(pr, stream=sys.stdout).sort_stats("tottime").print_stats(18)
 
 
 def main():
@@ -478,6 +536,8 @@ def main():
             log(f"gate {'ok' if ok else 'FAILED'} ({time.time() - t0:.0f} s)")
         if "time" in parts:
             time_gae(args.impl, bw)
+        if "host" in parts:
+            host(args.impl)
         if "vtrace" in parts:
             time_vtrace(args.impl)
         if "sweep" in parts and args.impl == "new":

@@ -59,8 +59,8 @@ class Harness:
         st = self.la.strategy
         assert st.split and not st.presolve and st.num_seg == 5
         self.tiles = -(-self.la.R // st.block_n)
-        self.W = 7 if self.la.fam.pair else 3
-        self.maps = self.W - (2 if self.la.fam.pair else 1)  # map components per slot
+        self.W = 7 if self.la.pair_maps else 3
+        self.maps = self.W - (2 if self.la.pair_maps else 1)  # map components per slot
         self.slot = self.W * st.block_n
         args, outs, co, ws = self.la.prepare(*self.la.inputs(p))
         self.la.launch(args, ws)  # plain: every program in ticket order
@@ -98,19 +98,21 @@ class Harness:
 NAMES = ["gae", "vtrace", "eligibility_traces"]
 
 
-def _setup(name):
-    f = make(N, T, "term+trunc+mask", seed=zlib.crc32(f"order-{name}".encode()))
+def _setup(name, mix="term+trunc+mask"):
+    f = make(N, T, mix, seed=zlib.crc32(f"order-{name}-{mix}".encode()))
     h = Harness(_problem(name, f))
     assert_ref(h.plain, call(name, f, "reference")[:len(h.plain)], 1e-5)
     return h
 
 
+@pytest.mark.parametrize("mix", ["term+trunc+mask", "term+trunc"], ids=["mask", "no-mask"])
 @pytest.mark.parametrize("name", NAMES)
-def test_reverse_order_composes_aggregates(name):
+def test_reverse_order_composes_aggregates(name, mix):
     """Programs in reverse ticket order; every chunk before them has published its aggregate only
     (its state NaN), the first chunk of each row its state: every program composes all the
-    aggregates back to its row's first chunk."""
-    h = _setup(name)
+    aggregates back to its row's first chunk. With and without a mask (TD(λ) and V-trace scan
+    other states without one)."""
+    h = _setup(name, mix)
     args, outs, co, ws = h.la.prepare(*h.la.inputs(h.p))
     for tile in range(h.tiles):
         for rank in range(5):

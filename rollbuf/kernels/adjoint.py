@@ -30,14 +30,14 @@ def _fields(fam, geo, o, ok, ACC: tl.constexpr):
 
 
 @triton.jit
-def _step(fam, geo, o, ok, ACC: tl.constexpr):
+def _step(fam, geo, o, ok, end, ACC: tl.constexpr):
     gamma, lam = fam[2]
     off, g, ga, k, tr, live = _fields(fam, geo, o, ok, ACC)
     return core.identity_where(lambda_adjoint_step(g, k, tr, gamma, lam), live, False)
 
 
 @triton.jit
-def _emit(fam, geo, o, ok, z, ACC: tl.constexpr):
+def _emit(fam, geo, o, ok, z, end, ACC: tl.constexpr):
     gamma, lam = fam[2]
     p_gr, p_gv = fam[1]
     zu = z[0]
@@ -63,4 +63,4 @@ def lambda_adjoint_kernel(
     """Gradients of rewards and values through the TD(λ) family, forward in time."""
     scal = (tl.full((), gamma, ACC), tl.full((), lam, ACC))
     core.drive((fields, (p_gr, p_gv), scal), R, T, 1, (s_n, s_t, s_on, s_ot), p_ci, p_co, p_ws, _step, _emit,
-               False, False, CARRY_IN, ACC, BLOCK_N, BLOCK_T, PASS, SHIFT_LOAD)
+               (False, False, False), False, CARRY_IN, ACC, BLOCK_N, BLOCK_T, PASS, SHIFT_LOAD)

@@ -8,7 +8,7 @@ from rollbuf.kernels import core
 
 
 @triton.jit
-def _step(fam, geo, o, ok, ACC: tl.constexpr):
+def _step(fam, geo, o, ok, end, ACC: tl.constexpr):
     p_a, p_b = fam[0][0], fam[0][1]
     off = core.offsets(geo, o)
     a = tl.load(p_a + off, mask=ok, other=0).to(ACC)
@@ -17,7 +17,7 @@ def _step(fam, geo, o, ok, ACC: tl.constexpr):
 
 
 @triton.jit
-def _emit(fam, geo, o, ok, z, ACC: tl.constexpr):
+def _emit(fam, geo, o, ok, z, end, ACC: tl.constexpr):
     p_a, p_b = fam[0][0], fam[0][1]
     p_out = fam[1][0]
     off = core.offsets(geo, o)
@@ -38,5 +38,5 @@ def affine_kernel(
 ):
     """``y`` of the affine scan, backward (``REVERSE``) or forward in time."""
     fam = ((fields[0], fields[1], None, None, None, None), (p_out,), ())
-    core.drive(fam, R, T, 1, (s_n, s_t, s_on, s_ot), p_ci, p_co, p_ws, _step, _emit, False, REVERSE, CARRY_IN, ACC,
+    core.drive(fam, R, T, 1, (s_n, s_t, s_on, s_ot), p_ci, p_co, p_ws, _step, _emit, (False, False, False), REVERSE, CARRY_IN, ACC,
                BLOCK_N, BLOCK_T, PASS, SHIFT_LOAD)

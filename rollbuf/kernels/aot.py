@@ -84,6 +84,12 @@ def variants() -> list[dict]:
             ones = ("T",) if mode != "walk-reload" else ("R",)
             out.append(dict(name=f"{name}/{mode}/fp32-{ones[0]}1", family=family, carry_in=ci, absent=absent,
                             mode=mode, ones=ones))
+    # no mask: TD(λ) scans its returns (the inclusive state), V-trace its scalar u
+    for name in ("gae", "vtrace"):
+        family, ci, absent = fams[name]
+        for mode in _MODES:
+            out.append(dict(name=f"{name}/{mode}/fp32-nomask", family=family, carry_in=ci, mode=mode,
+                            absent=(*absent, "mask"), carry_out=True))
     # bf16 inputs, no flags, no mask
     for name in ("gae", "vtrace", "lambda_adjoint"):
         family, ci, absent = fams[name]

@@ -5,17 +5,17 @@ A family kernel (``gae.py``, ``vtrace.py``, ...) is a small entry that gathers i
 tuple ``fam = (fields, outputs, scalars)`` and hands it to :func:`drive` with two device
 functions of its own:
 
-* ``STEP(fam, geo, o, ok, ACC)``: the scan elements (affine maps) of the steps ``o`` (``ok``: inside
+* ``STEP(fam, geo, o, ok, end, ACC)``: the scan elements (affine maps) of the steps ``o`` (``ok``: inside
   the row), built by the family's function in :mod:`rollbuf.boundary.coefficients`; the identity
   at padded lanes and masked steps;
-* ``EMIT(fam, geo, o, ok, z, ACC)``: writes the outputs of the steps ``o`` from their own fields and
+* ``EMIT(fam, geo, o, ok, z, end, ACC)``: writes the outputs of the steps ``o`` from their own fields and
   the *exclusive* state ``z`` (the state one step further along the scan: ``Z_{t+1}`` backward,
   ``F_{t−1}`` forward), 0 at masked steps; returns the *inclusive* state at ``o`` (what the step
   hands on), which the driver stores as the row's carry out where asked.
 
 ``fields = (main, values, terminated, truncated, bootstrap_values, mask, *extras)``: the driver
 reads positions 2, 4 and 5 for the window end; ``None`` = absent (a compile-time constant: absent
-fields cost nothing). ``geo = (n, f, F, s_n, s_t, s_on, s_ot)``: the rows' environment and feature index
+fields cost nothing). ``geo = (n, f, F, s_n, s_t, s_on, s_ot, T)``: the rows' environment and feature index
 (``[BLOCK_N, 1]``), the feature count (1 except for the forward estimators' ``x``), and the one pair
 of strides every ``[N, T]`` field of the call is read with, and the outputs' pair (a feature field
 or output at ``F·(n·s + t·s) + f``).
@@ -84,15 +84,23 @@ def load_flag(ptr, off, ok, live, ACC: tl.constexpr):
 @triton.jit
 def offsets(geo, o):
     """Offsets of the steps ``o`` in every ``[N, T]`` field of the call."""
-    n, f, F, s_n, s_t, s_on, s_ot = geo
-    return n * s_n + o * s_t
+    return geo[0] * geo[3] + o * geo[4]
 
 
 @triton.jit
 def out_offsets(geo, o):
     """Offsets of the steps ``o`` in every ``[N, T]`` output of the call."""
-    n, f, F, s_n, s_t, s_on, s_ot = geo
-    return n * s_on + o * s_ot
+    return geo[0] * geo[5] + o * geo[6]
+
+
+@triton.jit
+def next_value(p_v, geo, o, ok, end_v, ACC: tl.constexpr):
+    """``V`` at the step after each of ``o`` in time, read from ``p_v``; past the window's last step,
+    ``end_v`` (the state past the window, ``[BLOCK_N, 1]``). Only without a mask is the next step
+    the next one in memory."""
+    T = geo[7]
+    v = tl.load(p_v + offsets(geo, o + 1), mask=ok & (o + 1 < T), other=0).to(ACC)
+    return tl.where(o + 1 >= T, end_v, v)
 
 
 @triton.jit
@@ -285,8 +293,9 @@ def _look_back(p_ws, p_flag, tile, rank, NUM_SEG, g, cu, cv, BLOCK_N: tl.constex
 @triton.jit
 def carry_in(fields, p_ci, rows, row_ok, first, T, geo, PAIR: tl.constexpr, CARRY_IN: tl.constexpr,
              ACC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr):
-    """The state past the window, per row ``[BLOCK_N]`` (see ``CARRY_IN``); ``first``: this program
-    holds the first chunk in scan order (only that one reads the mask back for the window end).
+    """The state past the window, per row ``[BLOCK_N]`` (see ``CARRY_IN``; ``PAIR``: the state is
+    V-trace's pair ``(u, V)``, ``[N, 2]`` in memory); ``first``: this program holds the first chunk in
+    scan order (only that one reads the mask back for the window end).
 
     The window end is the row's last column, or with a mask its last unmasked step, found by reading
     the mask backward from the row's end one chunk at a time (1 byte per step, usually one chunk); a
@@ -294,7 +303,7 @@ def carry_in(fields, p_ci, rows, row_ok, first, T, geo, PAIR: tl.constexpr, CARR
     step terminated (it is never read)."""
     cu = tl.zeros([BLOCK_N], ACC)
     cv = tl.zeros([BLOCK_N], ACC)
-    n, f, F, s_n, s_t, s_on, s_ot = geo
+    F, s_n, s_t = geo[2], geo[3], geo[4]
     nn = rows // F
     if CARRY_IN == STATE:
         if PAIR:
@@ -341,9 +350,10 @@ def carry_in(fields, p_ci, rows, row_ok, first, T, geo, PAIR: tl.constexpr, CARR
 
 
 @triton.jit
-def _scan(fam, geo, o, ok, STEP: tl.constexpr, PAIR: tl.constexpr, REVERSE: tl.constexpr, ACC: tl.constexpr):
+def _scan(fam, geo, o, ok, end, STEP: tl.constexpr, PAIR: tl.constexpr, REVERSE: tl.constexpr,
+          ACC: tl.constexpr):
     """Inclusive scan over the chunk (axis 1) of the maps of the steps ``o``."""
-    e = STEP(fam, geo, o, ok, ACC)
+    e = STEP(fam, geo, o, ok, end, ACC)
     if PAIR:
         return tl.associative_scan(e, 1, _combine_pair, reverse=REVERSE)
     else:
@@ -351,17 +361,22 @@ def _scan(fam, geo, o, ok, STEP: tl.constexpr, PAIR: tl.constexpr, REVERSE: tl.c
 
 
 @triton.jit
-def _finish(fam, geo, e, cu, cv, start, rows, row_ok, T, p_co, EMIT: tl.constexpr, PAIR: tl.constexpr,
+def _finish(fam, geo, e, cu, cv, end, start, rows, row_ok, p_co, EMIT: tl.constexpr, MODE: tl.constexpr,
             REVERSE: tl.constexpr, ACC: tl.constexpr, BLOCK_T: tl.constexpr, SHIFT_LOAD: tl.constexpr):
-    """A chunk's scan ``e`` applied to the carry into it: the exclusive state at every lane (the scan
-    of the neighbours' maps itself with ``SHIFT_LOAD``, else the inclusive one shifted by a lane in
-    registers), the outputs written, the row's carry out stored by the chunk that holds its edge
-    step. Returns the state the next chunk in scan order starts from."""
+    """A chunk's scan ``e`` applied to the carry into it; the state ``EMIT`` reads at every lane (the
+    inclusive one if the family's scan is its output; else the exclusive one: the scan of the
+    neighbours' maps itself with ``SHIFT_LOAD``, or the inclusive one shifted by a lane in
+    registers); the outputs written; the row's carry out stored by the chunk that holds its edge
+    step. Returns the inclusive state (what the next chunk in scan order starts from)."""
+    PAIR: tl.constexpr = MODE[0]
+    CARRY2: tl.constexpr = MODE[1]
+    INCLUSIVE: tl.constexpr = MODE[2]
+    T = geo[7]
     lanes = tl.arange(0, BLOCK_T)[None, :]
     o = start + lanes
     ok = row_ok[:, None] & (o < T)
     iu, iv = apply(e, cu[:, None], cv[:, None], PAIR)
-    if SHIFT_LOAD:
+    if INCLUSIVE or SHIFT_LOAD:
         zu = iu
         zv = iv
     else:
@@ -370,9 +385,9 @@ def _finish(fam, geo, e, cu, cv, start, rows, row_ok, T, p_co, EMIT: tl.constexp
             zv = _shift(iv, cv[:, None], lanes, REVERSE, BLOCK_T)
         else:
             zv = zu
-    ou, ov = EMIT(fam, geo, o, ok, (zu, zv), ACC)
+    ou, ov = EMIT(fam, geo, o, ok, (zu, zv), end, ACC)
     if p_co is not None:
-        if not SHIFT_LOAD:  # the scan is the inclusive state already
+        if not SHIFT_LOAD and not INCLUSIVE and PAIR == CARRY2:  # the scan is the carried state already
             ou = iu
             ov = iv
         if REVERSE:
@@ -380,7 +395,7 @@ def _finish(fam, geo, e, cu, cv, start, rows, row_ok, T, p_co, EMIT: tl.constexp
         else:
             edge = o == T - 1
         has = (tl.max(edge.to(tl.int32), axis=1) > 0) & row_ok
-        if PAIR:
+        if CARRY2:
             tl.store(p_co + rows * 2, tl.sum(tl.where(edge, ou, 0.0), axis=1).to(p_co.dtype.element_ty), mask=has)
             tl.store(p_co + rows * 2 + 1, tl.sum(tl.where(edge, ov, 0.0), axis=1).to(p_co.dtype.element_ty),
                      mask=has)
@@ -415,7 +430,7 @@ def _program(R, T, p_ws, PAIR: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.
 
 @triton.jit
 def drive(fam, R, T, F, strides, p_ci, p_co, p_ws, STEP: tl.constexpr, EMIT: tl.constexpr,
-          PAIR: tl.constexpr, REVERSE: tl.constexpr, CARRY_IN: tl.constexpr, ACC: tl.constexpr,
+          MODE: tl.constexpr, REVERSE: tl.constexpr, CARRY_IN: tl.constexpr, ACC: tl.constexpr,
           BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, PASS: tl.constexpr, SHIFT_LOAD: tl.constexpr):
     """One program of a family kernel: ``R`` rows (``R = N·F``) of ``T`` steps; ``strides =
     (s_n, s_t, s_on, s_ot)``: the fields' pair and the outputs' pair.
@@ -428,17 +443,25 @@ def drive(fam, R, T, F, strides, p_ci, p_co, p_ws, STEP: tl.constexpr, EMIT: tl.
     carry): no atomics, no waiting.
 
     ``SHIFT_LOAD``: scan the neighbouring step's maps (``t + 1`` backward, ``t − 1`` forward; the
-    scan *is* the exclusive state); otherwise scan the steps' own maps and shift by a lane."""
+    scan *is* the exclusive state); otherwise scan the steps' own maps and shift by a lane.
+
+    ``MODE = (PAIR, CARRY2, INCLUSIVE)``, the family's: the scan's maps are pair maps (five
+    components) or scalar ones; the carry in and out is a pair per row (V-trace's ``(u, V)``) or one
+    value; ``EMIT`` reads the inclusive state (the family scans its output itself) or the exclusive
+    one. ``STEP`` and ``EMIT`` also get ``end``, the state past the window (``[BLOCK_N, 1]`` pair)."""
+    PAIR: tl.constexpr = MODE[0]
+    CARRY2: tl.constexpr = MODE[1]
+    INCLUSIVE: tl.constexpr = MODE[2]
     tile, rank = _program(R, T, p_ws, PAIR, BLOCK_N, BLOCK_T, PASS)
     rows = tile * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)
     row_ok = rows < R
     s_n, s_t, s_on, s_ot = strides
-    geo = ((rows // F)[:, None], (rows % F)[:, None], F, s_n, s_t, s_on, s_ot)
+    geo = ((rows // F)[:, None], (rows % F)[:, None], F, s_n, s_t, s_on, s_ot, T)
     if REVERSE:
         EDGE: tl.constexpr = 0
     else:
         EDGE: tl.constexpr = BLOCK_T - 1
-    if SHIFT_LOAD:
+    if SHIFT_LOAD and not INCLUSIVE:
         if REVERSE:
             D: tl.constexpr = 1
         else:
@@ -447,7 +470,8 @@ def drive(fam, R, T, F, strides, p_ci, p_co, p_ws, STEP: tl.constexpr, EMIT: tl.
         D: tl.constexpr = 0
     lanes = tl.arange(0, BLOCK_T)[None, :]
     NUM_SEG = tl.cdiv(T, BLOCK_T)
-    cu, cv = carry_in(fam[0], p_ci, rows, row_ok, rank == 0, T, geo, PAIR, CARRY_IN, ACC, BLOCK_N, BLOCK_T)
+    cu, cv = carry_in(fam[0], p_ci, rows, row_ok, rank == 0, T, geo, CARRY2, CARRY_IN, ACC, BLOCK_N, BLOCK_T)
+    end = (cu[:, None], cv[:, None])
     if PASS == WALK:
         for i in range(0, NUM_SEG):
             if REVERSE:
@@ -455,8 +479,8 @@ def drive(fam, R, T, F, strides, p_ci, p_co, p_ws, STEP: tl.constexpr, EMIT: tl.
             else:
                 start = i * BLOCK_T
             o_s = start + lanes + D
-            e = _scan(fam, geo, o_s, row_ok[:, None] & (o_s >= 0) & (o_s < T), STEP, PAIR, REVERSE, ACC)
-            iu, iv = _finish(fam, geo, e, cu, cv, start, rows, row_ok, T, p_co, EMIT, PAIR, REVERSE, ACC,
+            e = _scan(fam, geo, o_s, row_ok[:, None] & (o_s >= 0) & (o_s < T), end, STEP, PAIR, REVERSE, ACC)
+            iu, iv = _finish(fam, geo, e, cu, cv, end, start, rows, row_ok, p_co, EMIT, MODE, REVERSE, ACC,
                              BLOCK_T, SHIFT_LOAD)
             if i + 1 < NUM_SEG:  # the state at the chunk's edge carries into the next chunk
                 cu = _edge(iu, lanes, EDGE)
@@ -472,7 +496,7 @@ def drive(fam, R, T, F, strides, p_ci, p_co, p_ws, STEP: tl.constexpr, EMIT: tl.
         slot = tile * NUM_SEG + rank
         p_slot = p_ws + slot * (W * BLOCK_N)
         o_s = start + lanes + D
-        e = _scan(fam, geo, o_s, row_ok[:, None] & (o_s >= 0) & (o_s < T), STEP, PAIR, REVERSE, ACC)
+        e = _scan(fam, geo, o_s, row_ok[:, None] & (o_s >= 0) & (o_s < T), end, STEP, PAIR, REVERSE, ACC)
         if PASS == OUTPUTS:  # the carry resolved by the earlier passes: the predecessor's inclusive state
             if rank > 0:
                 cu, cv = _load_state(p_ws + (slot - 1) * (W * BLOCK_N), o_b, BLOCK_N, PAIR)
@@ -488,5 +512,5 @@ def drive(fam, R, T, F, strides, p_ci, p_co, p_ws, STEP: tl.constexpr, EMIT: tl.
                 p_flag = (p_ws + tl.cdiv(R, BLOCK_N) * NUM_SEG * (W * BLOCK_N)).to(tl.pointer_type(tl.int32))
                 cu, cv = _look_back(p_ws, p_flag, tile, rank, NUM_SEG, g, cu, cv, BLOCK_N, PAIR, ACC)
         if PASS != AGGREGATES:
-            _finish(fam, geo, e, cu, cv, start, rows, row_ok, T, p_co, EMIT, PAIR, REVERSE, ACC, BLOCK_T,
+            _finish(fam, geo, e, cu, cv, end, start, rows, row_ok, p_co, EMIT, MODE, REVERSE, ACC, BLOCK_T,
                     SHIFT_LOAD)

@@ -400,7 +400,8 @@ class Launch:
         def const(pass_):
             return (*pre, carry_in, acc, st.block_n, st.block_t, pass_, st.shift_load)
 
-        W = 7 if fam.pair else 3
+        self.pair_maps = pair_maps = fam.pair and f.get("mask") is not None  # V-trace: pair maps with a mask only
+        W = 7 if pair_maps else 3
         self.slot_values = W * st.block_n * self.grid if st.split else 0
         if not st.split:
             self.passes = (_Kernel(jit, const(WALK), st.num_warps),)
@@ -412,9 +413,9 @@ class Launch:
             from rollbuf.kernels.resolve import resolve_kernel
 
             bn = st.block_n
-            br = st.resolve_block_r or max(1, min(_pow2(st.num_seg - 1), (2048 if fam.pair else 4096) // bn))
+            br = st.resolve_block_r or max(1, min(_pow2(st.num_seg - 1), (2048 if pair_maps else 4096) // bn))
             self.passes = (_Kernel(jit, const(AGGREGATES), st.num_warps),
-                           _Kernel(resolve_kernel, (bn, br, fam.pair), max(1, min(8, br * bn // 256))),
+                           _Kernel(resolve_kernel, (bn, br, pair_maps), max(1, min(8, br * bn // 256))),
                            _Kernel(jit, const(OUTPUTS), st.num_warps))
             self.scratch_words = 0
         itemsize = 8 if acc is float64 else 4

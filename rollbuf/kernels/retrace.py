@@ -30,14 +30,14 @@ def _fields(fam, geo, o, ok, ACC: tl.constexpr):
 
 
 @triton.jit
-def _step(fam, geo, o, ok, ACC: tl.constexpr):
+def _step(fam, geo, o, ok, end, ACC: tl.constexpr):
     gamma = fam[2][0]
     off, r, v, k, tr, boot, live, q, c = _fields(fam, geo, o, ok, ACC)
     return core.identity_where(retrace_step(r, v, k, tr, boot, q, c, gamma), live, False)
 
 
 @triton.jit
-def _emit(fam, geo, o, ok, z, ACC: tl.constexpr):
+def _emit(fam, geo, o, ok, z, end, ACC: tl.constexpr):
     gamma = fam[2][0]
     p_out = fam[1][0]
     zu = z[0]
@@ -61,4 +61,4 @@ def retrace_kernel(
     """Retrace targets, backward in time (see :func:`rollbuf.kernels.core.drive`)."""
     scal = (tl.full((), gamma, ACC), tl.full((), lam, ACC), tl.full((), c_bar, ACC))
     core.drive((fields, (p_q,), scal), R, T, 1, (s_n, s_t, s_on, s_ot), p_ci, p_co, p_ws, _step, _emit,
-               False, True, CARRY_IN, ACC, BLOCK_N, BLOCK_T, PASS, SHIFT_LOAD)
+               (False, False, False), True, CARRY_IN, ACC, BLOCK_N, BLOCK_T, PASS, SHIFT_LOAD)

@@ -29,14 +29,14 @@ def _fields(fam, geo, o, ok, ACC: tl.constexpr):
 
 
 @triton.jit
-def _step(fam, geo, o, ok, ACC: tl.constexpr):
+def _step(fam, geo, o, ok, end, ACC: tl.constexpr):
     decay = fam[2][0]
     off_x, x, k, tr, live = _fields(fam, geo, o, ok, ACC)
     return core.identity_where(trace_step(x, k, tr, decay), live, False)
 
 
 @triton.jit
-def _emit(fam, geo, o, ok, z, ACC: tl.constexpr):
+def _emit(fam, geo, o, ok, z, end, ACC: tl.constexpr):
     decay = fam[2][0]
     p_out = fam[1][0]
     zu = z[0]
@@ -58,4 +58,4 @@ def trace_kernel(
 ):
     """Eligibility traces and episodic sums, forward in time, ``R = N·F`` rows."""
     core.drive((fields, (p_out,), (tl.full((), decay, ACC),)), R, T, F, (s_n, s_t, s_on, s_ot), p_ci, p_co, p_ws, _step,
-               _emit, False, False, CARRY_IN, ACC, BLOCK_N, BLOCK_T, PASS, SHIFT_LOAD)
+               _emit, (False, False, False), False, CARRY_IN, ACC, BLOCK_N, BLOCK_T, PASS, SHIFT_LOAD)
