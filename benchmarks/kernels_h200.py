@@ -376,9 +376,10 @@ class _null:
 # ---- timing -----------------------------------------------------------------------------------
 
 
-def time_gae(impl, bw):
-    naive = naive_kernel() if impl == "new" else None
-    mod = rlt() if impl == "new" else None
+def time_gae(impl, bw, quick=False):
+    """``quick``: rollbuf alone (both outputs: functional call and plan; advantages only: plan)."""
+    naive = naive_kernel() if impl == "new" and not quick else None
+    mod = rlt() if impl == "new" and not quick else None
     for N, T in GAE_SHAPES:
         per = N * T * 17
         ss = sets(N, T, per)
@@ -400,7 +401,7 @@ def time_gae(impl, bw):
                 rb_plan_call(ss[0], ("advantages",)), adv_only)
             record(**base, competitor="rollbuf run (adv)", clock="call",
                    us=call_time(rb_plan_call(ss[0], ("advantages",), bound=False)) * 1e6)
-            if T <= 16384:
+            if T <= 16384 and naive is not None:
                 for write_ret, nbytes in ((True, both), (False, adv_only)):
                     best = None
                     for bn, w in naive_configs(T):
@@ -470,8 +471,8 @@ def sweep():
         torch.cuda.empty_cache()
 
 
-def time_vtrace(impl):
-    mod = rlt() if impl == "new" else None
+def time_vtrace(impl, quick=False):
+    mod = rlt() if impl == "new" and not quick else None
     for N, T in VTRACE_SHAPES:
         ss = sets(N, T, N * T * 25)
         base = dict(part="vtrace", estimator="vtrace", n=N, t=T)
@@ -521,6 +522,7 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", "out"))
     ap.add_argument("--part", default="gate,time,sweep,vtrace")
     ap.add_argument("--impl", default="new", choices=("new", "old"))
+    ap.add_argument("--quick", action="store_true", help="time rollbuf alone (peers timed in an earlier run)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     prov = provenance(args.impl)
@@ -535,11 +537,11 @@ def main():
             ok = gate(args.impl)
             log(f"gate {'ok' if ok else 'FAILED'} ({time.time() - t0:.0f} s)")
         if "time" in parts:
-            time_gae(args.impl, bw)
+            time_gae(args.impl, bw, args.quick)
         if "host" in parts:
             host(args.impl)
         if "vtrace" in parts:
-            time_vtrace(args.impl)
+            time_vtrace(args.impl, args.quick)
         if "sweep" in parts and args.impl == "new":
             sweep()
     finally:

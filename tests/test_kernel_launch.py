@@ -210,3 +210,21 @@ def test_tensors_on_another_device():
                 for x, y in zip(a, b):
                     assert y.device == torch.device("cuda:1")
                     torch.testing.assert_close(y.cpu(), x.cpu(), rtol=0, atol=0)
+
+
+def test_overlapping_fields_are_made_to_match():
+    """A field whose steps share memory (an expanded gradient, stride 0) cannot be the call's
+    layout: the call reads dense fields, that one copied first; any other layout still reads."""
+    f = make(3, 29, "term+trunc", seed=6)
+    g = torch.full((), 0.5, device=DEV).expand(3, 29)  # strides (0, 0)
+    fields = {"rewards": g, "values": f["values"], "terminated": f["terminated"], "truncated": f["truncated"],
+              "mask": None}
+    with K.forced(poison=True):
+        got = K.run(Problem(family="lambda_adjoint", outputs=("rewards", "values"), fields=fields, gamma=0.9,
+                            lam=0.8))
+        want = K.run(Problem(family="lambda_adjoint", outputs=("rewards", "values"),
+                             fields=dict(fields, rewards=g.contiguous()), gamma=0.9, lam=0.8))
+    for a, b in zip(got[0] + (got[1],), want[0] + (want[1],)):
+        torch.testing.assert_close(a, b)
+    la = K.launch_for(Problem(family="lambda_adjoint", outputs=("rewards",), fields=fields, gamma=0.9, lam=0.8))
+    assert (la.s_n, la.s_t) == (29, 1) and {n for _, n, _ in la.conv} == {"rewards"}

@@ -29,7 +29,17 @@ from rollbuf.problem import Problem
 
 # ---- the strategy table ------------------------------------------------------------------------
 
-TILE = 2048  # elements per program for tiles of short rows
+# Tiles of short rows: 512 elements per program, one warp per 128 elements (4 per thread), 1 to 8
+# warps. Measured on the H200 at 1ec5553 (GAE fp32, rows per program x warps swept jointly,
+# results/kernels_h200_1ec5553.csv): 4096x128 4x128 w4 5.26 µs (the earlier 2048-element tiles with
+# a warp per 256: 5.61), 16384x128 4x128 w4 13.84 (14.78), 2048x512 1x512 w4 8.64 (8.97), 512x1024
+# 1x1024 w8 5.41 (6.10), 32768x32 16x32 w4 7.70 (8.60); rows of 8 steps or fewer one warp per 64
+# elements (32768x8 32x8 w4 3.27, w2 3.58, w1 5.32); 2048x2048 keeps 8 warps (16: 37.6 vs 29.3 µs).
+TILE = 512
+WARP_ELEMS = 128
+# V-trace's chunks of 1024 steps and more take 16 warps (2 elements per thread): 2048x2048 48.4 vs
+# 58.9 µs with 8, 8192x4096 345 vs 429 (same run).
+FAMILY_WARPS = {"vtrace": (64, 16)}  # (elements per warp, most warps) for chunks of >= 1024 steps
 FILL_PER_SM = 8  # programs per SM below which long rows are split across programs
 CPU_SMS = 132  # the SM count assumed off the GPU (an H200's), so the interpreter takes the GPU's choices
 # Measured on the H200 (GAE fp32 with truncations, every grid shape, commit ae1b2ce, four variants
@@ -74,7 +84,7 @@ def _pow2(x: int) -> int:
 def strategy(R: int, T: int, time_contiguous: bool = True, block_t: int | None = None,
              split: bool | None = None, shift_load: bool | None = None, max_chunk: int | None = None,
              block_n: int | None = None, presolve: bool | None = None, *, sms: int = CPU_SMS,
-             num_warps: int | None = None, resolve_block_r: int = 0) -> Strategy:
+             num_warps: int | None = None, resolve_block_r: int = 0, long_warps: tuple | None = None) -> Strategy:
     """Tile sizes, split and warps for ``R`` rows of ``T`` steps on a GPU of ``sms`` SMs.
 
     ======================================  ===============================================================
@@ -82,18 +92,26 @@ def strategy(R: int, T: int, time_contiguous: bool = True, block_t: int | None =
     ======================================  ===============================================================
     time-major, fewer than ``4·sms`` tiles  ``T ≤ 128``: 16 rows × the whole row each; longer: 32 rows ×
     of 16 rows                              128 steps, split across programs (look-back)
-    ``T ≤ max_chunk``                       tiles of ``TILE / T`` rows (halved while fewer than ``4·sms``
-                                            programs), the whole row in one chunk
+    ``T ≤ max_chunk``                       tiles of ``TILE / T`` rows (512 elements; halved while fewer
+                                            than ``4·sms`` programs), the whole row in one chunk
     longer, ``R ≥ 8·sms``                   one row per program, walked in ``max_chunk`` chunks
     longer, ``R < 8·sms``                   one chunk per program: look-back; one row: three passes
     ======================================  ===============================================================
 
     ``max_chunk``: 2048 steps (1024 for V-trace's pair state); the exclusive state by an in-register
-    shift for chunks up to 512 steps, by re-loading the neighbouring step beyond. Warps: one per 256
-    elements of a program's tile, 1 to 8. Every other argument forces that choice (tests, experiments).
+    shift for chunks up to 512 steps, by re-loading the neighbouring step beyond. Warps: one per 128
+    elements of a program's tile, 1 to 8 (``long_warps = (elements per warp, most)`` for chunks of
+    1024 steps and more: V-trace's). Every other argument forces that choice (tests, experiments).
     """
     fill = FILL_PER_SM * sms
     mc = max_chunk or MAX_CHUNK
+
+    def warps(elems, bt):
+        if num_warps:
+            return num_warps
+        per, most = long_warps if long_warps and bt >= 1024 else (WARP_ELEMS // 2 if bt <= 8 else WARP_ELEMS, 8)
+        return max(1, min(most, elems // per))
+
     if not time_contiguous and block_t is None and split is None and block_n is None and R // 16 < fill // 2:
         # time-major, too few rows to fill the GPU with 16-row tiles walking their rows (measured on
         # the H200, benchmarks/time_major.py, results/time_major_2f66f1f.csv): rows up to 128 steps
@@ -115,17 +133,17 @@ def strategy(R: int, T: int, time_contiguous: bool = True, block_t: int | None =
     if split:
         bn = block_n or 1
         pre = R <= PRESOLVE_MAX_ROWS if presolve is None else presolve
-        return Strategy(bn, bt, True, chunks, num_warps or max(1, min(8, bn * bt // 256)), sl, pre,
+        return Strategy(bn, bt, True, chunks, warps(bn * bt, bt), sl, pre,
                         resolve_block_r)
     if block_n:
-        return Strategy(block_n, bt, False, 1, num_warps or max(1, min(8, block_n * bt // 256)), sl,
+        return Strategy(block_n, bt, False, 1, warps(block_n * bt, bt), sl,
                         resolve_block_r=resolve_block_r)
     bn = max(1, min(TILE // bt, _pow2(R)))
     if not time_contiguous:
         bn = max(bn, min(64, _pow2(R)))
     while bn > 1 and -(-R // bn) < fill // 2 and bn * bt > 256:  # keep enough programs in flight
         bn //= 2
-    return Strategy(bn, bt, False, 1, num_warps or max(1, min(8, bn * bt // 256)), sl,
+    return Strategy(bn, bt, False, 1, warps(bn * bt, bt), sl,
                     resolve_block_r=resolve_block_r)
 
 
@@ -237,6 +255,15 @@ def output_buffers(src: torch.Tensor, feat: tuple, dtype: torch.dtype, n: int, e
     return [torch.empty((N, T, *feat), dtype=dtype, device=src.device) for _ in range(n)]
 
 
+def _distinct(x: torch.Tensor) -> bool:
+    """Every step of the ``[N, T]`` field ``x`` at its own address (no stride 0, no overlap)."""
+    N, T = x.shape[0], x.shape[1]
+    s_n, s_t = abs(x.stride(0)), abs(x.stride(1))
+    if N == 1 or T == 1:
+        return (N == 1 or s_n > 0) and (T == 1 or s_t > 0)
+    return s_n > 0 and s_t > 0 and (s_t * T <= s_n or s_n * N <= s_t)
+
+
 def _same_layout(x: torch.Tensor, s_n: int, s_t: int, F: int) -> bool:
     """``x`` ([N, T] or [N, T, F] dense in F) is at ``(F·s_n, F·s_t)`` on every dim longer than 1."""
     N, T = x.shape[0], x.shape[1]
@@ -337,7 +364,8 @@ class Launch:
         # -- layout: one pair of strides for the fields, one for the outputs --------------------
         x = main.reshape(N, T, F) if F > 1 else main
         tm = time_major(x) and not env_only
-        if F > 1 or env_only:  # feature rows (and forced env-major calls) read dense fields
+        if F > 1 or env_only or not _distinct(x):  # read dense: feature rows, forced env-major calls,
+            # and a main field whose steps overlap (an expanded gradient): the others cannot match it
             s_n, s_t = (1, N) if tm else (T, 1)
         else:
             s_n, s_t = x.stride(0), x.stride(1)
@@ -389,7 +417,7 @@ class Launch:
                       fc.pop("block_t", None), fc.pop("split", None), fc.pop("shift_load", None),
                       fc.pop("max_chunk", None) or FAMILY_MAX_CHUNK.get(p.family), fc.pop("block_n", None),
                       fc.pop("presolve", None), sms=device_sms(self.device), num_warps=fc.pop("num_warps", None),
-                      resolve_block_r=fc.pop("resolve_block_r", 0))
+                      resolve_block_r=fc.pop("resolve_block_r", 0), long_warps=FAMILY_WARPS.get(p.family))
         self.strategy = st
         tiles = -(-self.R // st.block_n)
         self.grid = tiles * st.num_seg if st.split else tiles
