@@ -160,20 +160,23 @@ def cases(quick, sweep=False):
             yield name, n, t, torch.float32, True, "default"
 
 
-VARIANTS = {  # kernel strategy overrides compared on the GAE fp32 grid
-    "gather-c1024": dict(SHIFT_LOAD_OVERRIDE=False, MAX_CHUNK_OVERRIDE=1024),
-    "reload-c1024": dict(SHIFT_LOAD_OVERRIDE=True, MAX_CHUNK_OVERRIDE=1024),
-    "reload-c2048": dict(SHIFT_LOAD_OVERRIDE=True, MAX_CHUNK_OVERRIDE=2048),
-    "gather-c2048": dict(SHIFT_LOAD_OVERRIDE=False, MAX_CHUNK_OVERRIDE=2048),
+VARIANTS = {  # kernel strategy choices (rollbuf.kernels.forced) compared on the GAE fp32 grid
+    "gather-c1024": dict(shift_load=False, max_chunk=1024),
+    "reload-c1024": dict(shift_load=True, max_chunk=1024),
+    "reload-c2048": dict(shift_load=True, max_chunk=2048),
+    "gather-c2048": dict(shift_load=False, max_chunk=2048),
 }
+_CHOICES = []
 
 
 def set_variant(variant):
     import rollbuf.kernels as K
 
-    K.SHIFT_LOAD_OVERRIDE = K.MAX_CHUNK_OVERRIDE = None
-    for k, v in VARIANTS.get(variant, {}).items():
-        setattr(K, k, v)
+    while _CHOICES:
+        _CHOICES.pop().__exit__(None, None, None)
+    cm = K.forced(**VARIANTS.get(variant, {}))
+    cm.__enter__()
+    _CHOICES.append(cm)
 
 
 def time_case(name, N, T, dtype, trunc, bw, prov, check_it=True, variant="default"):

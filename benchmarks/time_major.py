@@ -12,6 +12,7 @@ and (GAE) every (split, block_n, block_t) variant of the time-major tile. Table 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import itertools
 import os
@@ -38,23 +39,26 @@ READS = {"gae": ("rewards", "values", "terminated", "truncated"),
 
 def variants(T, sweep):
     yield "default", dict()
-    yield "default, [N, T] outputs", dict(OUTPUT_LAYOUT_OVERRIDE="env")
+    yield "default, [N, T] outputs", dict(layout="env")
     if not sweep:  # the tile sweep is GAE's; V-trace shows whether the defaults carry over
         return
     for split, bn, bt in itertools.product((False, True), (16, 32, 64), (16, 32, 64, 128)):
         if bt > max(T, 16) or (split and bt >= T):
             continue
-        yield f"{'split' if split else 'walk'} {bn}x{bt}", dict(SPLIT_OVERRIDE=split, BLOCK_N_OVERRIDE=bn,
-                                                                 BLOCK_T_OVERRIDE=bt)
+        yield f"{'split' if split else 'walk'} {bn}x{bt}", dict(split=split, block_n=bn, block_t=bt)
 
 
 def _outs(res):
     return tuple(res) if isinstance(res, tuple) else (res,)
 
 
+_CHOICES = contextlib.ExitStack()
+
+
 def set_knobs(**kw):
-    for k in ("SPLIT_OVERRIDE", "BLOCK_N_OVERRIDE", "BLOCK_T_OVERRIDE", "OUTPUT_LAYOUT_OVERRIDE"):
-        setattr(K, k, kw.get(k))
+    """The kernels' choices (``rollbuf.kernels.forced``) for the calls that follow."""
+    _CHOICES.close()
+    _CHOICES.enter_context(K.forced(**kw))
 
 
 def main():

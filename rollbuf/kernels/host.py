@@ -37,9 +37,10 @@ from rollbuf.problem import Problem
 # elements (32768x8 32x8 w4 3.27, w2 3.58, w1 5.32); 2048x2048 keeps 8 warps (16: 37.6 vs 29.3 µs).
 TILE = 512
 WARP_ELEMS = 128
-# V-trace's chunks of 1024 steps and more take 16 warps (2 elements per thread): 2048x2048 48.4 vs
-# 58.9 µs with 8, 8192x4096 345 vs 429 (same run).
-FAMILY_WARPS = {"vtrace": (64, 16)}  # (elements per warp, most warps) for chunks of >= 1024 steps
+# V-trace's rows of 1024-step chunks: walked two to a program with 16 warps (2048x2048 48.4 µs, 8192x4096
+# 345, against 58.9 and 429 with 8 warps; 1 row with 16 warps: 68.6 and 500), split ones with 4 warps
+# (256x131072 465 µs; with 16: 643). Measured on the H200 at 1ec5553 and 51c957e.
+FAMILY_LONG_ROWS = {"vtrace": (2, 16, 4)}  # chunks >= 1024 steps: (rows per walking program, its warps, split warps)
 FILL_PER_SM = 8  # programs per SM below which long rows are split across programs
 CPU_SMS = 132  # the SM count assumed off the GPU (an H200's), so the interpreter takes the GPU's choices
 # Measured on the H200 (GAE fp32 with truncations, every grid shape, commit ae1b2ce, four variants
@@ -84,7 +85,7 @@ def _pow2(x: int) -> int:
 def strategy(R: int, T: int, time_contiguous: bool = True, block_t: int | None = None,
              split: bool | None = None, shift_load: bool | None = None, max_chunk: int | None = None,
              block_n: int | None = None, presolve: bool | None = None, *, sms: int = CPU_SMS,
-             num_warps: int | None = None, resolve_block_r: int = 0, long_warps: tuple | None = None) -> Strategy:
+             num_warps: int | None = None, resolve_block_r: int = 0, long_rows: tuple | None = None) -> Strategy:
     """Tile sizes, split and warps for ``R`` rows of ``T`` steps on a GPU of ``sms`` SMs.
 
     ======================================  ===============================================================
@@ -100,8 +101,9 @@ def strategy(R: int, T: int, time_contiguous: bool = True, block_t: int | None =
 
     ``max_chunk``: 2048 steps (1024 for V-trace's pair state); the exclusive state by an in-register
     shift for chunks up to 512 steps, by re-loading the neighbouring step beyond. Warps: one per 128
-    elements of a program's tile, 1 to 8 (``long_warps = (elements per warp, most)`` for chunks of
-    1024 steps and more: V-trace's). Every other argument forces that choice (tests, experiments).
+    elements of a program's tile, 1 to 8 (one per 64 for rows of 8 steps or fewer). ``long_rows =
+    (rows, warps, split warps)`` for chunks of 1024 steps and more: V-trace's. Every other argument
+    forces that choice (tests, experiments).
     """
     fill = FILL_PER_SM * sms
     mc = max_chunk or MAX_CHUNK
@@ -109,8 +111,7 @@ def strategy(R: int, T: int, time_contiguous: bool = True, block_t: int | None =
     def warps(elems, bt):
         if num_warps:
             return num_warps
-        per, most = long_warps if long_warps and bt >= 1024 else (WARP_ELEMS // 2 if bt <= 8 else WARP_ELEMS, 8)
-        return max(1, min(most, elems // per))
+        return max(1, min(8, elems // (WARP_ELEMS // 2 if bt <= 8 else WARP_ELEMS)))
 
     if not time_contiguous and block_t is None and split is None and block_n is None and R // 16 < fill // 2:
         # time-major, too few rows to fill the GPU with 16-row tiles walking their rows (measured on
@@ -133,11 +134,14 @@ def strategy(R: int, T: int, time_contiguous: bool = True, block_t: int | None =
     if split:
         bn = block_n or 1
         pre = R <= PRESOLVE_MAX_ROWS if presolve is None else presolve
-        return Strategy(bn, bt, True, chunks, warps(bn * bt, bt), sl, pre,
+        w = num_warps or long_rows[2] if long_rows and bt >= 1024 and not block_n else warps(bn * bt, bt)
+        return Strategy(bn, bt, True, chunks, w, sl, pre,
                         resolve_block_r)
     if block_n:
         return Strategy(block_n, bt, False, 1, warps(block_n * bt, bt), sl,
                         resolve_block_r=resolve_block_r)
+    if long_rows and bt >= 1024:
+        return Strategy(long_rows[0], bt, False, 1, num_warps or long_rows[1], sl, resolve_block_r=resolve_block_r)
     bn = max(1, min(TILE // bt, _pow2(R)))
     if not time_contiguous:
         bn = max(bn, min(64, _pow2(R)))
@@ -417,7 +421,7 @@ class Launch:
                       fc.pop("block_t", None), fc.pop("split", None), fc.pop("shift_load", None),
                       fc.pop("max_chunk", None) or FAMILY_MAX_CHUNK.get(p.family), fc.pop("block_n", None),
                       fc.pop("presolve", None), sms=device_sms(self.device), num_warps=fc.pop("num_warps", None),
-                      resolve_block_r=fc.pop("resolve_block_r", 0), long_warps=FAMILY_WARPS.get(p.family))
+                      resolve_block_r=fc.pop("resolve_block_r", 0), long_rows=FAMILY_LONG_ROWS.get(p.family))
         self.strategy = st
         tiles = -(-self.R // st.block_n)
         self.grid = tiles * st.num_seg if st.split else tiles
