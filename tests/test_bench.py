@@ -150,7 +150,7 @@ def test_redo_runs_only_failed_cases_and_later_csvs_replace_rows(tmp_path):
 
 @pytest.mark.parametrize("name,argv", [
     ("launch-overhead", ["--device", "cpu"]),
-    ("ab", ["--device", "cpu", "--variants", "new=,general=ROLLBUF_K_UNIT_STRIDE_OVERRIDE=0",
+    ("ab", ["--device", "cpu", "--variants", "new=,general=ROLLBUF_K_SPLIT=True",
             "--cases", "gae:4096x128:mask,vtrace:8x8:term+trunc:bfloat16:time"]),
     ("memory", ["--device", "cpu"]),
 ])
@@ -177,22 +177,21 @@ def test_experiments_dry_run(name, argv, tmp_path):
 
 
 def test_ab_lists_the_compiled_kernels():
-    """The ab experiment's register report reads the lean launch's cache keys (GPU only at run time):
-    scan kernels by their strategy constexprs, the resolve kernel by its own."""
+    """The ab experiment's register report reads the cached launches (GPU only at run time): one line
+    per compiled kernel, with its family, strategy and pass."""
     import types
 
-    import rollbuf.kernels as K
     from rollbuf.bench.experiments import ab
+    from rollbuf.kernels.host import Strategy
+
     fake = types.SimpleNamespace(n_regs=80, n_spills=0)
-    scan_const = dict(FAMILY=0, HAS_V=True, HAS_K=True, HAS_TR=True, BOOT=2, HAS_M=False, CARRY_IN=1,
-                      WRITE_CARRY=False, TWO_OUT=True, ADV_OUT=True, ACC="fp32", BLOCK_N=1, BLOCK_T=2048,
-                      REVERSE=True, SPLIT=True, SHIFT_LOAD=True, SINGLE=False, UNIT=1, PHASE=2, EARLY=False)
-    assert tuple(scan_const) == K._CONST_NAMES
-    cache = {("dev", ("scan", *scan_const.values()), 8, (), ()): (fake, None, None),
-             ("dev", ("resolve", 1, 256, False), 1, (512,), ()): (fake, None, None)}
-    lines = ab.compiled_kernels(cache)
-    assert lines[0].startswith("kernel scan FAMILY=0 BLOCK_N=1 BLOCK_T=2048 SPLIT=True PHASE=2")
-    assert lines[1] == "kernel resolve BLOCK_N=1 BLOCK_R=256 PAIR=False warps=1: 80 registers, 0 spills"
+    compiled = types.SimpleNamespace(compiled=(None, None, None, fake), warps=8)
+    never = types.SimpleNamespace(compiled=None, warps=1)
+    launch = types.SimpleNamespace(family="lambda", strategy=Strategy(1, 2048, True, 8, 8, True, True),
+                                   passes=(compiled, never))
+    lines = ab.compiled_kernels({"key": launch})
+    assert lines == ["kernel lambda BLOCK_N=1 BLOCK_T=2048 SPLIT=True PRESOLVE=True SHIFT_LOAD=True pass=0 "
+                     "warps=8: 80 registers, 0 spills"]
 
 
 # ------------------------------------------------------------------------ the independent gate

@@ -27,9 +27,6 @@ def plain_run(p: Problem):
         return torch_backend.run(p, fused=True)
     if p.num_steps == 0 or p.num_rows == 0:  # nothing to launch: empty outputs, the carry passed through
         return torch_backend.run(p)
-    if p.outputs == ("advantages",):  # the kernel writes advantages with returns
-        outs, carry = kernels.run(p.evolve(outputs=("advantages", "returns")))
-        return outs[:1], carry
     outs, carry = kernels.run(p)
     if p.family in (Family.FORWARD, Family.AFFINE):  # (y, final): final is an output here
         return tuple(outs), None
@@ -40,14 +37,7 @@ def run(p: Problem):
     if torch.compiler.is_compiling():
         if autograd.needs_grad(p) or p.family == Family.GENERIC:
             return torch_backend.run(p)
-        return _op_run(p)
+        return op.run(p)
     if autograd.needs_grad(p):
         return autograd.run(p, plain_run)
     return plain_run(p)
-
-
-def _op_run(p: Problem):
-    if p.outputs == ("advantages",):
-        outs, carry = op.run(p.evolve(outputs=("advantages", "returns")))
-        return outs[:1], carry
-    return op.run(p)

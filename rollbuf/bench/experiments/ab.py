@@ -5,8 +5,8 @@
 
 Each variant is a set of environment variables (``NAME=VALUE`` joined by ``+``; empty = the
 defaults), so every variant runs in its own process: variables read by the kernels at import, and
-``ROLLBUF_K_<KNOB>=<literal>``, which sets the strategy knob ``rollbuf.kernels.<KNOB>`` (e.g.
-``ROLLBUF_K_SPLIT_OVERRIDE=True``). Each case goes
+``ROLLBUF_K_<CHOICE>=<literal>``, which forces the kernels' choice ``<choice>`` for the whole run
+(``rollbuf.kernels.forced``, e.g. ``ROLLBUF_K_SPLIT=True``, ``ROLLBUF_K_BLOCK_T=64``). Each case goes
 through the benchmark suite exactly as in the scoreboard (``rollbuf.bench``: float64 gate first,
 then full-call time and CUDA-graph device time over input sets rotated past the L2, % of the
 measured copy bandwidth). Rows go to ``DIR/ab.csv`` (with a ``variant`` column); the table printed
@@ -47,12 +47,12 @@ def child(args):
     import rollbuf.kernels as K
     from rollbuf.bench.suite import run_cases
 
-    for key, val in os.environ.items():  # ROLLBUF_K_SPLIT_OVERRIDE=True → K.SPLIT_OVERRIDE = True
-        if key.startswith("ROLLBUF_K_"):
-            attr = key[len("ROLLBUF_K_"):]
-            if not hasattr(K, attr):
-                raise SystemExit(f"rollbuf.kernels has no knob {attr}")
-            setattr(K, attr, ast.literal_eval(val))
+    choices = {key[len("ROLLBUF_K_"):].lower(): ast.literal_eval(val) for key, val in os.environ.items()
+               if key.startswith("ROLLBUF_K_")}  # ROLLBUF_K_SPLIT=True → kernels.forced(split=True)
+    try:
+        K.forced(**choices).__enter__()
+    except TypeError as e:
+        raise SystemExit(str(e))
     cases = parse_cases(args.cases)
     if args.device == "cpu":  # tiny, interpreted: the gate only
         from rollbuf.bench.suite import Case
@@ -64,26 +64,26 @@ def child(args):
 
         copy_bw = copy_bandwidth()
     rows = run_cases(cases, ["rollbuf-triton"], args.device, copy_bw=copy_bw)
-    for line in compiled_kernels(K._COMPILED):  # registers and spills (GPU only)
+    from rollbuf.kernels import host
+
+    for line in compiled_kernels(host._LAUNCHES):  # registers and spills (GPU only)
         print(line, file=sys.stderr)
     print(json.dumps(rows))
 
 
 def compiled_kernels(cache: dict) -> list[str]:
-    """One line per kernel in the lean launch's cache (keyed by its constexprs): its registers and
-    spills per thread."""
-    import rollbuf.kernels as K
-
+    """One line per compiled kernel of the cached launches: family, strategy, pass, its registers and
+    spills per thread (kernels launched on a GPU only)."""
     out = []
-    for key, (compiled, _, _) in cache.items():
-        which, *values = key[1]
-        if which == "scan":
-            c = dict(zip(K._CONST_NAMES, values))
-            what = (f"FAMILY={c['FAMILY']} BLOCK_N={c['BLOCK_N']} BLOCK_T={c['BLOCK_T']} SPLIT={c['SPLIT']} "
-                    f"PHASE={c['PHASE']} SHIFT_LOAD={c['SHIFT_LOAD']} HAS_M={c['HAS_M']} UNIT={c['UNIT']}")
-        else:  # the three-pass split's middle kernel
-            what = " ".join(f"{k}={v}" for k, v in zip(K._RESOLVE_CONST_NAMES, values))
-        out.append(f"kernel {which} {what} warps={key[2]}: {compiled.n_regs} registers, {compiled.n_spills} spills")
+    for launch in cache.values():
+        st = getattr(launch, "strategy", None)
+        for i, k in enumerate(getattr(launch, "passes", ())):
+            if k.compiled is None:
+                continue
+            compiled = k.compiled[3]
+            what = (f"{launch.family} BLOCK_N={st.block_n} BLOCK_T={st.block_t} SPLIT={st.split} "
+                    f"PRESOLVE={st.presolve} SHIFT_LOAD={st.shift_load} pass={i}")
+            out.append(f"kernel {what} warps={k.warps}: {compiled.n_regs} registers, {compiled.n_spills} spills")
     return out
 
 

@@ -4,7 +4,7 @@
 
 The full call at 4096 × 128 (PERF.md P2: ≤ 8 µs) is our Python (validation, the problem, the
 strategy, argument marshalling) plus Triton's launcher plus the kernel. This measures the first part
-alone: ``scan_kernel[grid](...)`` is replaced by a no-op, the inputs are CPU tensors, and the call
+alone: every kernel launch (``rollbuf.kernels.host._Kernel.__call__``) is replaced by a no-op, the inputs are CPU tensors, and the call
 is timed over many repetitions (median of 7 batches). ``--profile`` prints the top functions.
 
 ``--device cuda``: the same with CUDA inputs (our Python on the GPU machine's host; nothing is
@@ -25,14 +25,11 @@ import torch
 
 from rollbuf.bench.experiments._common import interpreted
 
-S = F = None  # rollbuf.kernels.scan and rollbuf.functional, imported under the interpreter by main()
+H = F = None  # rollbuf.kernels.host and rollbuf.functional, imported under the interpreter by main()
 
 
-class _Stub:
-    """Stands in for ``scan_kernel``: ``stub[grid](*args, **kw)`` does nothing."""
-
-    def __getitem__(self, grid):
-        return lambda *a, **k: None
+def _stub(self, grid, args, device):
+    """Stands in for a kernel launch (``rollbuf.kernels.host._Kernel.__call__``): does nothing."""
 
 
 def case(name, N=4096, T=128, device="cpu"):
@@ -92,11 +89,8 @@ def backward_table():
 
     launches = [0]
 
-    class Counting(_Stub):
-        def __getitem__(self, grid):
-            def launch(*a, **k):
-                launches[0] += 1
-            return launch
+    def counting(self, grid, args, device):
+        launches[0] += 1
 
     class Ops(TorchDispatchMode):
         def __init__(self):
@@ -107,7 +101,7 @@ def backward_table():
             self.n += func.overloadpacket.__name__ not in _VIEWS
             return func(*args, **(kwargs or {}))
 
-    S.scan_kernel = Counting()
+    H._Kernel.__call__ = counting
     print("| estimator | fwd+bwd host µs | aten ops forward | aten ops backward | scan launches fwd + bwd |")
     print("|---|---|---|---|---|")
     for name, (fn, ins) in backward_cases().items():
@@ -134,8 +128,8 @@ def main(argv=None):
     rc = interpreted("rollbuf.bench.experiments.call_overhead", argv)
     if rc is not None:
         return rc
-    global S, F
-    import rollbuf.kernels.scan as S
+    global H, F
+    import rollbuf.kernels.host as H
     from rollbuf import functional as F
 
     ap = argparse.ArgumentParser(prog="python -m rollbuf.bench --experiment call-overhead")
@@ -147,7 +141,7 @@ def main(argv=None):
         print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; launch stubbed, CPU tensors 4 x 8\n")
         backward_table()
         return 0
-    S.scan_kernel = _Stub()
+    H._Kernel.__call__ = _stub
     names = ["gae", "gae (no truncations, [N] bootstrap)", "gae (mask)", "vtrace"]
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; launch stubbed, {args.device} tensors "
           "4096 x 128\n")

@@ -1,59 +1,51 @@
-"""Where the full call's time goes at small shapes, on a CUDA GPU (PERF.md P2: ≤ 8 µs at 4096 × 128).
+"""Where the full call's time goes at small shapes, on a CUDA GPU (≤ 8 µs at 4096 × 128 is the aim).
 
     python -m rollbuf.bench --experiment launch-overhead [--out DIR] [--device cpu]
 
 For GAE fp32 4096 × 128 (terminations + truncations) and V-trace at the same shape, each timed as
-the median of ``triton.testing.do_bench`` (full call, host included) and, for the kernel, CUDA-graph
-replay (device time):
+the median of ``triton.testing.do_bench`` and as the back-to-back host rate (in parentheses):
 
-1. ``rollbuf.gae(...)``: the whole call (validation, problem, strategy, argument marshalling, launch
-   of the cached compiled kernel: ``rollbuf.kernels.LEAN_LAUNCH``), and the same call through
-   Triton's JIT launch (``LEAN_LAUNCH = False``);
-2. ``scan_kernel[grid](*args, **constexprs)`` with the arguments the call recorded: Triton's JIT
-   path alone (binder, specialization of ~70 arguments, cache lookup, launcher);
-3. the ``CompiledKernel`` that path returned, launched directly (``compiled[grid](*args)``: no
-   binder, no specialization, no cache lookup) — what a cached launcher could reach;
-4. a 4-argument Triton kernel (copy of one fp32 row block) through its JIT path: the floor of a
-   Triton launch on this host;
-5. ``torch.empty`` of the two outputs alone.
+1. ``rollbuf.gae(...)``: the whole call (validation, the problem, the cached launch);
+2. ``rollbuf.kernels.run(p)`` on a prepared problem: the launch's signature lookup and the launch;
+3. ``rollbuf.kernels.plan(p)()``: a plan bound to the call's tensors (what a ``Rollout`` holds);
+4. the compiled kernel that plan launches, called directly with the plan's arguments (no Python
+   around it: the floor of this kernel's launch on this host);
+5. a 4-argument Triton kernel (copy of one fp32 row block) through its JIT path;
+6. ``torch.empty`` of the two outputs alone.
 
-``--device cpu`` runs step 1 and the argument recording under the interpreter (a dry run of the
-script's logic; nothing is timed that means anything there).
+``--device cpu`` runs step 1 to 3 once under the interpreter and prints the kernel's parameter
+count (a dry run of the script's logic; nothing is timed that means anything there).
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import inspect
 import os
 
 import torch
 
 
-def record_launch(call):
-    """Run ``call()`` once with ``scan_kernel`` wrapped: returns a dict of grid, args, kwargs, the
-    ``CompiledKernel`` the launch returned, and the call's result."""
-    import rollbuf.kernels as K
-    import rollbuf.kernels.scan as S
 
-    real, lean = S.scan_kernel, K.LEAN_LAUNCH
-    K.LEAN_LAUNCH = False  # through scan_kernel[grid], where the recorder sits
-    seen = {}
+def problems(dev, N, T):
+    from rollbuf.problem import Problem
 
-    class Recorder:
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                seen.update(grid=grid, args=args, kwargs=kwargs)
-                seen["compiled"] = real[grid](*args, **kwargs)
-                return seen["compiled"]
-            return launch
+    g = torch.Generator(device=dev).manual_seed(0)
+    r, v, bv = (torch.randn(N, T, device=dev, generator=g) for _ in range(3))
+    lp, tlp = (torch.randn(N, T, device=dev, generator=g) * 0.3 for _ in range(2))
+    k = torch.rand(N, T, device=dev, generator=g) < 0.01
+    tr = torch.rand(N, T, device=dev, generator=g) < 0.01
+    base = dict(rewards=r, values=v, terminated=k, truncated=tr, bootstrap_values=bv, mask=None)
+    from rollbuf import functional as F
 
-    S.scan_kernel = Recorder()
-    try:
-        seen["result"] = call()
-    finally:
-        S.scan_kernel, K.LEAN_LAUNCH = real, lean
-    return seen
+    return {
+        "gae": (lambda: F.gae(0.99, 0.95, **base, backend="triton"),
+                Problem(family="lambda", outputs=("advantages", "returns"), fields=base, gamma=0.99, lam=0.95)),
+        "vtrace": (lambda: F.vtrace(tlp, 0.99, log_probs=lp, **base, backend="triton"),
+                   Problem(family="vtrace", outputs=("vs", "pg_advantages"),
+                           fields=dict(base, log_probs=lp, target_log_probs=tlp), gamma=0.99)),
+    }
 
 
 def main(argv=None):
@@ -72,26 +64,17 @@ def main(argv=None):
     import triton.language as tl
 
     import rollbuf.kernels as K
-    from rollbuf import functional as F
-    from rollbuf.kernels.scan import scan_kernel
 
     N, T = (4096, 128) if dev == "cuda" else (5, 37)  # the dry run: tiny, interpreted
-    g = torch.Generator(device=dev).manual_seed(0)
-    r, v, bv = (torch.randn(N, T, device=dev, generator=g) for _ in range(3))
-    lp, tlp = (torch.randn(N, T, device=dev, generator=g) * 0.3 for _ in range(2))
-    k = torch.rand(N, T, device=dev, generator=g) < 0.01
-    tr = torch.rand(N, T, device=dev, generator=g) < 0.01
-    calls = {
-        "gae": lambda: F.gae(0.99, 0.95, rewards=r, values=v, terminated=k, truncated=tr, bootstrap_values=bv,
-                             backend="triton"),
-        "vtrace": lambda: F.vtrace(tlp, 0.99, log_probs=lp, rewards=r, values=v, terminated=k, truncated=tr,
-                                   bootstrap_values=bv, backend="triton"),
-    }
+    calls = problems(dev, N, T)
     if dev != "cuda":
-        for name, call in calls.items():
-            seen = record_launch(call)
-            print(f"{name}: grid {seen['grid']}, {len(seen['args'])} positional + {len(seen['kwargs'])} keyword "
-                  f"arguments recorded")
+        for name, (call, p) in calls.items():
+            call()
+            K.run(p)
+            K.plan(p)()
+            la = K.launch_for(p)
+            n = len(inspect.signature(la.passes[0].jit.fn).parameters)
+            print(f"{name}: grid {la.grid}, {n} kernel parameters, strategy {la.strategy}")
         return 0
 
     from triton.testing import do_bench
@@ -107,8 +90,7 @@ def main(argv=None):
         return do_bench(fn, warmup=50, rep=300, return_mode="median") * 1e3
 
     def loop_us(fn, n=2000):
-        """Wall time per call of back-to-back calls, one sync at the end: the host's rate (each
-        call here launches less device work than its host time, so the queue never backs up)."""
+        """Wall time per call of back-to-back calls, one sync at the end: the host's rate."""
         import time
 
         for _ in range(50):
@@ -126,35 +108,30 @@ def main(argv=None):
     rows = []
     prov = provenance()
     x, y = torch.randn(N * T, device=dev), torch.empty(N * T, device=dev)
-    floor = us(lambda: _copy[(N * T // 1024,)](x, y, N * T, BLOCK=1024))
-    floor_loop = loop_us(lambda: _copy[(N * T // 1024,)](x, y, N * T, BLOCK=1024))
-    empty = us(lambda: (torch.empty(N, T, device=dev), torch.empty(N, T, device=dev)))
-    for name, call in calls.items():
-        seen = record_launch(call)
-        grid, a, kw, compiled = seen["grid"], seen["args"], seen["kwargs"], seen["compiled"]
-        full = us(call)
-        K.LEAN_LAUNCH = False
-        full_jit, full_jit_loop = us(call), loop_us(call)
-        K.LEAN_LAUNCH = True
-        jit = us(lambda: scan_kernel[grid](*a, **kw))
-        # the compiled kernel's runner takes every parameter in declaration order, constexprs included
-        names = scan_kernel.arg_names
-        ordered = list(a) + [kw[n] for n in names[len(a):] if n in kw]
-        runner = compiled[tuple(grid) + (1,) * (3 - len(grid))]
-        # the direct launch must write what the JIT path wrote: poison the recorded outputs, relaunch
-        want = [o.clone() for o in seen["result"]]
-        for o in seen["result"]:
-            o.fill_(float("nan"))
-        runner(*ordered)
-        torch.cuda.synchronize()
-        same = all(torch.equal(o, w) for o, w in zip(seen["result"], want))
-        direct = us(lambda: runner(*ordered))
-        row = dict(direct_launch_matches=same, estimator=name, N=N, T=T, full_call_us=full,
-                   full_call_jit_us=full_jit, full_call_jit_loop_us=full_jit_loop, triton_jit_us=jit,
-                   compiled_direct_us=direct, small_triton_kernel_us=floor, two_empty_us=empty,
-                   full_call_loop_us=loop_us(call), triton_jit_loop_us=loop_us(lambda: scan_kernel[grid](*a, **kw)),
-                   compiled_direct_loop_us=loop_us(lambda: runner(*ordered)), small_triton_kernel_loop_us=floor_loop,
-                   n_args=len(ordered), **prov)
+    floor = lambda: _copy[(N * T // 1024,)](x, y, N * T, BLOCK=1024)  # noqa: E731
+    empty = lambda: (torch.empty(N, T, device=dev), torch.empty(N, T, device=dev))  # noqa: E731
+    for name, (call, p) in calls.items():
+        plan = K.plan(p)
+        plan()
+        la = plan.launch
+        args_, outs, co, ws = la.prepare(*la.inputs(p))
+        kern = la.passes[0]
+        run, function, meta, compiled = kern.compiled
+        from triton.runtime.driver import driver
+
+        stream = driver.active.get_current_stream(torch.cuda.current_device())
+
+        def direct():
+            run(la.grid, 1, 1, stream, function, meta, None, None, None, *args_, *kern.const)
+
+        fns = {"full_call": call, "kernels_run": lambda: K.run(p), "plan": plan, "compiled_direct": direct,
+               "small_triton_kernel": floor, "two_empty": empty}
+        row = dict(estimator=name, N=N, T=T, n_params=len(inspect.signature(kern.jit.fn).parameters),
+                   regs=compiled.n_regs, spills=compiled.n_spills)
+        for k_, fn in fns.items():
+            row[f"{k_}_us"] = us(fn)
+            row[f"{k_}_loop_us"] = loop_us(fn)
+        row.update(prov)
         rows.append(row)
         print(row, flush=True)
     os.makedirs(args.out, exist_ok=True)
@@ -163,24 +140,14 @@ def main(argv=None):
         w.writeheader()
         w.writerows(rows)
     print(f"\n{prov}\n")
-    print("do_bench median (back-to-back host loop, µs per call)\n")
-    print("| estimator | full call µs | full call, JIT launch µs | Triton JIT launch µs | compiled kernel direct µs "
-          "| 4-arg Triton kernel µs "
-          "| 2 × torch.empty µs | kernel args |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("do_bench median (back-to-back host loop), µs per call\n")
+    keys = ["full_call", "kernels_run", "plan", "compiled_direct", "small_triton_kernel", "two_empty"]
+    print("| estimator | " + " | ".join(keys) + " | kernel parameters |")
+    print("|---" * (len(keys) + 2) + "|")
     for r_ in rows:
-        print(f"| {r_['estimator']} | {r_['full_call_us']:.1f} ({r_['full_call_loop_us']:.1f}) | "
-              f"{r_['full_call_jit_us']:.1f} ({r_['full_call_jit_loop_us']:.1f}) | "
-              f"{r_['triton_jit_us']:.1f} ({r_['triton_jit_loop_us']:.1f}) | "
-              f"{r_['compiled_direct_us']:.1f} ({r_['compiled_direct_loop_us']:.1f}) | "
-              f"{r_['small_triton_kernel_us']:.1f} ({r_['small_triton_kernel_loop_us']:.1f}) | "
-              f"{r_['two_empty_us']:.1f} "
-              f"| {r_['n_args']} |")
-    bad = [r_["estimator"] for r_ in rows if not r_["direct_launch_matches"]]
-    print("direct launch wrote the same outputs as the JIT path" if not bad else f"DIRECT LAUNCH DIFFERS: {bad}")
-
-    return 0 if not bad else 1
+        print(f"| {r_['estimator']} | " + " | ".join(f"{r_[k + '_us']:.1f} ({r_[k + '_loop_us']:.1f})" for k in keys)
+              + f" | {r_['n_params']} |")
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    main()

@@ -1,0 +1,516 @@
+"""What every family's kernel shares: loads, one chunk's scan, the carry past the window, the
+decoupled look-back, and the driver that walks a row or takes one chunk of it.
+
+A family kernel (``gae.py``, ``vtrace.py``, ...) is a small entry that gathers its pointers into a
+tuple ``fam = (fields, outputs, scalars)`` and hands it to :func:`drive` with two device
+functions of its own:
+
+* ``STEP(fam, geo, o, ok, end, ACC)``: the scan elements (affine maps) of the steps ``o`` (``ok``: inside
+  the row), built by the family's function in :mod:`rollbuf.boundary.coefficients`; the identity
+  at padded lanes and masked steps;
+* ``EMIT(fam, geo, o, ok, z, end, ACC)``: writes the outputs of the steps ``o`` from their own fields and
+  the *exclusive* state ``z`` (the state one step further along the scan: ``Z_{t+1}`` backward,
+  ``F_{t−1}`` forward), 0 at masked steps; returns the *inclusive* state at ``o`` (what the step
+  hands on), which the driver stores as the row's carry out where asked.
+
+``fields = (main, values, terminated, truncated, bootstrap_values, mask, *extras)``: the driver
+reads positions 2, 4 and 5 for the window end; ``None`` = absent (a compile-time constant: absent
+fields cost nothing). ``geo = (n, f, F, s_n, s_t, s_on, s_ot, T)``: the rows' environment and feature index
+(``[BLOCK_N, 1]``), the feature count (1 except for the forward estimators' ``x``), and the one pair
+of strides every ``[N, T]`` field of the call is read with, and the outputs' pair (a feature field
+or output at ``F·(n·s + t·s) + f``).
+
+Scan elements are tuples: ``(α, β)`` for the scalar families (the map ``y → α + β·y``), five
+components ``(p, q, s, a, w)`` for V-trace's pair state (``(u, V) → (a + p·u + q·V, w + s·V)``).
+"""
+
+import types
+
+import triton
+import triton.language as tl
+
+from rollbuf.boundary import coefficients as C
+
+
+def jit_boundary(fn):
+    """Compile a boundary function as a Triton device function (same source, same code object).
+
+    The boundary module does not import Triton (the torch backend must work without it), so the
+    function is rebound to globals that also hold ``tl``, as the Triton interpreter requires.
+    """
+    g = dict(fn.__globals__, tl=tl, triton=triton)
+    f = types.FunctionType(fn.__code__, g, fn.__name__, fn.__defaults__, fn.__closure__)
+    f.__doc__, f.__module__, f.__qualname__ = fn.__doc__, fn.__module__, fn.__qualname__
+    return triton.jit(f)
+
+
+compose = jit_boundary(C.compose)
+compose_pair = jit_boundary(C.compose_pair)
+
+# CARRY_IN: the state past the window's end (backward) or before its start (forward)
+ZERO = tl.constexpr(0)  # 0 (terminal window end; forward scans without `initial`)
+STATE = tl.constexpr(1)  # an explicit state per row in p_ci: a chained `carry` or `initial`
+END_COLUMN = tl.constexpr(2)  # V(s_T) from the [N] column in p_ci, 0 where the window-end step terminated
+END_STEP = tl.constexpr(3)  # V(s_T) read from per-step bootstrap_values at the window-end step
+# PASS: what one program does
+WALK = tl.constexpr(0)  # whole rows, chunk after chunk, the carry in registers
+LOOKBACK = tl.constexpr(1)  # one chunk of a row; the carry from the chunks before it (decoupled look-back)
+AGGREGATES = tl.constexpr(2)  # three passes, 1st: one chunk's aggregate map into the scratch
+OUTPUTS = tl.constexpr(3)  # three passes, 3rd: one chunk's outputs from its resolved carry
+
+
+@triton.jit
+def load(ptr, off, ok, live, HAS_M: tl.constexpr, ACC: tl.constexpr):
+    """A field at ``off`` as ``ACC``, 0 where not ``live``. With a mask the load itself is under
+    ``ok`` alone (a mask that depends on loaded data keeps the compiler from vectorising the load)
+    and masked steps are dropped by a select, so garbage there (NaN, Inf) never reaches the
+    arithmetic. Measured on the H200 (results/ab_masked_loads_3b98468.csv): masked GAE 1.2–2.3×
+    faster than loads under the mask, V-trace 1.35–1.39×."""
+    if HAS_M:
+        return tl.where(live, tl.load(ptr + off, mask=ok, other=0).to(ACC), 0.0)
+    else:
+        return tl.load(ptr + off, mask=ok, other=0).to(ACC)
+
+
+@triton.jit
+def load_flag(ptr, off, ok, live, ACC: tl.constexpr):
+    """A 0/1 flag (bool, uint8 or float storage) at ``off``; 0 where not ``live``; ``None``: 0."""
+    if ptr is None:
+        return tl.zeros(off.shape, ACC)
+    else:
+        return (live & (tl.load(ptr + off, mask=ok, other=0) != 0)).to(ACC)
+
+
+@triton.jit
+def offsets(geo, o):
+    """Offsets of the steps ``o`` in every ``[N, T]`` field of the call."""
+    return geo[0] * geo[3] + o * geo[4]
+
+
+@triton.jit
+def out_offsets(geo, o):
+    """Offsets of the steps ``o`` in every ``[N, T]`` output of the call."""
+    return geo[0] * geo[5] + o * geo[6]
+
+
+@triton.jit
+def next_value(p_v, geo, o, ok, end_v, ACC: tl.constexpr):
+    """``V`` at the step after each of ``o`` in time, read from ``p_v``; past the window's last step,
+    ``end_v`` (the state past the window, ``[BLOCK_N, 1]``). Only without a mask is the next step
+    the next one in memory."""
+    T = geo[7]
+    v = tl.load(p_v + offsets(geo, o + 1), mask=ok & (o + 1 < T), other=0).to(ACC)
+    return tl.where(o + 1 >= T, end_v, v)
+
+
+@triton.jit
+def boundary(fields, off, ok, ACC: tl.constexpr):
+    """``(k, tr, boot, live)`` at ``off``: terminated and truncated as 0/1, the bootstrap value where
+    a live, truncated, non-terminated step reads it (0 elsewhere: never loaded), and ``live`` =
+    inside the row and not masked."""
+    p_k, p_tr, p_bv, p_m = fields[2], fields[3], fields[4], fields[5]
+    if p_m is None:
+        live = ok
+    else:
+        live = ok & (tl.load(p_m + off, mask=ok, other=0) != 0)
+    k = load_flag(p_k, off, ok, live, ACC)
+    tr = load_flag(p_tr, off, ok, live, ACC)
+    if p_bv is None:
+        boot = tl.zeros(off.shape, ACC)
+    else:
+        read = live & (tr != 0) & (k == 0)
+        boot = tl.load(p_bv + off, mask=read, other=0).to(ACC)
+    return k, tr, boot, live
+
+
+# ---- maps ------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _combine(a1, b1, a2, b2):
+    # the element met later in scan order is the outer map (both directions)
+    return compose(a2, b2, a1, b1)
+
+
+@triton.jit
+def _combine_pair(p1, q1, s1, a1, w1, p2, q2, s2, a2, w2):
+    return compose_pair(p2, q2, s2, a2, w2, p1, q1, s1, a1, w1)
+
+
+@triton.jit
+def identity_where(e, live, PAIR: tl.constexpr):
+    """The map ``e`` where ``live``, the identity elsewhere (broadcast to ``live``'s shape)."""
+    z = tl.zeros(live.shape, e[0].dtype)
+    if PAIR:
+        return (tl.where(live, e[0] + z, 1.0), tl.where(live, e[1] + z, 0.0), tl.where(live, e[2] + z, 1.0),
+                tl.where(live, e[3] + z, 0.0), tl.where(live, e[4] + z, 0.0))
+    else:
+        return tl.where(live, e[0] + z, 0.0), tl.where(live, e[1] + z, 1.0)
+
+
+@triton.jit
+def apply(e, cu, cv, PAIR: tl.constexpr):
+    """The state after the map ``e`` applied to ``(cu, cv)`` (``cv`` unused by scalar maps)."""
+    if PAIR:
+        return e[3] + e[0] * cu + e[1] * cv, e[4] + e[2] * cv
+    else:
+        return e[0] + e[1] * cu, cv + tl.zeros_like(e[0])
+
+
+@triton.jit
+def _compose(o, i, PAIR: tl.constexpr):
+    """``o ∘ i`` (apply ``i`` first)."""
+    if PAIR:
+        return compose_pair(o[0], o[1], o[2], o[3], o[4], i[0], i[1], i[2], i[3], i[4])
+    else:
+        return compose(o[0], o[1], i[0], i[1])
+
+
+@triton.jit
+def _identity(BLOCK_N: tl.constexpr, PAIR: tl.constexpr, ACC: tl.constexpr):
+    one = tl.full([BLOCK_N], 1.0, ACC)
+    zero = tl.zeros([BLOCK_N], ACC)
+    if PAIR:
+        return one, zero, one, zero, zero
+    else:
+        return zero, one
+
+
+@triton.jit
+def _edge(x, lanes, EDGE: tl.constexpr):
+    return tl.sum(tl.where(lanes == EDGE, x, 0.0), axis=1)
+
+
+@triton.jit
+def _edge_map(e, lanes, EDGE: tl.constexpr, PAIR: tl.constexpr):
+    if PAIR:
+        return (_edge(e[0], lanes, EDGE), _edge(e[1], lanes, EDGE), _edge(e[2], lanes, EDGE),
+                _edge(e[3], lanes, EDGE), _edge(e[4], lanes, EDGE))
+    else:
+        return _edge(e[0], lanes, EDGE), _edge(e[1], lanes, EDGE)
+
+
+@triton.jit
+def _shift(x, c, lanes, REVERSE: tl.constexpr, BLOCK_T: tl.constexpr):
+    """The state one step further along the scan: lane t takes lane t+1 (backward) or t−1
+    (forward) of ``x``; the lane at the chunk's far edge takes the carry ``c`` ([BLOCK_N, 1])."""
+    if REVERSE:
+        idx = tl.minimum(lanes + 1, BLOCK_T - 1)
+        far = lanes == BLOCK_T - 1
+    else:
+        idx = tl.maximum(lanes - 1, 0)
+        far = lanes == 0
+    idx = idx + tl.zeros_like(x).to(tl.int32)
+    return tl.where(far, c, tl.gather(x, idx, 1))
+
+
+# ---- the scratch of split rows -----------------------------------------------------------------
+# Slot ``tile·NUM_SEG + rank`` holds W·BLOCK_N values: the chunk's aggregate map (2 components, or
+# 5 for a pair), then its inclusive state (1 or 2). After the slots: int32 words, the ticket
+# counter, then one flag per slot (0 = nothing yet, 1 = aggregate published, 2 = inclusive state
+# published). The caller allocates it per call and zeroes the flag words on the stream.
+
+
+@triton.jit
+def _store_map(base, g, o_b, BLOCK_N: tl.constexpr, PAIR: tl.constexpr):
+    tl.store(base + o_b, g[0])
+    tl.store(base + BLOCK_N + o_b, g[1])
+    if PAIR:
+        tl.store(base + 2 * BLOCK_N + o_b, g[2])
+        tl.store(base + 3 * BLOCK_N + o_b, g[3])
+        tl.store(base + 4 * BLOCK_N + o_b, g[4])
+
+
+@triton.jit
+def _load_map(base, o_b, BLOCK_N: tl.constexpr, PAIR: tl.constexpr):
+    if PAIR:
+        return (tl.load(base + o_b, volatile=True), tl.load(base + BLOCK_N + o_b, volatile=True),
+                tl.load(base + 2 * BLOCK_N + o_b, volatile=True), tl.load(base + 3 * BLOCK_N + o_b, volatile=True),
+                tl.load(base + 4 * BLOCK_N + o_b, volatile=True))
+    else:
+        return tl.load(base + o_b, volatile=True), tl.load(base + BLOCK_N + o_b, volatile=True)
+
+
+@triton.jit
+def _store_state(base, u, v, o_b, BLOCK_N: tl.constexpr, PAIR: tl.constexpr):
+    if PAIR:
+        tl.store(base + 5 * BLOCK_N + o_b, u)
+        tl.store(base + 6 * BLOCK_N + o_b, v)
+    else:
+        tl.store(base + 2 * BLOCK_N + o_b, u)
+
+
+@triton.jit
+def _load_state(base, o_b, BLOCK_N: tl.constexpr, PAIR: tl.constexpr):
+    if PAIR:
+        return tl.load(base + 5 * BLOCK_N + o_b, volatile=True), tl.load(base + 6 * BLOCK_N + o_b, volatile=True)
+    else:
+        u = tl.load(base + 2 * BLOCK_N + o_b, volatile=True)
+        return u, u
+
+
+@triton.jit
+def _look_back(p_ws, p_flag, tile, rank, NUM_SEG, g, cu, cv, BLOCK_N: tl.constexpr, PAIR: tl.constexpr,
+               ACC: tl.constexpr):
+    """Publish this chunk's aggregate ``g`` (flag 1), then find the carry into it: walk back over
+    the chunks before it in scan order, composing the aggregates of those that only published
+    theirs (flag 1), waiting on any that published nothing yet (flag 0), until one that published
+    its inclusive state (flag 2). Then publish this chunk's inclusive state (flag 2). Returns the
+    carry. Rank 0 (the first chunk in scan order) keeps the row's carry ``(cu, cv)``."""
+    W: tl.constexpr = 3 + 4 * PAIR  # slot width: map components + state
+    o_b = tl.arange(0, BLOCK_N)
+    slot = tile * NUM_SEG + rank
+    p_slot = p_ws + slot * (W * BLOCK_N)
+    if rank > 0:
+        _store_map(p_slot, g, o_b, BLOCK_N, PAIR)
+        tl.debug_barrier()
+        tl.atomic_xchg(p_flag + 1 + slot, 1, sem="release")
+        m = _identity(BLOCK_N, PAIR, ACC)  # the aggregates between the state found and this chunk
+        pr = rank - 1
+        while pr >= 0:
+            p_fl = p_flag + 1 + tile * NUM_SEG + pr
+            fl = tl.atomic_add(p_fl, 0, sem="acquire")
+            while fl == 0:  # not started, or not published yet: wait (it started before this one)
+                fl = tl.atomic_add(p_fl, 0, sem="acquire")
+            p_pr = p_ws + (tile * NUM_SEG + pr) * (W * BLOCK_N)
+            if fl == 2:
+                su, sv = _load_state(p_pr, o_b, BLOCK_N, PAIR)
+                cu, cv = apply(m, su, sv, PAIR)
+                pr = pr * 0 - 1  # found: stop
+            else:
+                m = _compose(m, _load_map(p_pr, o_b, BLOCK_N, PAIR), PAIR)
+                pr -= 1
+    iu, iv = apply(g, cu, cv, PAIR)
+    _store_state(p_slot, iu, iv, o_b, BLOCK_N, PAIR)
+    tl.debug_barrier()
+    tl.atomic_xchg(p_flag + 1 + slot, 2, sem="release")
+    return cu, cv
+
+
+# ---- the carry past the window ------------------------------------------------------------------
+
+
+@triton.jit
+def carry_in(fields, p_ci, rows, row_ok, first, T, geo, PAIR: tl.constexpr, CARRY_IN: tl.constexpr,
+             ACC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr):
+    """The state past the window, per row ``[BLOCK_N]`` (see ``CARRY_IN``; ``PAIR``: the state is
+    V-trace's pair ``(u, V)``, ``[N, 2]`` in memory); ``first``: this program holds the first chunk in
+    scan order (only that one reads the mask back for the window end).
+
+    The window end is the row's last column, or with a mask its last unmasked step, found by reading
+    the mask backward from the row's end one chunk at a time (1 byte per step, usually one chunk); a
+    row with no unmasked step passes V(s_T) of its last column through. V(s_T) is 0 where that
+    step terminated (it is never read)."""
+    cu = tl.zeros([BLOCK_N], ACC)
+    cv = tl.zeros([BLOCK_N], ACC)
+    F, s_n, s_t = geo[2], geo[3], geo[4]
+    nn = rows // F
+    if CARRY_IN == STATE:
+        if PAIR:
+            cu = tl.load(p_ci + rows * 2, mask=row_ok, other=0).to(ACC)
+            cv = tl.load(p_ci + rows * 2 + 1, mask=row_ok, other=0).to(ACC)
+        else:
+            cu = tl.load(p_ci + rows, mask=row_ok, other=0).to(ACC)
+    if CARRY_IN == END_COLUMN or CARRY_IN == END_STEP:
+        p_k, p_bv, p_m = fields[2], fields[4], fields[5]
+        j_end = tl.zeros([BLOCK_N], tl.int64) + (T - 1)
+        live_end = row_ok
+        if p_m is not None:
+            lanes = tl.arange(0, BLOCK_T)[None, :]
+            last = tl.full([BLOCK_N], -1, tl.int64)
+            c = (tl.zeros([], tl.int64) + T - 1) // BLOCK_T
+            c = tl.where(first, c, -1)
+            todo = tl.sum(row_ok.to(tl.int32), axis=0)
+            while (c >= 0) & (todo > 0):
+                o_c = c * BLOCK_T + lanes
+                ok_c = row_ok[:, None] & (o_c < T)
+                live_c = tl.load(p_m + nn[:, None] * s_n + o_c * s_t, mask=ok_c, other=0) != 0
+                here = tl.max(tl.where(live_c, o_c, -1), axis=1).to(tl.int64)
+                last = tl.where(last < 0, here, last)
+                todo = tl.sum(((last < 0) & row_ok).to(tl.int32), axis=0)
+                c -= 1
+            live_end = row_ok & (last >= 0)
+            j_end = tl.where(live_end, last, j_end)
+        k_end = tl.zeros([BLOCK_N], tl.int1)
+        if p_k is not None:
+            k_end = (tl.load(p_k + nn * s_n + j_end * s_t, mask=row_ok, other=0) != 0) & live_end
+        if CARRY_IN == END_STEP:
+            b_end = tl.load(p_bv + nn * s_n + j_end * s_t, mask=row_ok & ~k_end, other=0).to(ACC)
+        else:
+            b_end = tl.load(p_ci + nn, mask=row_ok & ~k_end, other=0).to(ACC)
+        b_end = tl.where(k_end, 0.0, b_end)
+        if PAIR:
+            cv = b_end
+        else:
+            cu = b_end
+    return cu, cv
+
+
+# ---- one chunk ----------------------------------------------------------------------------------
+
+
+@triton.jit
+def _scan(fam, geo, o, ok, end, STEP: tl.constexpr, PAIR: tl.constexpr, REVERSE: tl.constexpr,
+          ACC: tl.constexpr):
+    """Inclusive scan over the chunk (axis 1) of the maps of the steps ``o``."""
+    e = STEP(fam, geo, o, ok, end, ACC)
+    if PAIR:
+        return tl.associative_scan(e, 1, _combine_pair, reverse=REVERSE)
+    else:
+        return tl.associative_scan(e, 1, _combine, reverse=REVERSE)
+
+
+@triton.jit
+def _finish(fam, geo, e, cu, cv, end, start, rows, row_ok, p_co, EMIT: tl.constexpr, MODE: tl.constexpr,
+            REVERSE: tl.constexpr, ACC: tl.constexpr, BLOCK_T: tl.constexpr, SHIFT_LOAD: tl.constexpr):
+    """A chunk's scan ``e`` applied to the carry into it; the state ``EMIT`` reads at every lane (the
+    inclusive one if the family's scan is its output; else the exclusive one: the scan of the
+    neighbours' maps itself with ``SHIFT_LOAD``, or the inclusive one shifted by a lane in
+    registers); the outputs written; the row's carry out stored by the chunk that holds its edge
+    step. Returns the inclusive state (what the next chunk in scan order starts from)."""
+    PAIR: tl.constexpr = MODE[0]
+    CARRY2: tl.constexpr = MODE[1]
+    INCLUSIVE: tl.constexpr = MODE[2]
+    T = geo[7]
+    lanes = tl.arange(0, BLOCK_T)[None, :]
+    o = start + lanes
+    ok = row_ok[:, None] & (o < T)
+    iu, iv = apply(e, cu[:, None], cv[:, None], PAIR)
+    if INCLUSIVE or SHIFT_LOAD:
+        zu = iu
+        zv = iv
+    else:
+        zu = _shift(iu, cu[:, None], lanes, REVERSE, BLOCK_T)
+        if PAIR:
+            zv = _shift(iv, cv[:, None], lanes, REVERSE, BLOCK_T)
+        else:
+            zv = zu
+    ou, ov = EMIT(fam, geo, o, ok, (zu, zv), end, ACC)
+    if p_co is not None:
+        if not SHIFT_LOAD and not INCLUSIVE and PAIR == CARRY2:  # the scan is the carried state already
+            ou = iu
+            ov = iv
+        if REVERSE:
+            edge = o == 0
+        else:
+            edge = o == T - 1
+        has = (tl.max(edge.to(tl.int32), axis=1) > 0) & row_ok
+        if CARRY2:
+            tl.store(p_co + rows * 2, tl.sum(tl.where(edge, ou, 0.0), axis=1).to(p_co.dtype.element_ty), mask=has)
+            tl.store(p_co + rows * 2 + 1, tl.sum(tl.where(edge, ov, 0.0), axis=1).to(p_co.dtype.element_ty),
+                     mask=has)
+        else:
+            tl.store(p_co + rows, tl.sum(tl.where(edge, ou, 0.0), axis=1).to(p_co.dtype.element_ty), mask=has)
+    return iu, iv
+
+
+# ---- the driver ---------------------------------------------------------------------------------
+
+
+@triton.jit
+def _program(R, T, p_ws, PAIR: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, PASS: tl.constexpr):
+    """``(tile, rank)`` of this program: its row tile and, for split rows, its chunk's rank in scan
+    order (0 = first). The look-back hands out tickets in the order programs start, so a program only
+    ever waits on programs that started before it and the chain cannot deadlock; consecutive tickets
+    go to different row tiles at the same rank, so the programs in flight advance many rows' chains
+    at once."""
+    if PASS == WALK:
+        tile = tl.program_id(0).to(tl.int64)
+        return tile, tile * 0
+    else:
+        tiles = tl.cdiv(R, BLOCK_N)
+        if PASS == LOOKBACK:
+            W: tl.constexpr = 3 + 4 * PAIR  # slot width: map components + state
+            p_flag = (p_ws + tiles * tl.cdiv(T, BLOCK_T) * (W * BLOCK_N)).to(tl.pointer_type(tl.int32))
+            vid = tl.atomic_add(p_flag, 1).to(tl.int64)
+        else:
+            vid = tl.program_id(0).to(tl.int64)
+        return vid % tiles, vid // tiles
+
+
+@triton.jit
+def drive(fam, R, T, F, strides, p_ci, p_co, p_ws, STEP: tl.constexpr, EMIT: tl.constexpr,
+          MODE: tl.constexpr, REVERSE: tl.constexpr, CARRY_IN: tl.constexpr, ACC: tl.constexpr,
+          BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, PASS: tl.constexpr, SHIFT_LOAD: tl.constexpr):
+    """One program of a family kernel: ``R`` rows (``R = N·F``) of ``T`` steps; ``strides =
+    (s_n, s_t, s_on, s_ot)``: the fields' pair and the outputs' pair.
+
+    ``PASS``: ``WALK``: the program owns ``BLOCK_N`` whole rows and walks them in ``BLOCK_T``-step
+    chunks (backward in time for the backward estimators), the carry in registers. ``LOOKBACK``:
+    it owns one chunk of ``BLOCK_N`` rows and gets the carry into it by the decoupled look-back.
+    ``AGGREGATES`` / ``OUTPUTS``: the first and last of three passes over split rows (the middle
+    one, :func:`rollbuf.kernels.resolve.resolve_kernel`, turns the aggregates into every chunk's
+    carry): no atomics, no waiting.
+
+    ``SHIFT_LOAD``: scan the neighbouring step's maps (``t + 1`` backward, ``t − 1`` forward; the
+    scan *is* the exclusive state); otherwise scan the steps' own maps and shift by a lane.
+
+    ``MODE = (PAIR, CARRY2, INCLUSIVE)``, the family's: the scan's maps are pair maps (five
+    components) or scalar ones; the carry in and out is a pair per row (V-trace's ``(u, V)``) or one
+    value; ``EMIT`` reads the inclusive state (the family scans its output itself) or the exclusive
+    one. ``STEP`` and ``EMIT`` also get ``end``, the state past the window (``[BLOCK_N, 1]`` pair)."""
+    PAIR: tl.constexpr = MODE[0]
+    CARRY2: tl.constexpr = MODE[1]
+    INCLUSIVE: tl.constexpr = MODE[2]
+    tile, rank = _program(R, T, p_ws, PAIR, BLOCK_N, BLOCK_T, PASS)
+    rows = tile * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)
+    row_ok = rows < R
+    s_n, s_t, s_on, s_ot = strides
+    geo = ((rows // F)[:, None], (rows % F)[:, None], F, s_n, s_t, s_on, s_ot, T)
+    if REVERSE:
+        EDGE: tl.constexpr = 0
+    else:
+        EDGE: tl.constexpr = BLOCK_T - 1
+    if SHIFT_LOAD and not INCLUSIVE:
+        if REVERSE:
+            D: tl.constexpr = 1
+        else:
+            D: tl.constexpr = -1
+    else:
+        D: tl.constexpr = 0
+    lanes = tl.arange(0, BLOCK_T)[None, :]
+    NUM_SEG = tl.cdiv(T, BLOCK_T)
+    cu, cv = carry_in(fam[0], p_ci, rows, row_ok, rank == 0, T, geo, CARRY2, CARRY_IN, ACC, BLOCK_N, BLOCK_T)
+    end = (cu[:, None], cv[:, None])
+    if PASS == WALK:
+        for i in range(0, NUM_SEG):
+            if REVERSE:
+                start = (NUM_SEG - 1 - i) * BLOCK_T
+            else:
+                start = i * BLOCK_T
+            o_s = start + lanes + D
+            e = _scan(fam, geo, o_s, row_ok[:, None] & (o_s >= 0) & (o_s < T), end, STEP, PAIR, REVERSE, ACC)
+            iu, iv = _finish(fam, geo, e, cu, cv, end, start, rows, row_ok, p_co, EMIT, MODE, REVERSE, ACC,
+                             BLOCK_T, SHIFT_LOAD)
+            if i + 1 < NUM_SEG:  # the state at the chunk's edge carries into the next chunk
+                cu = _edge(iu, lanes, EDGE)
+                if PAIR:
+                    cv = _edge(iv, lanes, EDGE)
+    else:
+        if REVERSE:
+            start = (NUM_SEG - 1 - rank) * BLOCK_T
+        else:
+            start = rank * BLOCK_T
+        W: tl.constexpr = 3 + 4 * PAIR  # slot width: map components + state
+        o_b = tl.arange(0, BLOCK_N)
+        slot = tile * NUM_SEG + rank
+        p_slot = p_ws + slot * (W * BLOCK_N)
+        o_s = start + lanes + D
+        e = _scan(fam, geo, o_s, row_ok[:, None] & (o_s >= 0) & (o_s < T), end, STEP, PAIR, REVERSE, ACC)
+        if PASS == OUTPUTS:  # the carry resolved by the earlier passes: the predecessor's inclusive state
+            if rank > 0:
+                cu, cv = _load_state(p_ws + (slot - 1) * (W * BLOCK_N), o_b, BLOCK_N, PAIR)
+        else:
+            g = _edge_map(e, lanes, EDGE, PAIR)  # this chunk's aggregate map
+            if PASS == AGGREGATES:
+                if rank > 0:
+                    _store_map(p_slot, g, o_b, BLOCK_N, PAIR)
+                else:
+                    iu0, iv0 = apply(g, cu, cv, PAIR)
+                    _store_state(p_slot, iu0, iv0, o_b, BLOCK_N, PAIR)
+            else:
+                p_flag = (p_ws + tl.cdiv(R, BLOCK_N) * NUM_SEG * (W * BLOCK_N)).to(tl.pointer_type(tl.int32))
+                cu, cv = _look_back(p_ws, p_flag, tile, rank, NUM_SEG, g, cu, cv, BLOCK_N, PAIR, ACC)
+        if PASS != AGGREGATES:
+            _finish(fam, geo, e, cu, cv, end, start, rows, row_ok, p_co, EMIT, MODE, REVERSE, ACC, BLOCK_T,
+                    SHIFT_LOAD)

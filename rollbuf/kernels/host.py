@@ -1,0 +1,625 @@
+"""Host side of the kernels: the strategy table, the launch plan and its cache.
+
+A :class:`Launch` is everything about a call that does not change while its tensors' shapes,
+strides, dtypes, alignment and device stay the same: the family's kernel, the call's layout (which
+fields must be made to match it), the strategy, the grid, the constexprs and, after its first
+launch on a GPU, the compiled kernels themselves, launched directly from then on (not through
+Triton's JIT binder, which re-specialises every argument on every call). Launches are cached under
+a cheap signature of the call (:func:`signature`); a :class:`Plan` binds one to a call's tensors for
+callers that own fixed storage (``Rollout``), so that repeated calls skip the signature too.
+
+Nothing is shared between calls: outputs, the carry out and the split rows' scratch are allocated
+per call from PyTorch's caching allocator on the current stream (the scratch's flag words zeroed
+there too), so calls on two streams, from several threads or replayed from a CUDA graph cannot
+collide. A launch runs under the device of its tensors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import math
+import threading
+
+import attrs
+import torch
+
+from rollbuf.problem import Problem
+
+# ---- the strategy table ------------------------------------------------------------------------
+
+# Tiles of short rows: 512 elements per program, one warp per 128 elements (4 per thread), 1 to 8
+# warps. Measured on the H200 at 1ec5553 (GAE fp32, rows per program x warps swept jointly,
+# results/kernels_h200_1ec5553.csv): 4096x128 4x128 w4 5.26 µs (the earlier 2048-element tiles with
+# a warp per 256: 5.61), 16384x128 4x128 w4 13.84 (14.78), 2048x512 1x512 w4 8.64 (8.97), 512x1024
+# 1x1024 w8 5.41 (6.10), 32768x32 16x32 w4 7.70 (8.60); rows of 8 steps or fewer one warp per 64
+# elements (32768x8 32x8 w4 3.27, w2 3.58, w1 5.32); 2048x2048 keeps 8 warps (16: 37.6 vs 29.3 µs).
+TILE = 512
+WARP_ELEMS = 128
+# V-trace's rows of 1024-step chunks: walked two to a program with 16 warps (2048x2048 48.4 µs, 8192x4096
+# 345, against 58.9 and 429 with 8 warps; 1 row with 16 warps: 68.6 and 500), split ones with 4 warps
+# (256x131072 465 µs; with 16: 643). Measured on the H200 at 1ec5553 and 51c957e.
+FAMILY_LONG_ROWS = {"vtrace": (2, 16, 4)}  # chunks >= 1024 steps: (rows per walking program, its warps, split warps)
+FILL_PER_SM = 8  # programs per SM below which long rows are split across programs
+CPU_SMS = 132  # the SM count assumed off the GPU (an H200's), so the interpreter takes the GPU's choices
+# Measured on the H200 (GAE fp32 with truncations, every grid shape, commit ae1b2ce, four variants
+# side by side; docs/benchmarks.md): the in-register shift (tl.gather) wins for chunks up to 512
+# steps (e.g. 39.2 vs 45.6 µs at 32768x128, 74.3 vs 81.0 µs at 16384x512), re-loading the neighbour
+# wins from 1024 on (143 vs 183 µs at 16384x1024), and 2048-step chunks beat 1024 from T = 2048 on
+# (265 vs 299 µs at 16384x2048; 5.33 vs 5.83 ms at 256x1048576).
+GATHER_MAX_T = 512
+MAX_CHUNK = 2048
+# V-trace carries a pair state (five map components per lane): its 2048-step chunks hold too many
+# registers per program. Measured on the H200 at c612211 (results/ab_unit_chunk_c612211.csv):
+# 1024-step chunks 16384x4096 1672 -> 1134 µs; for GAE the same change was +5% at 16384x4096 and
+# +15% at 1x2^20, Retrace +18%.
+FAMILY_MAX_CHUNK = {"vtrace": 1024}
+# Split rows of at most this many rows take the three passes instead of the look-back chain. Measured
+# on the H200 at aab284d (results/ab_presolve_*_aab284d.csv): one row, the three passes win everywhere
+# (GAE 1x2^20 37.6 -> 23.5 µs, 1x2^24 397 -> 270, V-trace 1x2^20 56.2 -> 44.1, Retrace 38.7 -> 35.7);
+# two rows mixed (GAE 2x131072 0.79x, 2x2^20 0.93x, V-trace 2x2^20 1.07x); from four rows on they lose
+# (GAE 4x2^20 1.15x, 256x2^20 1.75x): the chunks are read twice, and several rows' chains overlap.
+PRESOLVE_MAX_ROWS = 1
+
+
+@attrs.frozen
+class Strategy:
+    """How one call's rows are cut into programs (see :func:`strategy`)."""
+
+    block_n: int  # rows per program
+    block_t: int  # steps per chunk
+    split: bool  # rows split across programs, one chunk each (else walked by one program)
+    num_seg: int  # chunks per row when split
+    num_warps: int
+    shift_load: bool  # the exclusive state by re-loading the neighbouring step (else an in-register shift)
+    presolve: bool = False  # split rows: three passes instead of the look-back chain
+    resolve_block_r: int = 0  # chunks per block of the three passes' middle kernel (0: the rule)
+
+
+def _pow2(x: int) -> int:
+    return 1 << max(0, (int(x) - 1).bit_length())
+
+
+@functools.lru_cache(maxsize=4096)
+def strategy(R: int, T: int, time_contiguous: bool = True, block_t: int | None = None,
+             split: bool | None = None, shift_load: bool | None = None, max_chunk: int | None = None,
+             block_n: int | None = None, presolve: bool | None = None, *, sms: int = CPU_SMS,
+             num_warps: int | None = None, resolve_block_r: int = 0, long_rows: tuple | None = None) -> Strategy:
+    """Tile sizes, split and warps for ``R`` rows of ``T`` steps on a GPU of ``sms`` SMs.
+
+    ======================================  ===============================================================
+    case                                    programs
+    ======================================  ===============================================================
+    time-major, fewer than ``4·sms`` tiles  ``T ≤ 128``: 16 rows × the whole row each; longer: 32 rows ×
+    of 16 rows                              128 steps, split across programs (look-back)
+    ``T ≤ max_chunk``                       tiles of ``TILE / T`` rows (512 elements; halved while fewer
+                                            than ``4·sms`` programs), the whole row in one chunk
+    longer, ``R ≥ 8·sms``                   one row per program, walked in ``max_chunk`` chunks
+    longer, ``R < 8·sms``                   one chunk per program: look-back; one row: three passes
+    ======================================  ===============================================================
+
+    ``max_chunk``: 2048 steps (1024 for V-trace's pair state); the exclusive state by an in-register
+    shift for chunks up to 512 steps, by re-loading the neighbouring step beyond. Warps: one per 128
+    elements of a program's tile, 1 to 8 (one per 64 for rows of 8 steps or fewer). ``long_rows =
+    (rows, warps, split warps)`` for chunks of 1024 steps and more: V-trace's. Every other argument
+    forces that choice (tests, experiments).
+    """
+    fill = FILL_PER_SM * sms
+    mc = max_chunk or MAX_CHUNK
+
+    def warps(elems, bt):
+        if num_warps:
+            return num_warps
+        return max(1, min(8, elems // (WARP_ELEMS // 2 if bt <= 8 else WARP_ELEMS)))
+
+    if not time_contiguous and block_t is None and split is None and block_n is None and R // 16 < fill // 2:
+        # time-major, too few rows to fill the GPU with 16-row tiles walking their rows (measured on
+        # the H200, benchmarks/time_major.py, results/time_major_2f66f1f.csv): rows up to 128 steps
+        # one 16 x T tile each (4096x128: 9.8 vs 18.8 µs); longer rows split across programs in
+        # 32-row x 128-step tiles chained by the look-back (1024x1024: 23.7 vs 127 µs; 512x4096:
+        # 44.6 vs 256 µs; 4096x4096: 251 vs 538 µs)
+        if T <= 128:
+            bt = max(_pow2(T), 2)
+            return Strategy(16, bt, False, 1, num_warps or max(1, min(8, 16 * bt // 256)), bt > GATHER_MAX_T,
+                            resolve_block_r=resolve_block_r)
+        return Strategy(32, 128, True, -(-T // 128), num_warps or 8, False, bool(presolve),
+                        resolve_block_r=resolve_block_r)
+    bt = block_t or (min(_pow2(T), mc) if time_contiguous else min(_pow2(T), 32))
+    bt = max(bt, 2)
+    chunks = -(-T // bt)
+    sl = bt > GATHER_MAX_T if shift_load is None else shift_load
+    if split is None:
+        split = chunks > 1 and R < fill
+    if split:
+        bn = block_n or 1
+        pre = R <= PRESOLVE_MAX_ROWS if presolve is None else presolve
+        w = num_warps or long_rows[2] if long_rows and bt >= 1024 and not block_n else warps(bn * bt, bt)
+        return Strategy(bn, bt, True, chunks, w, sl, pre,
+                        resolve_block_r)
+    if block_n:
+        return Strategy(block_n, bt, False, 1, warps(block_n * bt, bt), sl,
+                        resolve_block_r=resolve_block_r)
+    if long_rows and bt >= 1024:
+        return Strategy(long_rows[0], bt, False, 1, num_warps or long_rows[1], sl, resolve_block_r=resolve_block_r)
+    bn = max(1, min(TILE // bt, _pow2(R)))
+    if not time_contiguous:
+        bn = max(bn, min(64, _pow2(R)))
+    while bn > 1 and -(-R // bn) < fill // 2 and bn * bt > 256:  # keep enough programs in flight
+        bn //= 2
+    return Strategy(bn, bt, False, 1, warps(bn * bt, bt), sl,
+                    resolve_block_r=resolve_block_r)
+
+
+_SMS: dict[int, int] = {}
+
+
+def device_sms(device: torch.device) -> int:
+    """SMs of ``device`` (``torch.cuda.get_device_properties``), :data:`CPU_SMS` off the GPU."""
+    if device.type != "cuda":
+        return CPU_SMS
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    n = _SMS.get(idx)
+    if n is None:
+        n = _SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return n
+
+
+# ---- explicit choices for tests and experiments --------------------------------------------------
+
+_FORCE: contextvars.ContextVar = contextvars.ContextVar("rollbuf_kernels_force", default=())
+_FORCE_KEYS = ("block_t", "split", "shift_load", "max_chunk", "block_n", "presolve", "num_warps",
+               "resolve_block_r", "poison", "layout")
+
+
+@contextlib.contextmanager
+def forced(**choices):
+    """Inside the block, every kernel call takes these choices instead of the strategy table's
+    (``block_t``, ``split``, ``shift_load``, ``max_chunk``, ``block_n``, ``presolve``, ``num_warps``,
+    ``resolve_block_r``), and with ``poison=True`` fills its outputs with NaN before the launch (an
+    element the kernel does not write then fails a comparison); ``layout="env"`` makes a time-major
+    call env-major (its fields copied first). For tests and A/B experiments; nested blocks merge."""
+    bad = set(choices) - set(_FORCE_KEYS)
+    if bad:
+        raise TypeError(f"unknown kernel choice(s): {sorted(bad)}; known: {_FORCE_KEYS}")
+    merged = dict(_FORCE.get())
+    merged.update({k: v for k, v in choices.items()})
+    token = _FORCE.set(tuple(sorted((k, v) for k, v in merged.items() if v is not None)))
+    try:
+        yield
+    finally:
+        _FORCE.reset(token)
+
+
+# ---- the families --------------------------------------------------------------------------------
+# Field names in the order of each kernel's ``fields`` tuple (None: a slot the family leaves empty),
+# and the kernel's output slots by the names in Problem.outputs. The affine primitive's and the
+# adjoint's field names are the only place here that names them.
+
+_BOUNDARY = ("terminated", "truncated", "bootstrap_values", "mask")
+AFFINE_FIELDS = ("alpha", "beta")
+ADJOINT_FIELDS = ("grad_returns", "grad_advantages")
+
+
+@attrs.frozen
+class _Family:
+    kernel: str  # module.function under rollbuf.kernels
+    fields: tuple  # field names in the kernel's `fields` tuple order
+    outputs: tuple  # output slot names
+    pair: bool = False
+    backward: bool = True  # bootstrapped window end (CARRY_IN END_*); else forward/affine
+    scalars: tuple = ()  # Problem attributes passed as float64 scalars, in order
+
+
+FAMILIES = {
+    "lambda": _Family("td_lambda.gae_kernel", ("rewards", "values", *_BOUNDARY), ("advantages", "returns"),
+                      scalars=("gamma", "lam")),
+    "retrace": _Family("retrace.retrace_kernel",
+                       ("rewards", "values", *_BOUNDARY, "log_probs", "target_log_probs", "q_values"),
+                       ("q_targets",), scalars=("gamma", "lam", "c_bar")),
+    "vtrace": _Family("vtrace.vtrace_kernel", ("rewards", "values", *_BOUNDARY, "log_probs", "target_log_probs"),
+                      ("vs", "pg_advantages"), pair=True,
+                      scalars=("gamma", "lam", "rho_bar", "c_bar", "pg_rho_bar")),
+    "trace": _Family("traces.trace_kernel", ("x", None, "terminated", "truncated", None, "mask"),
+                     ("traces", "sums"), backward=False, scalars=("decay",)),
+    "affine": _Family("affine.affine_kernel", AFFINE_FIELDS, ("y",), backward=False),
+    "lambda_adjoint": _Family("adjoint.lambda_adjoint_kernel", (*ADJOINT_FIELDS, "terminated", "truncated", None,
+                                                                 "mask"),
+                              ("rewards", "values"), backward=False, scalars=("gamma", "lam")),
+}
+
+# CARRY_IN and PASS values (rollbuf.kernels.core holds the same as constexprs)
+ZERO, STATE, END_COLUMN, END_STEP = 0, 1, 2, 3
+WALK, LOOKBACK, AGGREGATES, OUTPUTS = 0, 1, 2, 3
+
+
+def _jit(name: str):
+    import importlib
+
+    mod, fn = name.split(".")
+    return getattr(importlib.import_module(f"rollbuf.kernels.{mod}"), fn)
+
+
+# ---- layout ------------------------------------------------------------------------------------
+
+
+def time_major(x: torch.Tensor) -> bool:
+    """A ``[N, T, ...]`` field laid out time-major (rows adjacent in memory): its outputs are too."""
+    return x.shape[0] > 1 and x.shape[1] > 1 and x.stride(0) < x.stride(1)
+
+
+def output_buffers(src: torch.Tensor, feat: tuple, dtype: torch.dtype, n: int, env: bool = False) -> list:
+    """``n`` empty ``[N, T, *feat]`` outputs in the layout of the main input ``src``: dense, time-major
+    for a time-major input (a ``[T, N]`` buffer seen as ``[N, T]``), else ``[N, T]`` contiguous
+    (``env``: always). Shared with the custom op's fake implementation, so compiled graphs see the
+    real strides."""
+    N, T = src.shape[0], src.shape[1]
+    if not env and time_major(src):
+        return [torch.empty((T, N, *feat), dtype=dtype, device=src.device).transpose(0, 1) for _ in range(n)]
+    return [torch.empty((N, T, *feat), dtype=dtype, device=src.device) for _ in range(n)]
+
+
+def _distinct(x: torch.Tensor) -> bool:
+    """Every step of the ``[N, T]`` field ``x`` at its own address (no stride 0, no overlap)."""
+    N, T = x.shape[0], x.shape[1]
+    s_n, s_t = abs(x.stride(0)), abs(x.stride(1))
+    if N == 1 or T == 1:
+        return (N == 1 or s_n > 0) and (T == 1 or s_t > 0)
+    return s_n > 0 and s_t > 0 and (s_t * T <= s_n or s_n * N <= s_t)
+
+
+def _same_layout(x: torch.Tensor, s_n: int, s_t: int, F: int) -> bool:
+    """``x`` ([N, T] or [N, T, F] dense in F) is at ``(F·s_n, F·s_t)`` on every dim longer than 1."""
+    N, T = x.shape[0], x.shape[1]
+    if F > 1 and (x.dim() != 3 or x.stride(2) != 1):
+        return False
+    return (N == 1 or x.stride(0) == F * s_n) and (T == 1 or x.stride(1) == F * s_t)
+
+
+def _match(x: torch.Tensor, s_n: int, s_t: int, F: int = 1) -> torch.Tensor:
+    """A copy of ``x`` ([N, T], or [N, T, F]) at ``(F·s_n, F·s_t, 1)``: the call's layout."""
+    N, T = x.shape[0], x.shape[1]
+    shape, strides = ((N, T, F), (F * s_n, F * s_t, 1)) if F > 1 else ((N, T), (s_n, s_t))
+    out = torch.empty_strided(shape, strides, dtype=x.dtype, device=x.device)
+    out.copy_(x.reshape(shape))
+    return out
+
+
+# ---- the launch ----------------------------------------------------------------------------------
+
+_INTERPRET_LOCK = threading.Lock()  # the Triton interpreter keeps the grid index and its patches global
+_DRIVER: list = []
+
+
+def _driver():
+    if not _DRIVER:
+        from triton import knobs
+        from triton.runtime.driver import driver
+
+        _DRIVER.append((driver.active.get_current_stream, knobs.runtime))
+    return _DRIVER[0]
+
+
+class _Kernel:
+    """One jitted kernel of a launch with its constexprs; after the first GPU launch, the compiled
+    kernel, launched directly."""
+
+    __slots__ = ("jit", "const", "warps", "compiled")
+
+    def __init__(self, jit, const, warps):
+        self.jit, self.const, self.warps, self.compiled = jit, const, warps, None
+
+    def __call__(self, grid: int, args: tuple, device: int | None):
+        if device is None:  # the interpreter
+            with _INTERPRET_LOCK:
+                self.jit[(grid,)](*args, *self.const, num_warps=self.warps)
+            return
+        c = self.compiled
+        if c is None:
+            k = self.jit[(grid,)](*args, *self.const, num_warps=self.warps)
+            if hasattr(k, "packed_metadata"):
+                k._init_handles()
+                self.compiled = (k.run, k.function, k.packed_metadata, k)
+            return
+        run, function, meta, k = c
+        get_stream, rt = _driver()
+        stream = get_stream(device)
+        enter = rt.launch_enter_hook
+        lm = None if enter is None else k.launch_metadata((grid, 1, 1), stream, *args, *self.const)
+        run(grid, 1, 1, stream, function, meta, lm, enter, rt.launch_exit_hook, *args, *self.const)
+
+
+def _nan_fill(outs):
+    for o in outs:
+        o.fill_(float("nan"))
+
+
+class Launch:
+    """The launch of one call signature (see the module docstring). ``launch(p)`` runs it on the
+    Problem ``p``, whose tensors must have the signature the launch was built for."""
+
+    def __init__(self, p: Problem, force: tuple = ()):
+        fc = dict(force)
+        fam = FAMILIES[p.family]
+        self.family, self.fam = p.family, fam
+        self.poison = bool(fc.pop("poison", False))
+        env_only = fc.pop("layout", None) == "env"
+        f = p.fields
+        main = p.main
+        self.N, self.T = N, T = main.shape[0], main.shape[1]
+        self.feat = feat = tuple(p.feature_shape)
+        self.F = F = math.prod(feat)
+        self.R = N * F
+        self.device = main.device
+        self.dev_index = None if main.device.type != "cuda" else (main.device.index or 0)
+        self.outputs = tuple(p.outputs)
+        self.out_names = tuple(o for o in p.outputs if o != "final")
+        unknown = [o for o in self.out_names if o not in fam.outputs]
+        if unknown:
+            raise ValueError(f"the {p.family} kernel has no output {unknown[0]!r} (it writes {fam.outputs})")
+        self.forward_final = p.family in ("trace", "affine")  # the carry out is returned as an output
+        self.want_carry = self.forward_final or p.family == "lambda_adjoint" or p.want_carry
+        self.carry_shape = (N, *feat) if not fam.backward else ((N, 2) if fam.pair else (N,))
+        self.compute_dtype, self.out_dtype = p.compute_dtype, p.out_dtype
+        self.empty = N == 0 or T == 0 or F == 0
+        if self.empty:
+            return
+
+        # -- layout: one pair of strides for the fields, one for the outputs --------------------
+        x = main.reshape(N, T, F) if F > 1 else main
+        tm = time_major(x) and not env_only
+        if F > 1 or env_only or not _distinct(x):  # read dense: feature rows, forced env-major calls,
+            # and a main field whose steps overlap (an expanded gradient): the others cannot match it
+            s_n, s_t = (1, N) if tm else (T, 1)
+        else:
+            s_n, s_t = x.stride(0), x.stride(1)
+        self.s_n, self.s_t = s_n, s_t
+        self.s_on, self.s_ot = (1, N) if tm else (T, 1)
+        self.out_tm = tm
+        conv = []  # (slot, field name, how): made to match the call's layout before the launch
+        for i, name in enumerate(fam.fields):
+            t = None if name is None else f.get(name)
+            if t is None:
+                continue
+            if name == "bootstrap_values" and t.dim() == 1:
+                continue  # the window-end column: read as the carry in (or expanded below)
+            if name == "x" and F > 1:
+                if not _same_layout(t.reshape(N, T, F), s_n, s_t, F):
+                    conv.append((i, name, "x"))
+            elif not _same_layout(t, s_n, s_t, 1):
+                conv.append((i, name, "field"))
+
+        # -- the carry in ---------------------------------------------------------------------------
+        bv = f.get("bootstrap_values") if fam.backward else None
+        self.column = False  # the [N] bootstrap column goes in as the carry
+        if p.carry is not None:
+            carry_in = STATE
+        elif not fam.backward or p.window_end == "terminal" or p.no_bootstrap or bv is None:
+            carry_in = ZERO
+        elif bv.dim() == 1:
+            if f.get("truncated") is not None:  # a truncated window-end step reads it per step: expand it
+                conv.append((fam.fields.index("bootstrap_values"), "bootstrap_values", "expand"))
+                carry_in = END_STEP
+            else:
+                carry_in, self.column = END_COLUMN, True
+        else:
+            carry_in = END_STEP
+        if p.no_bootstrap and bv is not None:
+            conv.append((fam.fields.index("bootstrap_values"), "bootstrap_values", "drop"))
+        self.conv = tuple(conv)
+        self.carry_in = carry_in
+        slot_of = [0] if self.forward_final else [fam.outputs.index(o) for o in self.out_names]
+        self.n_slots = 1 if self.forward_final else len(fam.outputs)
+        self.slot_of = None if slot_of == list(range(self.n_slots)) else tuple(slot_of)
+        self.sizes = ((self.R, T, F) if p.family == "trace" else (self.R, T)) + (s_n, s_t, self.s_on, self.s_ot)
+
+        # -- strategy, grid, constexprs -------------------------------------------------------------
+        from triton.language import float32, float64
+
+        acc = float64 if p.compute_dtype == torch.float64 else float32
+        st = strategy(self.R, T, T == 1 or s_t == 1,
+                      fc.pop("block_t", None), fc.pop("split", None), fc.pop("shift_load", None),
+                      fc.pop("max_chunk", None) or FAMILY_MAX_CHUNK.get(p.family), fc.pop("block_n", None),
+                      fc.pop("presolve", None), sms=device_sms(self.device), num_warps=fc.pop("num_warps", None),
+                      resolve_block_r=fc.pop("resolve_block_r", 0), long_rows=FAMILY_LONG_ROWS.get(p.family))
+        self.strategy = st
+        tiles = -(-self.R // st.block_n)
+        self.grid = tiles * st.num_seg if st.split else tiles
+        self.scalars = fam.scalars
+        jit = _jit(fam.kernel)
+        pre = (p.reverse,) if p.family == "affine" else ()
+
+        def const(pass_):
+            return (*pre, carry_in, acc, st.block_n, st.block_t, pass_, st.shift_load)
+
+        self.pair_maps = pair_maps = fam.pair and f.get("mask") is not None  # V-trace: pair maps with a mask only
+        W = 7 if pair_maps else 3
+        self.slot_values = W * st.block_n * self.grid if st.split else 0
+        if not st.split:
+            self.passes = (_Kernel(jit, const(WALK), st.num_warps),)
+            self.scratch_words = 0
+        elif not st.presolve:
+            self.passes = (_Kernel(jit, const(LOOKBACK), st.num_warps),)
+            self.scratch_words = 1 + self.grid  # ticket counter, one flag per chunk
+        else:
+            from rollbuf.kernels.resolve import resolve_kernel
+
+            bn = st.block_n
+            br = st.resolve_block_r or max(1, min(_pow2(st.num_seg - 1), (2048 if pair_maps else 4096) // bn))
+            self.passes = (_Kernel(jit, const(AGGREGATES), st.num_warps),
+                           _Kernel(resolve_kernel, (bn, br, pair_maps), max(1, min(8, br * bn // 256))),
+                           _Kernel(jit, const(OUTPUTS), st.num_warps))
+            self.scratch_words = 0
+        itemsize = 8 if acc is float64 else 4
+        self.scratch_len = self.slot_values + -(-self.scratch_words * 4 // itemsize)
+
+    # -- per call --------------------------------------------------------------------------------
+
+    def fields(self, p: Problem) -> tuple:
+        """The kernel's ``fields`` tuple for ``p``: its tensors, those in another layout made to match."""
+        f = p.fields
+        ts = [None if name is None else f.get(name) for name in self.fam.fields]
+        for i, name, how in self.conv:
+            t = ts[i]
+            if how == "drop":
+                ts[i] = None
+            elif how == "expand":
+                ts[i] = _match(t[:, None].expand(self.N, self.T), self.s_n, self.s_t)
+            elif how == "x":
+                ts[i] = _match(t, self.s_n, self.s_t, self.F)
+            else:
+                ts[i] = _match(t, self.s_n, self.s_t)
+        if self.column:
+            ts[self.fam.fields.index("bootstrap_values")] = None
+        return tuple(ts)
+
+    def __call__(self, p: Problem, fields: tuple | None = None, carry_in=None, scalars: tuple | None = None):
+        """Run on ``p``; ``fields``, ``carry_in``, ``scalars``: as :meth:`inputs` gives them, when the
+        caller holds them already (a :class:`Plan`)."""
+        if self.empty:
+            return self._empty(p)
+        if fields is None:
+            fields, carry_in, scalars = self.inputs(p)
+        args, outs, co, ws = self.prepare(fields, carry_in, scalars)
+        self.launch(args, ws)
+        if self.forward_final:
+            return (*outs, co), None
+        return tuple(outs), co
+
+    def inputs(self, p: Problem) -> tuple:
+        """``(fields, carry in, scalars)`` of ``p`` as the kernel reads them."""
+        if self.carry_in == STATE:
+            ci = p.carry.contiguous()
+        elif self.column:
+            ci = p.fields["bootstrap_values"]
+            ci = ci if ci.is_contiguous() else ci.contiguous()
+        else:
+            ci = None
+        return self.fields(p), ci, tuple(float(getattr(p, s)) for s in self.scalars)
+
+    def prepare(self, fields: tuple, carry_in, scalars: tuple):
+        """``(args, outputs, carry out, scratch)`` of one call: the buffers allocated (the scratch's
+        flag words zeroed on the stream), the kernel's runtime arguments in its signature's order."""
+        dev = self.device
+        if self.out_tm:
+            shape = (self.T, self.N, *self.feat)
+            outs = [torch.empty(shape, dtype=self.out_dtype, device=dev).transpose(0, 1) for _ in self.out_names]
+        else:
+            shape = (self.N, self.T, *self.feat)
+            outs = [torch.empty(shape, dtype=self.out_dtype, device=dev) for _ in self.out_names]
+        if self.poison:
+            _nan_fill(outs)
+        if self.slot_of is None:  # the kernel's output slots in the order asked for
+            slots = outs
+        else:
+            slots = [None] * self.n_slots
+            for i, o in zip(self.slot_of, outs):
+                slots[i] = o
+        co = torch.empty(self.carry_shape, dtype=self.compute_dtype, device=dev) if self.want_carry else None
+        ws = None
+        if self.scratch_len:
+            ws = torch.empty(self.scratch_len, dtype=self.compute_dtype, device=dev)
+            if self.scratch_words:
+                ws[self.slot_values:].zero_()
+        return (fields, *slots, carry_in, co, ws, *self.sizes, *scalars), outs, co, ws
+
+    def launch(self, args: tuple, ws, grid: int | None = None):
+        """Run the launch's kernels on ``args`` (``grid``: a number of programs other than the whole)."""
+        grid = self.grid if grid is None else grid
+        if self.dev_index is not None and self.dev_index != torch.cuda.current_device():
+            with torch.cuda.device(self.dev_index):
+                return self.launch(args, ws, grid)
+        dev = self.dev_index
+        if len(self.passes) == 1:
+            self.passes[0](grid, args, dev)
+        else:
+            self.passes[0](grid, args, dev)
+            self.passes[1](self.grid // self.strategy.num_seg, (ws, self.strategy.num_seg), dev)
+            self.passes[2](grid, args, dev)
+
+    def _empty(self, p: Problem):
+        """No element to scan: empty outputs, and the carry passes through (the window-end value
+        of a backward estimator when it has one)."""
+        N, T, feat, dev = self.N, self.T, self.feat, self.device
+        outs = [torch.empty((N, T, *feat), dtype=self.out_dtype, device=dev) for _ in self.out_names]
+        if p.carry is not None:
+            init = p.carry.to(self.compute_dtype)
+        else:
+            init = torch.zeros(self.carry_shape, dtype=self.compute_dtype, device=dev)
+            bv = p.fields.get("bootstrap_values")
+            if (self.fam.backward and bv is not None and bv.dim() == 1 and p.window_end != "terminal"
+                    and not p.no_bootstrap):
+                if self.fam.pair:
+                    init[:, 1] = bv
+                else:
+                    init.copy_(bv)
+        if self.forward_final:
+            return tuple(outs) + (init,), None
+        return tuple(outs), (init if self.want_carry else None)
+
+
+# ---- the cache -----------------------------------------------------------------------------------
+
+_LAUNCHES: dict = {}
+LAUNCHES_MAX = 4096  # exact shapes are in the key: varying shapes (LLM batches) must not grow it without bound
+
+
+_NAMES = {family: tuple(n for n in fam.fields if n is not None) for family, fam in FAMILIES.items()}
+
+
+def signature(p: Problem, force: tuple = ()) -> tuple:
+    """What a :class:`Launch` depends on: family, outputs, every field's dtype, shape, strides and
+    16-byte alignment, the carry's, the device, the dtypes and the flags of the call; not the scalar
+    parameters (they are arguments of every launch)."""
+    f = p.fields
+    key = [p.family, p.outputs, p.main.device, p.compute_dtype, p.out_dtype, p.window_end, p.no_bootstrap,
+           p.want_carry, p.reverse, p.feature_shape, force]
+    for t in (p.carry, *map(f.get, _NAMES[p.family])):
+        if t is None:
+            key.append(None)
+        else:
+            key += (t.dtype, t.shape, t.stride(), t.data_ptr() % 16 == 0)
+    return tuple(key)
+
+
+def launch_for(p: Problem) -> Launch:
+    """The cached :class:`Launch` of ``p``'s signature (built, and so validated, once)."""
+    force = _FORCE.get()
+    key = signature(p, force)
+    hit = _LAUNCHES.get(key)
+    if hit is None:
+        if len(_LAUNCHES) >= LAUNCHES_MAX:
+            _LAUNCHES.clear()
+        hit = _LAUNCHES[key] = Launch(p, force)
+    return hit
+
+
+class Plan:
+    """A launch bound to one call's tensors, for a caller that owns them (``Rollout``): ``plan()``
+    runs the estimator on their current contents (written in place between calls) without building
+    or checking anything. Valid while those tensors are the call's tensors: drop it when a field is
+    replaced or changes shape, dtype, strides or device."""
+
+    __slots__ = ("launch", "problem", "_inputs")
+
+    def __init__(self, p: Problem):
+        self.launch = launch_for(p)
+        self.problem = p
+        self._inputs = None
+        if not (self.launch.empty or self.launch.conv):
+            inputs = self.launch.inputs(p)
+            ci = inputs[1]
+            if ci is None or ci is p.carry or ci is p.fields.get("bootstrap_values"):  # no snapshot taken
+                self._inputs = inputs
+
+    def __call__(self):
+        if self._inputs is None:
+            return self.launch(self.problem)
+        return self.launch(self.problem, *self._inputs)
+
+
+def run(p: Problem):
+    """Run ``p`` on its family's kernel. Returns ``(outputs, carry)``: the outputs in ``p.outputs``
+    order (the forward estimators' and the affine scan's ``final`` among them, carry ``None``), the
+    carry out ``[N]`` (``[N, 2]`` for V-trace) when ``p.want_carry``, else ``None``."""
+    return launch_for(p)(p)

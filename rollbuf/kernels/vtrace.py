@@ -1,0 +1,82 @@
+"""V-trace (Espeholt et al., 2018): the targets ``vs_t = V_t + u_t`` and the policy-gradient
+advantages, from the maps of :func:`rollbuf.boundary.coefficients.vtrace_step`
+(``(u, V) → (a + p·u + q·V, w + s·V)``: ``u_t = a_t + p_t·u_{t+1} + q_t·V_{t+1}``) and the outputs of
+:func:`~rollbuf.boundary.coefficients.vtrace_out`. Clipped ratios ``ρ = min(ρ̄, π/μ)``,
+``c = λ·min(c̄, π/μ)``, ``ρ_pg = min(ρ̄_pg, π/μ)``.
+
+With a mask, the pair state ``(u_t, V_t)`` is scanned (``V_{t+1}`` is the next *unmasked* step's,
+carried by the scan). Without one, ``V_{t+1}`` is read from the next step in memory (the window-end
+``V_T`` past the last step) and only ``u`` is scanned: the scalar maps ``(a + q·V_{t+1}, p)``.
+"""
+
+import triton
+import triton.language as tl
+
+from rollbuf.boundary import coefficients as C
+from rollbuf.kernels import core
+
+vtrace_step = core.jit_boundary(C.vtrace_step)
+vtrace_out = core.jit_boundary(C.vtrace_out)
+
+
+@triton.jit
+def _fields(fam, geo, o, ok, ACC: tl.constexpr):
+    """``(off, r, v, k, tr, boot, live, ρ, c, ρ_pg)`` at the steps ``o``."""
+    fields = fam[0]
+    gamma, lam, rho_bar, c_bar, pg_rho_bar = fam[2]
+    p_r, p_v, p_m, p_lp, p_tlp = fields[0], fields[1], fields[5], fields[6], fields[7]
+    HAS_M: tl.constexpr = p_m is not None
+    off = core.offsets(geo, o)
+    k, tr, boot, live = core.boundary(fields, off, ok, ACC)
+    r = core.load(p_r, off, ok, live, HAS_M, ACC)
+    v = core.load(p_v, off, ok, live, HAS_M, ACC)
+    ratio = tl.exp(core.load(p_tlp, off, ok, live, HAS_M, ACC) - core.load(p_lp, off, ok, live, HAS_M, ACC))
+    return (off, r, v, k, tr, boot, live, tl.minimum(ratio, rho_bar), lam * tl.minimum(ratio, c_bar),
+            tl.minimum(ratio, pg_rho_bar))
+
+
+@triton.jit
+def _step(fam, geo, o, ok, end, ACC: tl.constexpr):
+    gamma = fam[2][0]
+    off, r, v, k, tr, boot, live, rho, c, rho_pg = _fields(fam, geo, o, ok, ACC)
+    p, q, s, a, w = vtrace_step(r, v, k, tr, boot, rho, c, gamma)
+    if fam[0][5] is None:  # the scalar maps of u
+        v_next = core.next_value(fam[0][1], geo, o, ok, end[1], ACC)
+        return core.identity_where((a + q * v_next, p), live, False)
+    else:
+        return core.identity_where((p, q, s, a, w), live, True)
+
+
+@triton.jit
+def _emit(fam, geo, o, ok, z, end, ACC: tl.constexpr):
+    """Outputs from the exclusive state (``u_{t+1}``, and ``V_{t+1}`` with a mask); returns the
+    inclusive pair ``(u_t, V_t)``."""
+    gamma = fam[2][0]
+    p_vs, p_pg = fam[1]
+    zu, zv = z
+    off, r, v, k, tr, boot, live, rho, c, rho_pg = _fields(fam, geo, o, ok, ACC)
+    if fam[0][5] is None:
+        zv = core.next_value(fam[0][1], geo, o, ok, end[1], ACC)
+    vs, pg = vtrace_out(r, v, k, tr, boot, rho, c, rho_pg, gamma, zu, zv)
+    o_out = core.out_offsets(geo, o)
+    tl.store(p_vs + o_out, tl.where(live, vs, 0.0).to(p_vs.dtype.element_ty), mask=ok)
+    tl.store(p_pg + o_out, tl.where(live, pg, 0.0).to(p_pg.dtype.element_ty), mask=ok)
+    p0, q0, s0, a0, w0 = vtrace_step(r, v, k, tr, boot, rho, c, gamma)
+    return tl.where(live, a0 + p0 * zu + q0 * zv, zu), tl.where(live, w0 + s0 * zv, zv)
+
+
+@triton.jit
+def vtrace_kernel(
+    fields,  # (rewards, values, terminated, truncated, bootstrap_values, mask, log_probs, target_log_probs):
+             # [N, T] at (s_n, s_t); None = absent
+    p_vs, p_pg, p_ci, p_co, p_ws,  # outputs [N, T] at (s_on, s_ot); carry in / out [N, 2]; look-back scratch
+    R, T, s_n, s_t, s_on, s_ot,
+    gamma: "fp64", lam: "fp64", rho_bar: "fp64", c_bar: "fp64", pg_rho_bar: "fp64",
+    CARRY_IN: tl.constexpr, ACC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
+    PASS: tl.constexpr, SHIFT_LOAD: tl.constexpr,
+):
+    """V-trace targets and policy-gradient advantages, backward in time."""
+    scal = (tl.full((), gamma, ACC), tl.full((), lam, ACC), tl.full((), rho_bar, ACC), tl.full((), c_bar, ACC),
+            tl.full((), pg_rho_bar, ACC))
+    core.drive((fields, (p_vs, p_pg), scal), R, T, 1, (s_n, s_t, s_on, s_ot), p_ci, p_co, p_ws, _step, _emit,
+               (fields[5] is not None, True, False), True, CARRY_IN, ACC, BLOCK_N, BLOCK_T, PASS, SHIFT_LOAD)

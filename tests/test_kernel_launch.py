@@ -1,0 +1,230 @@
+"""The launch around the family kernels: outputs asked for, plans bound to a caller's tensors, the
+strategy from the device, and calls that must not share anything (threads, streams, CUDA graphs,
+another device)."""
+
+from __future__ import annotations
+
+import threading
+import zlib
+
+import pytest
+import torch
+
+import rollbuf.kernels as K
+from rollbuf import functional as F
+from rollbuf.problem import Problem
+from test_kernels import DEV, assert_ref, call, make
+
+CUDA = torch.cuda.is_available()
+
+
+def _gae_problem(f, outputs, **kw):
+    fields = {k: f[k] for k in ("rewards", "values", "terminated", "truncated", "bootstrap_values", "mask")}
+    return Problem(family="lambda", outputs=outputs, fields=fields, gamma=0.97, lam=0.9, **kw)
+
+
+@pytest.mark.parametrize("outputs", [("advantages",), ("returns",), ("advantages", "returns"),
+                                     ("returns", "advantages")], ids="-".join)
+@pytest.mark.parametrize("mode", ["tile", "lookback", "three-pass"])
+def test_outputs_asked_for(outputs, mode):
+    """The TD(λ) kernel writes the outputs the Problem names, in its order, and nothing else."""
+    f = make(3, 37, "term+trunc+mask", seed=zlib.crc32("-".join(outputs).encode()))
+    ref = dict(zip(("advantages", "returns"), call("gae", f, "reference")))
+    force = {"tile": {}, "lookback": dict(split=True, presolve=False), "three-pass": dict(split=True, presolve=True)}
+    with K.forced(poison=True, block_t=None if CUDA else 16, **force[mode]):
+        outs, carry = K.run(_gae_problem(f, outputs))
+    assert len(outs) == len(outputs) and carry is None
+    assert_ref(outs, [ref[o] for o in outputs], 1e-5)
+
+
+def test_adjoint_without_value_gradient():
+    """The TD(λ) adjoint without ``values`` writes ``r̄`` alone, as with it."""
+    f = make(2, 29, "term+trunc+mask", seed=4)
+    g = torch.randn(2, 29, generator=torch.Generator().manual_seed(1)).to(DEV)
+    fields = {"rewards": g, "values": None, "terminated": f["terminated"], "truncated": f["truncated"],
+              "mask": f["mask"]}
+    both = dict(fields, values=torch.zeros_like(g))
+    with K.forced(poison=True):
+        one, w1 = K.run(Problem(family="lambda_adjoint", outputs=("rewards",), fields=fields, gamma=0.9, lam=0.8))
+        two, w2 = K.run(Problem(family="lambda_adjoint", outputs=("rewards", "values"), fields=both, gamma=0.9,
+                                lam=0.8))
+    assert len(one) == 1 and len(two) == 2
+    torch.testing.assert_close(one[0], two[0])
+    torch.testing.assert_close(w1, w2)
+
+
+def test_plan_reuses_its_launch_on_in_place_writes():
+    """A plan bound to a caller's tensors (a ``Rollout``'s storage) runs on their current contents:
+    fields rewritten in place between calls give the fresh call's result; nothing is rebuilt."""
+    f = make(4, 41, "term+trunc+mask", seed=3)
+    p = _gae_problem(f, ("advantages", "returns"), want_carry=True)
+    plan = K.plan(p)
+    first = plan()
+    assert_ref(first[0], call("gae", f, "reference"), 1e-5)
+    new = make(4, 41, "term+trunc+mask", seed=4)
+    for k, v in new.items():
+        if v is not None and f.get(k) is not None:
+            f[k].copy_(v)
+    again = plan()
+    assert_ref(again[0], call("gae", new, "reference"), 1e-5)
+    fresh = K.run(_gae_problem(new, ("advantages", "returns"), want_carry=True))
+    for a, b in zip(again[0] + (again[1],), fresh[0] + (fresh[1],)):
+        assert torch.equal(a, b)
+    assert K.launch_for(p) is plan.launch
+
+
+def test_strategy_reads_the_device():
+    """The table's split threshold is 8 programs per SM of the device: fewer SMs, fewer rows split."""
+    assert K.device_sms(torch.device("cpu")) == 132
+    assert K.strategy(1000, 4096, sms=132).split  # 1000 rows < 8·132
+    assert not K.strategy(1000, 4096, sms=66).split  # >= 8·66: walked, one row per program
+    if CUDA:
+        props = torch.cuda.get_device_properties(0)
+        assert K.device_sms(torch.device("cuda", 0)) == props.multi_processor_count
+
+
+def test_forced_choices_are_scoped():
+    with K.forced(block_t=16, split=True):
+        with K.forced(presolve=True):
+            from rollbuf.kernels.host import _FORCE
+
+            assert dict(_FORCE.get()) == dict(block_t=16, split=True, presolve=True)
+        assert dict(_FORCE.get()) == dict(block_t=16, split=True)
+    assert _FORCE.get() == ()
+    with pytest.raises(TypeError, match="unknown kernel choice"):
+        with K.forced(early_loads=True):
+            pass
+
+
+def _split_calls(seed, n=2, t=301, names=("gae", "vtrace", "eligibility_traces")):
+    f = make(n, t, "term+trunc+mask", seed=seed)
+    return f, [call(name, f, "triton") for name in names]
+
+
+@pytest.mark.skipif(CUDA, reason="the interpreter's threads; the GPU runs test_two_streams")
+def test_four_threads_equal_single_calls():
+    """Four threads run split rows (look-back and three passes) at once; each result equals the same
+    call alone: no scratch is shared between calls."""
+    def calls(seed):
+        out = []
+        for force in (dict(split=True, presolve=False), dict(split=True, presolve=True)):
+            with K.forced(block_t=16, **force):
+                out.append(_split_calls(seed, t=49, names=("gae", "vtrace"))[1])
+        return out
+
+    alone = [calls(s) for s in range(4)]
+    got, errors = [None] * 4, []
+
+    def work(i):
+        try:
+            got[i] = calls(i)
+        except Exception as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors, errors
+    for a, b in zip(got, alone):
+        for xs, ys in zip(a, b):
+            for x, y in zip(xs, ys):
+                for u, v in zip(x, y):
+                    assert torch.equal(u, v)
+
+
+@pytest.mark.gpu
+def test_two_streams():
+    """Split-row calls (look-back chains and three passes) launched on two streams at once equal the
+    same calls alone."""
+    shapes = [(8, 65537), (1, 300001)]
+    fs = [make(n, t, "term+trunc+mask", seed=i) for i, (n, t) in enumerate(shapes)]
+    alone = [[call(name, f, "triton") for name in ("gae", "vtrace")] for f in fs]
+    torch.cuda.synchronize()
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    got = [[], []]
+    for _ in range(3):
+        for i, s in enumerate(streams):
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                got[i].append([call(name, fs[i], "triton") for name in ("gae", "vtrace")])
+    torch.cuda.synchronize()
+    for i in range(2):
+        for rep in got[i]:
+            for a, b in zip(rep, alone[i]):
+                for x, y in zip(a, b):
+                    torch.testing.assert_close(x, y, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+def test_graph_captured_before_a_larger_call():
+    """A CUDA graph of split-row calls captured first, then a larger eager call (more scratch), then
+    the graph replayed on new inputs: its scratch is its own, the replay is right."""
+    from rollbuf.testing import make_rollout
+
+    small = make_rollout(8, 65537, seed=1, p_masked=0.1, device="cuda")
+
+    def gae(f):
+        return F.gae(0.99, 0.95, rewards=f["rewards"], values=f["values"], terminated=f["terminated"],
+                     truncated=f["truncated"], bootstrap_values=f["bootstrap_values"], mask=f["mask"],
+                     backend="triton")
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        gae(small)  # warm-up outside the capture
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        captured = gae(small)
+    big = make_rollout(64, 1 << 20, seed=2, p_masked=0.1, device="cuda")
+    big_out = gae(big)
+    new = make_rollout(8, 65537, seed=3, p_masked=0.1, device="cuda")
+    for k, v in new.items():
+        if isinstance(v, torch.Tensor):
+            small[k].copy_(v)
+    g.replay()
+    torch.cuda.synchronize()
+    for a, b in zip(captured, gae(small)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+    ref = F.gae(0.99, 0.95, **{k: (v[:2].cpu() if isinstance(v, torch.Tensor) else v) for k, v in big.items()
+                              if k in ("rewards", "values", "terminated", "truncated", "bootstrap_values", "mask")},
+                backend="torch")
+    assert_ref(tuple(x[:2] for x in big_out), ref, 2e-5)
+
+
+@pytest.mark.multigpu
+def test_tensors_on_another_device():
+    """Tensors on cuda:1 while cuda:0 is current: the launch runs on cuda:1 (walked rows, look-back,
+    three passes) and equals the same call on cuda:0."""
+    torch.cuda.set_device(0)
+    for force in ({}, dict(split=True, presolve=False), dict(split=True, presolve=True)):
+        f0 = make(4, 5000, "term+trunc+mask", seed=7, device="cuda:0")
+        f1 = {k: (None if v is None else v.to("cuda:1")) for k, v in f0.items()}
+        with K.forced(block_t=512, **force):
+            for name in ("gae", "vtrace", "eligibility_traces"):
+                a = call(name, f0, "triton")
+                b = call(name, f1, "triton")
+                assert torch.cuda.current_device() == 0
+                for x, y in zip(a, b):
+                    assert y.device == torch.device("cuda:1")
+                    torch.testing.assert_close(y.cpu(), x.cpu(), rtol=0, atol=0)
+
+
+def test_overlapping_fields_are_made_to_match():
+    """A field whose steps share memory (an expanded gradient, stride 0) cannot be the call's
+    layout: the call reads dense fields, that one copied first; any other layout still reads."""
+    f = make(3, 29, "term+trunc", seed=6)
+    g = torch.full((), 0.5, device=DEV).expand(3, 29)  # strides (0, 0)
+    fields = {"rewards": g, "values": f["values"], "terminated": f["terminated"], "truncated": f["truncated"],
+              "mask": None}
+    with K.forced(poison=True):
+        got = K.run(Problem(family="lambda_adjoint", outputs=("rewards", "values"), fields=fields, gamma=0.9,
+                            lam=0.8))
+        want = K.run(Problem(family="lambda_adjoint", outputs=("rewards", "values"),
+                             fields=dict(fields, rewards=g.contiguous()), gamma=0.9, lam=0.8))
+    for a, b in zip(got[0] + (got[1],), want[0] + (want[1],)):
+        torch.testing.assert_close(a, b)
+    la = K.launch_for(Problem(family="lambda_adjoint", outputs=("rewards",), fields=fields, gamma=0.9, lam=0.8))
+    assert (la.s_n, la.s_t) == (29, 1) and {n for _, n, _ in la.conv} == {"rewards"}

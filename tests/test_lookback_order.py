@@ -1,0 +1,180 @@
+"""Split rows' programs run in adversarial orders: the decoupled look-back's every branch.
+
+A launch of split rows runs one program per chunk; each publishes its chunk's aggregate map (flag 1),
+looks back over the chunks before it in scan order, composing the aggregates of those that have not
+published their inclusive state yet and waiting on any that published nothing (flag 0), until one
+that did (flag 2). Triton's interpreter runs a launch's programs one after another, in ticket order,
+so in a plain launch every predecessor has finished (flag 2) and neither the composing nor the
+waiting branch runs. This harness runs one launch's programs one at a time (a launch of one program
+whose ticket counter is set first), against a scratch seeded with what other programs of the same
+launch would have published, in reverse and shuffled orders, and with a predecessor that publishes
+only while the program waits on it (a second thread). Seeded states that must not be read are NaN,
+so a branch taken wrongly shows up; every order's outputs equal the plain launch's and the
+reference.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+import zlib
+
+import pytest
+import torch
+
+import rollbuf.kernels as K
+from rollbuf.problem import Problem
+from test_kernels import assert_ref, call, make
+
+CUDA = torch.cuda.is_available()
+pytestmark = pytest.mark.skipif(CUDA, reason="drives the interpreter's programs one by one (CPU)")
+
+N, T, BLOCK_T = 3, 37, 8  # 3 row tiles x 5 chunks = 15 programs
+
+
+def _problem(name, f):
+    base = {k: f[k] for k in ("rewards", "values", "terminated", "truncated", "bootstrap_values", "mask")}
+    if name == "gae":
+        return Problem(family="lambda", outputs=("advantages", "returns"), fields=base, gamma=0.97, lam=0.9,
+                       want_carry=True)
+    if name == "vtrace":
+        return Problem(family="vtrace", outputs=("vs", "pg_advantages"),
+                       fields=dict(base, log_probs=f["log_probs"], target_log_probs=f["target_log_probs"]),
+                       gamma=0.97, rho_bar=1.0, c_bar=0.9, pg_rho_bar=1.2, lam=0.95, want_carry=True)
+    assert name == "eligibility_traces"
+    return Problem(family="trace", outputs=("traces", "final"), decay=0.97 * 0.9,
+                   fields={"x": f["rewards"], "terminated": f["terminated"], "truncated": f["truncated"],
+                           "mask": f["mask"]})
+
+
+class Harness:
+    """One look-back launch of ``p``: its plain result, its scratch after a plain run, and programs
+    run one by one on a seeded scratch."""
+
+    def __init__(self, p):
+        self.p = p
+        with K.forced(block_t=BLOCK_T, split=True, presolve=False, block_n=1):
+            self.la = K.launch_for(p)
+        st = self.la.strategy
+        assert st.split and not st.presolve and st.num_seg == 5
+        self.tiles = -(-self.la.R // st.block_n)
+        self.W = 7 if self.la.pair_maps else 3
+        self.maps = self.W - (2 if self.la.pair_maps else 1)  # map components per slot
+        self.slot = self.W * st.block_n
+        args, outs, co, ws = self.la.prepare(*self.la.inputs(p))
+        self.la.launch(args, ws)  # plain: every program in ticket order
+        self.plain, self.plain_carry, self.published = [o.clone() for o in outs], co, ws.clone()
+
+    def flags(self, ws):
+        return ws[self.la.slot_values:].view(torch.int32)
+
+    def seed(self, ws, slot, flag):
+        """Slot ``slot`` as if its program had published up to ``flag`` (1: its aggregate only, its
+        state NaN; 2: both)."""
+        a = slot * self.slot
+        ws[a:a + self.slot] = float("nan")
+        if flag >= 1:
+            n = self.maps * self.la.strategy.block_n
+            ws[a:a + n] = self.published[a:a + n]
+        if flag == 2:
+            ws[a:a + self.slot] = self.published[a:a + self.slot]
+        self.flags(ws)[1 + slot] = flag
+
+    def vid(self, tile, rank):
+        return rank * self.tiles + tile
+
+    def run(self, ws, args, vid):
+        self.flags(ws)[0] = vid  # the ticket the one program takes
+        self.la.launch(args, ws, grid=1)
+
+    def check(self, outs, co):
+        for a, b in zip(outs, self.plain):
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+        if co is not None:
+            torch.testing.assert_close(co, self.plain_carry, rtol=1e-6, atol=1e-6)
+
+
+NAMES = ["gae", "vtrace", "eligibility_traces"]
+
+
+def _setup(name, mix="term+trunc+mask"):
+    f = make(N, T, mix, seed=zlib.crc32(f"order-{name}-{mix}".encode()))
+    h = Harness(_problem(name, f))
+    assert_ref(h.plain, call(name, f, "reference")[:len(h.plain)], 1e-5)
+    return h
+
+
+@pytest.mark.parametrize("mix", ["term+trunc+mask", "term+trunc"], ids=["mask", "no-mask"])
+@pytest.mark.parametrize("name", NAMES)
+def test_reverse_order_composes_aggregates(name, mix):
+    """Programs in reverse ticket order; every chunk before them has published its aggregate only
+    (its state NaN), the first chunk of each row its state: every program composes all the
+    aggregates back to its row's first chunk. With and without a mask (TD(λ) and V-trace scan
+    other states without one)."""
+    h = _setup(name, mix)
+    args, outs, co, ws = h.la.prepare(*h.la.inputs(h.p))
+    for tile in range(h.tiles):
+        for rank in range(5):
+            h.seed(ws, tile * 5 + rank, 2 if rank == 0 else 1)
+    for vid in reversed(range(h.la.grid)):
+        h.run(ws, args, vid)
+    h.check(outs, co)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_shuffled_order_mixes_composed_and_found_states(name):
+    """Programs in a shuffled order over a scratch where each chunk has published its aggregate or
+    its state at random: chains of every length, found at every depth."""
+    h = _setup(name)
+    rng = random.Random(zlib.crc32(name.encode()))
+    for trial in range(2):
+        args, outs, co, ws = h.la.prepare(*h.la.inputs(h.p))
+        for tile in range(h.tiles):
+            for rank in range(5):
+                h.seed(ws, tile * 5 + rank, 2 if rank == 0 else rng.choice((1, 2)))
+        order = list(range(h.la.grid))
+        rng.shuffle(order)
+        for vid in order:
+            h.run(ws, args, vid)
+        h.check(outs, co)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_program_waits_on_an_unpublished_predecessor(name):
+    """A program whose predecessor has published nothing (flag 0) waits for it: a second thread
+    publishes that chunk only once the program has taken its ticket and published its own aggregate;
+    the program then finishes with the plain launch's outputs. The last chunk in scan order of row
+    tile 1 waits on the chunk before it, which the thread publishes as an aggregate first and its
+    state a moment later, so the program also composes while waiting."""
+    h = _setup(name)
+    args, outs, co, ws = h.la.prepare(*h.la.inputs(h.p))
+    tile, rank = 1, 4
+    for t in range(h.tiles):
+        for r in range(5):
+            if (t, r) not in ((tile, 4), (tile, 3), (tile, 2)):
+                h.seed(ws, t * 5 + r, 2 if r < 2 else 1)
+    vid = h.vid(tile, rank)
+    waited = {}
+
+    def publisher():
+        deadline = time.monotonic() + 120
+        while int(h.flags(ws)[1 + tile * 5 + rank]) != 1:  # the program published its aggregate
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        time.sleep(0.3)
+        waited["before"] = int(h.flags(ws)[1 + tile * 5 + rank])  # still 1: it is waiting
+        h.seed(ws, tile * 5 + 3, 1)  # the predecessor's aggregate first ...
+        time.sleep(0.3)
+        h.seed(ws, tile * 5 + 2, 2)  # ... then the state of the one before it
+
+    th = threading.Thread(target=publisher, daemon=True)
+    th.start()
+    h.run(ws, args, vid)
+    th.join(timeout=120)
+    assert waited.get("before") == 1
+    assert int(h.flags(ws)[1 + tile * 5 + rank]) == 2
+    # only that program ran: its chunk equals the plain launch's
+    lo, hi = (0, 8) if h.la.fam.backward else (32, 37)
+    for a, b in zip(outs, h.plain):
+        torch.testing.assert_close(a[tile, lo:hi], b[tile, lo:hi], rtol=1e-6, atol=1e-6)
