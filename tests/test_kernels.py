@@ -446,7 +446,7 @@ def test_direct_launch_bookkeeping(monkeypatch):
                 return Compiled(self.real, grid)
             return launch
 
-    real_call = H._Kernel.__call__
+    real_call = H.Kernel.__call__
 
     def on_gpu(self, grid, args, device):  # the interpreter's kernel, treated as a GPU launch
         if not isinstance(self.jit, Jit):
@@ -455,8 +455,8 @@ def test_direct_launch_bookkeeping(monkeypatch):
 
     hooks = types.SimpleNamespace(launch_enter_hook=None, launch_exit_hook=None)
     monkeypatch.setattr(H, "_DRIVER", [(lambda device: "stream", hooks)])
-    monkeypatch.setattr(H._Kernel, "__call__", on_gpu)
-    monkeypatch.setattr(H, "_LAUNCHES", {})
+    monkeypatch.setattr(H.Kernel, "__call__", on_gpu)
+    monkeypatch.setattr(H, "LAUNCHES", {})
     f = make(3, 37, "term+trunc+mask", seed=9)
     ref = call("gae", f, "reference")
 
@@ -475,10 +475,10 @@ def test_direct_launch_bookkeeping(monkeypatch):
     check(dict(f, rewards=offset(f["rewards"])), 0, 1)
     check(dict(f, terminated=f["terminated"].to(torch.uint8)), 1, 0)  # dtype differs: miss
     check(f, 0, 1)
-    assert len(H._LAUNCHES) == 3
+    assert len(H.LAUNCHES) == 3
     monkeypatch.setattr(H, "LAUNCHES_MAX", 3)
     check(dict(f, values=offset(f["values"])), 1, 0)  # a fourth key: the cache starts over
-    assert len(H._LAUNCHES) == 1
+    assert len(H.LAUNCHES) == 1
     check(f, 1, 0)
     monkeypatch.setattr(H, "LAUNCHES_MAX", 4096)
     with K.forced(split=True, presolve=True):  # three passes: two family launches and the resolve kernel
@@ -536,13 +536,13 @@ def test_direct_launch_respecializes():
             tol = 2e-2 if kind == "bf16" else 2e-5
             got = call(name, f, "triton")
             assert_ref(got, call(name, f, "reference"), tol)
-            saved = dict(H._LAUNCHES)
-            H._LAUNCHES.clear()
+            saved = dict(H.LAUNCHES)
+            H.LAUNCHES.clear()
             try:
                 jit = call(name, f, "triton")  # a new launch: through Triton's JIT
             finally:
-                H._LAUNCHES.clear()
-                H._LAUNCHES.update(saved)
+                H.LAUNCHES.clear()
+                H.LAUNCHES.update(saved)
             for a, b in zip(got, jit):
                 assert torch.equal(a, b), (name, kind)
 

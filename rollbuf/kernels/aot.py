@@ -107,10 +107,10 @@ def _signature(v: dict):
     """(jit function, signature, constexprs, warps) of variant ``v``."""
     from triton.language import float32
 
-    from rollbuf.kernels.host import FAMILIES, STATE, ZERO, _jit
+    from rollbuf.kernels.host import FAMILIES, STATE, ZERO, jit_kernel
 
     fam = FAMILIES[v["family"]]
-    jit = _jit(fam.kernel)
+    jit = jit_kernel(fam.kernel)
     params = list(inspect.signature(jit.fn).parameters)
     pass_, shift, bn, bt, warps = _MODES[v["mode"]]
     dt = v.get("dtype", "fp32")

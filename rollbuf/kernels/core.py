@@ -127,13 +127,13 @@ def boundary(fields, off, ok, ACC: tl.constexpr):
 
 
 @triton.jit
-def _combine(a1, b1, a2, b2):
+def combine_lanes(a1, b1, a2, b2):
     # the element met later in scan order is the outer map (both directions)
     return compose(a2, b2, a1, b1)
 
 
 @triton.jit
-def _combine_pair(p1, q1, s1, a1, w1, p2, q2, s2, a2, w2):
+def combine_pair_lanes(p1, q1, s1, a1, w1, p2, q2, s2, a2, w2):
     return compose_pair(p2, q2, s2, a2, w2, p1, q1, s1, a1, w1)
 
 
@@ -355,9 +355,9 @@ def _scan(fam, geo, o, ok, end, STEP: tl.constexpr, PAIR: tl.constexpr, REVERSE:
     """Inclusive scan over the chunk (axis 1) of the maps of the steps ``o``."""
     e = STEP(fam, geo, o, ok, end, ACC)
     if PAIR:
-        return tl.associative_scan(e, 1, _combine_pair, reverse=REVERSE)
+        return tl.associative_scan(e, 1, combine_pair_lanes, reverse=REVERSE)
     else:
-        return tl.associative_scan(e, 1, _combine, reverse=REVERSE)
+        return tl.associative_scan(e, 1, combine_lanes, reverse=REVERSE)
 
 
 @triton.jit

@@ -233,7 +233,7 @@ ZERO, STATE, END_COLUMN, END_STEP = 0, 1, 2, 3
 WALK, LOOKBACK, AGGREGATES, OUTPUTS = 0, 1, 2, 3
 
 
-def _jit(name: str):
+def jit_kernel(name: str):
     import importlib
 
     mod, fn = name.split(".")
@@ -300,7 +300,7 @@ def _driver():
     return _DRIVER[0]
 
 
-class _Kernel:
+class Kernel:
     """One jitted kernel of a launch with its constexprs; after the first GPU launch, the compiled
     kernel, launched directly."""
 
@@ -426,7 +426,7 @@ class Launch:
         tiles = -(-self.R // st.block_n)
         self.grid = tiles * st.num_seg if st.split else tiles
         self.scalars = fam.scalars
-        jit = _jit(fam.kernel)
+        jit = jit_kernel(fam.kernel)
         pre = (p.reverse,) if p.family == "affine" else ()
 
         def const(pass_):
@@ -436,19 +436,19 @@ class Launch:
         W = 7 if pair_maps else 3
         self.slot_values = W * st.block_n * self.grid if st.split else 0
         if not st.split:
-            self.passes = (_Kernel(jit, const(WALK), st.num_warps),)
+            self.passes = (Kernel(jit, const(WALK), st.num_warps),)
             self.scratch_words = 0
         elif not st.presolve:
-            self.passes = (_Kernel(jit, const(LOOKBACK), st.num_warps),)
+            self.passes = (Kernel(jit, const(LOOKBACK), st.num_warps),)
             self.scratch_words = 1 + self.grid  # ticket counter, one flag per chunk
         else:
             from rollbuf.kernels.resolve import resolve_kernel
 
             bn = st.block_n
             br = st.resolve_block_r or max(1, min(_pow2(st.num_seg - 1), (2048 if pair_maps else 4096) // bn))
-            self.passes = (_Kernel(jit, const(AGGREGATES), st.num_warps),
-                           _Kernel(resolve_kernel, (bn, br, pair_maps), max(1, min(8, br * bn // 256))),
-                           _Kernel(jit, const(OUTPUTS), st.num_warps))
+            self.passes = (Kernel(jit, const(AGGREGATES), st.num_warps),
+                           Kernel(resolve_kernel, (bn, br, pair_maps), max(1, min(8, br * bn // 256))),
+                           Kernel(jit, const(OUTPUTS), st.num_warps))
             self.scratch_words = 0
         itemsize = 8 if acc is float64 else 4
         self.scratch_len = self.slot_values + -(-self.scratch_words * 4 // itemsize)
@@ -560,7 +560,7 @@ class Launch:
 
 # ---- the cache -----------------------------------------------------------------------------------
 
-_LAUNCHES: dict = {}
+LAUNCHES: dict = {}
 LAUNCHES_MAX = 4096  # exact shapes are in the key: varying shapes (LLM batches) must not grow it without bound
 
 
@@ -586,11 +586,11 @@ def launch_for(p: Problem) -> Launch:
     """The cached :class:`Launch` of ``p``'s signature (built, and so validated, once)."""
     force = _FORCE.get()
     key = signature(p, force)
-    hit = _LAUNCHES.get(key)
+    hit = LAUNCHES.get(key)
     if hit is None:
-        if len(_LAUNCHES) >= LAUNCHES_MAX:
-            _LAUNCHES.clear()
-        hit = _LAUNCHES[key] = Launch(p, force)
+        if len(LAUNCHES) >= LAUNCHES_MAX:
+            LAUNCHES.clear()
+        hit = LAUNCHES[key] = Launch(p, force)
     return hit
 
 

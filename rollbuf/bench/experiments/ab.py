@@ -66,7 +66,7 @@ def child(args):
     rows = run_cases(cases, ["rollbuf-triton"], args.device, copy_bw=copy_bw)
     from rollbuf.kernels import host
 
-    for line in compiled_kernels(host._LAUNCHES):  # registers and spills (GPU only)
+    for line in compiled_kernels(host.LAUNCHES):  # registers and spills (GPU only)
         print(line, file=sys.stderr)
     print(json.dumps(rows))
 

@@ -4,7 +4,7 @@
 
 The full call at 4096 × 128 (PERF.md P2: ≤ 8 µs) is our Python (validation, the problem, the
 strategy, argument marshalling) plus Triton's launcher plus the kernel. This measures the first part
-alone: every kernel launch (``rollbuf.kernels.host._Kernel.__call__``) is replaced by a no-op, the inputs are CPU tensors, and the call
+alone: every kernel launch (``rollbuf.kernels.host.Kernel.__call__``) is replaced by a no-op, the inputs are CPU tensors, and the call
 is timed over many repetitions (median of 7 batches). ``--profile`` prints the top functions.
 
 ``--device cuda``: the same with CUDA inputs (our Python on the GPU machine's host; nothing is
@@ -29,7 +29,7 @@ H = F = None  # rollbuf.kernels.host and rollbuf.functional, imported under the 
 
 
 def _stub(self, grid, args, device):
-    """Stands in for a kernel launch (``rollbuf.kernels.host._Kernel.__call__``): does nothing."""
+    """Stands in for a kernel launch (``rollbuf.kernels.host.Kernel.__call__``): does nothing."""
 
 
 def case(name, N=4096, T=128, device="cpu"):
@@ -101,7 +101,7 @@ def backward_table():
             self.n += func.overloadpacket.__name__ not in _VIEWS
             return func(*args, **(kwargs or {}))
 
-    H._Kernel.__call__ = counting
+    H.Kernel.__call__ = counting
     print("| estimator | fwd+bwd host µs | aten ops forward | aten ops backward | scan launches fwd + bwd |")
     print("|---|---|---|---|---|")
     for name, (fn, ins) in backward_cases().items():
@@ -141,7 +141,7 @@ def main(argv=None):
         print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; launch stubbed, CPU tensors 4 x 8\n")
         backward_table()
         return 0
-    H._Kernel.__call__ = _stub
+    H.Kernel.__call__ = _stub
     names = ["gae", "gae (no truncations, [N] bootstrap)", "gae (mask)", "vtrace"]
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; launch stubbed, {args.device} tensors "
           "4096 x 128\n")
