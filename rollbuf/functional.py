@@ -7,7 +7,10 @@ Every function takes the rollout fields as keyword arguments named as in SPEC §
 * ``"torch"`` — the vectorised scan (:mod:`rollbuf.vectorized`), the CPU path;
 * ``"triton"`` — the fused kernels (:mod:`rollbuf.kernels`), CUDA tensors, or CPU tensors when
   ``TRITON_INTERPRET=1`` was set before import;
-* ``"auto"`` — ``"triton"`` for CUDA tensors, ``"torch"`` otherwise.
+* ``"numba"`` — the compiled sequential loops (:mod:`rollbuf.backends.compiled_cpu`), CPU tensors;
+  calls whose inputs require grad, or under ``torch.compile``, run the ``"torch"`` backend;
+* ``"auto"`` — ``"triton"`` for CUDA tensors, ``"numba"`` for CPU tensors when numba is
+  installed, ``"torch"`` otherwise.
 
 Boundary keywords shared by the backward estimators:
 
@@ -49,7 +52,7 @@ __all__ = [
     "affine_scan",
 ]
 
-BACKENDS = ("auto", "triton", "torch", "reference")
+BACKENDS = ("auto", "triton", "torch", "reference", "numba")
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _FLAGS = (torch.bool, torch.uint8) + _FLOATS
 
@@ -278,7 +281,15 @@ class _Call:
 def _resolve_backend(backend, device):
     _choice("backend", backend, BACKENDS)
     if backend == "auto":
-        return "triton" if device.type == "cuda" and _triton_available() else "torch"
+        if device.type == "cuda" and _triton_available():
+            return "triton"
+        # [compiled CPU backend routing] auto on CPU tensors: numba when importable
+        return "numba" if device.type == "cpu" and _numba_available() else "torch"
+    if backend == "numba":  # [compiled CPU backend routing]
+        if not _numba_available():
+            raise ValueError("backend='numba' needs the numba package, which is not importable")
+        if device.type != "cpu":
+            raise ValueError(f"backend='numba' runs on CPU tensors (got {device})")
     if backend == "triton":
         if not _triton_available():
             raise ValueError("backend='triton' needs the triton package, which is not importable")
@@ -288,6 +299,15 @@ def _resolve_backend(backend, device):
                 "TRITON_INTERPRET=1 before importing rollbuf, or use backend='torch'"
             )
     return backend
+
+
+@functools.cache
+def _numba_available() -> bool:  # [compiled CPU backend routing]
+    try:
+        import numba  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 @functools.cache
@@ -320,7 +340,13 @@ def _run(p: Problem, backend: str, reference_call, return_carry: bool):
         outs = reference_call()
         outs = outs if isinstance(outs, tuple) else (outs,)
         carry = None
-    elif backend == "torch" or (compiling and _autograd.needs_grad(p)):
+    elif backend == "numba" and not compiling and not _autograd.needs_grad(p):
+        # [compiled CPU backend routing] no gradients, not under torch.compile: the compiled loops;
+        # otherwise the torch backend (below) computes the call and its gradients
+        from rollbuf.backends import compiled_cpu
+
+        outs, carry = compiled_cpu.run(p)
+    elif backend in ("torch", "numba") or (compiling and _autograd.needs_grad(p)):
         # (gradients under torch.compile: the torch backend, traced and differentiated by
         # AOTAutograd, the scans through AffineScanFunction; the fused kernel has no traceable backward)
         from rollbuf import vectorized
@@ -640,14 +666,19 @@ def affine_scan(alpha, beta, reverse=False, initial=None, *, backend="auto"):
         from rollbuf import reference
 
         y = reference.affine_scan(a, b, reverse, init)
-    elif be == "torch":
+    elif be == "torch" or (be == "numba" and (_compiling() or torch.is_grad_enabled() and (
+            a.requires_grad or b.requires_grad or init.requires_grad))):  # [compiled CPU backend routing]
         from rollbuf import vectorized
 
         y = vectorized.affine_scan(a.to(compute), b.to(compute), reverse, init.to(compute))
     else:
         p = Problem(family="affine", outputs=("y", "final"), fields={"x": a, "values": b}, carry=init,
                     compute_dtype=compute, out_dtype=compute, reverse=reverse)
-        if _autograd.needs_grad(p):
+        if be == "numba":  # [compiled CPU backend routing]
+            from rollbuf.backends import compiled_cpu
+
+            y = compiled_cpu.run(p)[0][0]
+        elif _autograd.needs_grad(p):
             y = _autograd.run(p)[0][0]
         else:
             from rollbuf import kernels

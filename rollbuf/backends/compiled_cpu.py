@@ -1,0 +1,586 @@
+"""The compiled CPU backend: every estimator as a sequential loop over time, compiled by numba.
+
+On a CPU the fast algorithm is the plain one: each row is one pass over its steps in scan order,
+carrying one state (two for V-trace), every step read once and every output written once. The rows
+are independent; with enough work they are spread over the cores (``prange``). The loops below
+are the recursions of :mod:`rollbuf.boundary.coefficients` written out step by step:
+
+* the state ``Z`` (backward) or ``F`` (forward) flows through masked steps unchanged, and masked
+  steps write 0: "as if deleted";
+* a backward row's window end is its last unmasked step, met first by the loop: there the state is
+  set to the window-end carry (``bootstrap_values`` at that step, 0 if it terminated), unless the
+  caller passed ``carry`` or the window end is terminal;
+* ``bootstrap_values[t]`` is read only where step ``t`` is truncated and not terminated (and at the
+  window end), through a branch, so a NaN in any other slot is never touched by arithmetic;
+* each step's state update is one multiply-add (``z = α + β·z``), the outputs come off the chain.
+
+Inputs are passed to the compiled code as a data pointer and two strides (three for ``x``) per
+field, so any layout is read in place: a time-major ``[T, N]`` buffer passed as its transposed view
+costs no copy, and every layout shares one compiled specialisation per accumulation dtype. Flags
+are read as bytes (bool or uint8 tensors in place; 0/1 floating flags are converted to bool first).
+Floating fields in another dtype than the accumulation dtype (bfloat16, float16, or a mix) are
+converted to it first. Outputs are written in the accumulation dtype and converted to the output
+dtype afterwards when that differs.
+
+The entry point is :func:`run` (same contract as the torch backend's ``run``). Gradients are not
+computed here: a call whose inputs require grad goes to the torch backend (or is wrapped by the
+autograd layer, whose TD(λ) adjoint is the ``lambda_adjoint`` family below).
+
+The kernels are compiled on first use and cached on disk (``cache=True``: numba's cache directory,
+next to this file or ``NUMBA_CACHE_DIR``); the first call of each family in a fresh environment
+compiles it, later processes load it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import numba
+import numpy as np
+import torch
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from rollbuf.problem import Problem
+
+__all__ = ["run", "PARALLEL_MIN_ELEMENTS", "PARALLEL_MIN_ROWS"]
+
+# Rows go to the cores (prange) when there are at least this many rows and this many elements
+# (steps × features) in all; below, one thread runs every row (the parallel launch costs more than
+# it saves). Module attributes so that benchmarks can move them.
+PARALLEL_MIN_ROWS = 2
+PARALLEL_MIN_ELEMENTS = 1 << 14
+
+_JIT = dict(cache=True, nogil=True, fastmath={"contract"}, error_model="numpy", boundscheck=False)
+
+
+@intrinsic
+def _void_ptr(typingctx, addr):
+    """An integer address as a ``void*`` (for :func:`numba.carray`)."""
+
+    def codegen(context, builder, sig, args):
+        return builder.inttoptr(args[0], cgutils.voidptr_t)
+
+    return types.voidptr(addr), codegen
+
+
+@njit(inline="always", **_JIT)
+def _view(ptr, size, like):
+    """The ``size`` elements at address ``ptr`` as a 1-D array of ``like``'s dtype."""
+    return numba.carray(_void_ptr(ptr), (size,), like.dtype)
+
+
+@njit(inline="always", **_JIT)
+def _bytes(ptr, size):
+    return numba.carray(_void_ptr(ptr), (size,), np.uint8)
+
+
+@njit(inline="always", **_JIT)
+def _span(N, T, sn, st):
+    """Elements from a field's first to its last: what its 1-D view must cover."""
+    return 1 + (N - 1) * sn + (T - 1) * st
+
+
+# ---------------------------------------------------------------------------------------------
+# the TD(λ) family: GAE, TD(λ) returns, discounted returns (λ = 1), Monte Carlo (boot ≡ 0, V ≡ 0)
+#   Z_t = (1−λ)V_t + λG_t,  G_t = local_t + γ·nd_t·Z_{t+1},  local_t = r_t + γ·[tr_t ∧ ¬k_t]·B_t
+# ---------------------------------------------------------------------------------------------
+
+
+def _lambda(N, T, pr, sr_n, sr_t, pv, sv_n, sv_t, pk, sk_n, sk_t, ptr, str_n, str_t,
+            pb, sb_n, sb_t, pm, sm_n, sm_t, pc, sc_n, out_g, out_a, carry_out,
+            gamma, lam, mode, boot, adv):
+    """``mode``: 0 window-end carry 0; 1 ``bootstrap_values`` at the window end; 2 ``carry`` given.
+    ``boot``: whether truncated steps read ``bootstrap_values``. ``adv``: write ``G − V`` too."""
+    r = _view(pr, _span(N, T, sr_n, sr_t), out_g)
+    v = _view(pv, _span(N, T, sv_n, sv_t), out_g)
+    b = _view(pb, _span(N, T, sb_n, sb_t), out_g)
+    c = _view(pc, _span(N, 1, sc_n, 0), out_g)
+    k = _bytes(pk, _span(N, T, sk_n, sk_t))
+    tr = _bytes(ptr, _span(N, T, str_n, str_t))
+    m = _bytes(pm, _span(N, T, sm_n, sm_t))
+    gl = gamma * lam
+    for n in prange(N):
+        if mode == 2:
+            z = c[n * sc_n]
+        elif mode == 1:  # a row with no unmasked step passes V(s_T) of its last column through
+            z = b[n * sb_n + (T - 1) * sb_t]
+        else:
+            z = 0.0
+        end = mode == 1  # the window end is still to come
+        for t in range(T - 1, -1, -1):
+            if m[n * sm_n + t * sm_t] == 0:
+                out_g[n, t] = 0.0
+                if adv:
+                    out_a[n, t] = 0.0
+                continue
+            kt = k[n * sk_n + t * sk_t] != 0
+            trt = tr[n * str_n + t * str_t] != 0
+            if end:  # the last unmasked step: the state past it is V(s_T), unless it terminated
+                z = 0.0 if kt else b[n * sb_n + t * sb_t]
+                end = False
+            x = r[n * sr_n + t * sr_t]
+            if boot and trt and not kt:
+                x += gamma * b[n * sb_n + t * sb_t]
+            vt = v[n * sv_n + t * sv_t]
+            cont = 0.0 if (kt or trt) else 1.0
+            g = x + (gamma * cont) * z
+            out_g[n, t] = g
+            if adv:
+                out_a[n, t] = g - vt
+            z = ((1.0 - lam) * vt + lam * x) + (gl * cont) * z
+        carry_out[n] = z
+
+
+# ---------------------------------------------------------------------------------------------
+# Retrace(λ): W_t = V_t + c_t(Q_t − q_t) = V_t + c_t(local_t − q_t) + γ·nd_t·c_t·W_{t+1},
+#             Q_t = local_t + γ·nd_t·W_{t+1},  c_t = λ·min(c̄, π/μ)
+# ---------------------------------------------------------------------------------------------
+
+
+def _retrace(N, T, pr, sr_n, sr_t, pv, sv_n, sv_t, pk, sk_n, sk_t, ptr, str_n, str_t,
+             pb, sb_n, sb_t, pm, sm_n, sm_t, pc, sc_n, plp, slp_n, slp_t, ptl, stl_n, stl_t,
+             pq, sq_n, sq_t, out, carry_out, gamma, lam, c_bar, mode, boot):
+    r = _view(pr, _span(N, T, sr_n, sr_t), out)
+    v = _view(pv, _span(N, T, sv_n, sv_t), out)
+    b = _view(pb, _span(N, T, sb_n, sb_t), out)
+    c = _view(pc, _span(N, 1, sc_n, 0), out)
+    lp = _view(plp, _span(N, T, slp_n, slp_t), out)
+    tl = _view(ptl, _span(N, T, stl_n, stl_t), out)
+    q = _view(pq, _span(N, T, sq_n, sq_t), out)
+    k = _bytes(pk, _span(N, T, sk_n, sk_t))
+    tr = _bytes(ptr, _span(N, T, str_n, str_t))
+    m = _bytes(pm, _span(N, T, sm_n, sm_t))
+    for n in prange(N):
+        if mode == 2:
+            z = c[n * sc_n]
+        elif mode == 1:
+            z = b[n * sb_n + (T - 1) * sb_t]
+        else:
+            z = 0.0
+        end = mode == 1
+        for t in range(T - 1, -1, -1):
+            if m[n * sm_n + t * sm_t] == 0:
+                out[n, t] = 0.0
+                continue
+            kt = k[n * sk_n + t * sk_t] != 0
+            trt = tr[n * str_n + t * str_t] != 0
+            if end:
+                z = 0.0 if kt else b[n * sb_n + t * sb_t]
+                end = False
+            x = r[n * sr_n + t * sr_t]
+            if boot and trt and not kt:
+                x += gamma * b[n * sb_n + t * sb_t]
+            ratio = np.exp(tl[n * stl_n + t * stl_t] - lp[n * slp_n + t * slp_t])
+            ct = lam * (ratio if ratio < c_bar else c_bar)
+            gc = 0.0 if (kt or trt) else gamma
+            out[n, t] = x + gc * z
+            z = (v[n * sv_n + t * sv_t] + ct * (x - q[n * sq_n + t * sq_t])) + (gc * ct) * z
+        carry_out[n] = z
+
+
+# ---------------------------------------------------------------------------------------------
+# V-trace: state (u, V) of the next step;  u_t = ρ_t(local_t − V_t) + γ·nd_t·(ρ_t·V_{t+1} + c_t·u_{t+1}),
+#   vs_t = V_t + u_t,  pg_t = ρpg_t·(local_t + γ·nd_t·(V_{t+1} + u_{t+1}) − V_t)
+# ---------------------------------------------------------------------------------------------
+
+
+def _vtrace(N, T, pr, sr_n, sr_t, pv, sv_n, sv_t, pk, sk_n, sk_t, ptr, str_n, str_t,
+            pb, sb_n, sb_t, pm, sm_n, sm_t, pc, sc_n, sc_k, plp, slp_n, slp_t, ptl, stl_n, stl_t,
+            out_vs, out_pg, carry_out, gamma, lam, rho_bar, c_bar, pg_rho_bar, mode, boot):
+    r = _view(pr, _span(N, T, sr_n, sr_t), out_vs)
+    v = _view(pv, _span(N, T, sv_n, sv_t), out_vs)
+    b = _view(pb, _span(N, T, sb_n, sb_t), out_vs)
+    c = _view(pc, _span(N, 2, sc_n, sc_k), out_vs)
+    lp = _view(plp, _span(N, T, slp_n, slp_t), out_vs)
+    tl = _view(ptl, _span(N, T, stl_n, stl_t), out_vs)
+    k = _bytes(pk, _span(N, T, sk_n, sk_t))
+    tr = _bytes(ptr, _span(N, T, str_n, str_t))
+    m = _bytes(pm, _span(N, T, sm_n, sm_t))
+    for n in prange(N):
+        if mode == 2:
+            u = c[n * sc_n]
+            vn = c[n * sc_n + sc_k]
+        elif mode == 1:
+            u = 0.0
+            vn = b[n * sb_n + (T - 1) * sb_t]
+        else:
+            u = 0.0
+            vn = 0.0
+        end = mode == 1
+        for t in range(T - 1, -1, -1):
+            if m[n * sm_n + t * sm_t] == 0:
+                out_vs[n, t] = 0.0
+                out_pg[n, t] = 0.0
+                continue
+            kt = k[n * sk_n + t * sk_t] != 0
+            trt = tr[n * str_n + t * str_t] != 0
+            if end:
+                vn = 0.0 if kt else b[n * sb_n + t * sb_t]
+                end = False
+            x = r[n * sr_n + t * sr_t]
+            if boot and trt and not kt:
+                x += gamma * b[n * sb_n + t * sb_t]
+            vt = v[n * sv_n + t * sv_t]
+            ratio = np.exp(tl[n * stl_n + t * stl_t] - lp[n * slp_n + t * slp_t])
+            rho = ratio if ratio < rho_bar else rho_bar
+            ct = lam * (ratio if ratio < c_bar else c_bar)
+            rpg = ratio if ratio < pg_rho_bar else pg_rho_bar
+            g = 0.0 if (kt or trt) else gamma
+            out_pg[n, t] = rpg * ((x + g * (vn + u)) - vt)
+            u = (rho * (x - vt) + g * (rho * vn)) + (g * ct) * u
+            out_vs[n, t] = vt + u
+            vn = vt
+        carry_out[n, 0] = u
+        carry_out[n, 1] = vn
+
+
+# ---------------------------------------------------------------------------------------------
+# forward: eligibility traces (decay = γλ) and episodic sums (decay = 1), x [N, T, F]
+#   e_t = x_t + decay·F_{t−1},  F_t = nd_t·e_t,  F_{−1} = initial,  final = F_{T−1}
+# ---------------------------------------------------------------------------------------------
+
+
+def _trace(N, T, F, px, sx_n, sx_t, sx_f, pk, sk_n, sk_t, ptr, str_n, str_t, pm, sm_n, sm_t,
+           pc, sc_n, sc_f, out, final, decay):
+    x = _view(px, 1 + (N - 1) * sx_n + (T - 1) * sx_t + (F - 1) * sx_f, out)
+    c = _view(pc, _span(N, F, sc_n, sc_f), out)
+    k = _bytes(pk, _span(N, T, sk_n, sk_t))
+    tr = _bytes(ptr, _span(N, T, str_n, str_t))
+    m = _bytes(pm, _span(N, T, sm_n, sm_t))
+    for n in prange(N):
+        for f in range(F):
+            final[n, f] = c[n * sc_n + f * sc_f]
+        for t in range(T):
+            if m[n * sm_n + t * sm_t] == 0:
+                for f in range(F):
+                    out[n, t, f] = 0.0
+                continue
+            done = k[n * sk_n + t * sk_t] != 0 or tr[n * str_n + t * str_t] != 0
+            base = n * sx_n + t * sx_t
+            for f in range(F):
+                e = x[base + f * sx_f] + decay * final[n, f]
+                out[n, t, f] = e
+                final[n, f] = 0.0 if done else e
+
+
+# ---------------------------------------------------------------------------------------------
+# the generic primitive: y_t = α_t + β_t·y_{t∓1}, y outside the row = initial
+# ---------------------------------------------------------------------------------------------
+
+
+def _affine(N, T, pa, sa_n, sa_t, pb, sb_n, sb_t, pc, sc_n, out, final, reverse):
+    a = _view(pa, _span(N, T, sa_n, sa_t), out)
+    b = _view(pb, _span(N, T, sb_n, sb_t), out)
+    c = _view(pc, _span(N, 1, sc_n, 0), out)
+    for n in prange(N):
+        y = c[n * sc_n]
+        if reverse:
+            for t in range(T - 1, -1, -1):
+                y = a[n * sa_n + t * sa_t] + b[n * sb_n + t * sb_t] * y
+                out[n, t] = y
+        else:
+            for t in range(T):
+                y = a[n * sa_n + t * sa_t] + b[n * sb_n + t * sb_t] * y
+                out[n, t] = y
+        final[n] = y
+
+
+# ---------------------------------------------------------------------------------------------
+# the TD(λ) adjoint (the backward pass of the TD(λ) family), forward in time:
+#   U_t = W_{t+1} = c_t·Ḡ_t + λc_t·U_{t−1},  U_{−1} = W_0,  c_t = γ·nd_t,  Ḡ = ḡ_G + ḡ_A
+#   r̄_t = Ḡ_t + λW_t,  V̄_t = (1−λ)W_t − ḡ_A,t  (W_t = U_{t−1});  carry out W_T = U_{T−1}
+# ---------------------------------------------------------------------------------------------
+
+
+def _lambda_adjoint(N, T, pg, sg_n, sg_t, pa, sa_n, sa_t, pk, sk_n, sk_t, ptr, str_n, str_t,
+                    pm, sm_n, sm_t, pc, sc_n, out_r, out_v, carry_out, gamma, lam, two):
+    gg = _view(pg, _span(N, T, sg_n, sg_t), out_r)
+    ga = _view(pa, _span(N, T, sa_n, sa_t), out_r)
+    c = _view(pc, _span(N, 1, sc_n, 0), out_r)
+    k = _bytes(pk, _span(N, T, sk_n, sk_t))
+    tr = _bytes(ptr, _span(N, T, str_n, str_t))
+    m = _bytes(pm, _span(N, T, sm_n, sm_t))
+    for n in prange(N):
+        w = c[n * sc_n]
+        for t in range(T):
+            if m[n * sm_n + t * sm_t] == 0:
+                out_r[n, t] = 0.0
+                if two:
+                    out_v[n, t] = 0.0
+                continue
+            a = ga[n * sa_n + t * sa_t]
+            g = gg[n * sg_n + t * sg_t] + a
+            out_r[n, t] = g + lam * w
+            if two:
+                out_v[n, t] = (1.0 - lam) * w - a
+            cont = 0.0 if (k[n * sk_n + t * sk_t] != 0 or tr[n * str_n + t * str_t] != 0) else gamma
+            w = cont * g + (lam * cont) * w
+        carry_out[n] = w
+
+
+def _compile(fn):
+    """A serial and a parallel (``prange`` over rows) compiled version of ``fn``.
+
+    Two Python functions (so their on-disk cache entries are separate), each a thin copy of ``fn``.
+    """
+    import types as _pytypes
+
+    def clone(suffix):
+        g = _pytypes.FunctionType(fn.__code__, fn.__globals__, fn.__name__ + suffix, fn.__defaults__,
+                                  fn.__closure__)
+        g.__qualname__ = fn.__qualname__ + suffix
+        g.__module__ = fn.__module__
+        return g
+
+    return njit(**_JIT)(clone("_serial")), njit(parallel=True, **_JIT)(clone("_parallel"))
+
+
+_KERNELS = {name: _compile(fn) for name, fn in (
+    ("lambda", _lambda), ("retrace", _retrace), ("vtrace", _vtrace), ("trace", _trace),
+    ("affine", _affine), ("lambda_adjoint", _lambda_adjoint))}
+
+
+# ---------------------------------------------------------------------------------------------
+# the call
+# ---------------------------------------------------------------------------------------------
+
+_NUMPY = {torch.float32: np.float32, torch.float64: np.float64}
+_ZERO = {dt: torch.zeros(1, dtype=dt) for dt in _NUMPY}  # an absent float field: 0 at every step
+_NO = torch.zeros(1, dtype=torch.uint8)  # an absent flag: never set
+_YES = torch.ones(1, dtype=torch.uint8)  # no mask: every step live
+_LOCK = threading.Lock()  # one parallel launch at a time (numba's workqueue layer is not reentrant)
+_PARALLEL = {"used": False, "ok": True}
+
+
+def _after_fork_in_child():
+    # a forked child of a process that ran a parallel kernel must not launch one (GNU OpenMP's
+    # thread pool does not survive fork): it runs every row on one thread
+    if _PARALLEL["used"]:
+        _PARALLEL["ok"] = False
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _launch(name, N, work, *args):
+    serial, parallel = _KERNELS[name]
+    if N >= PARALLEL_MIN_ROWS and work >= PARALLEL_MIN_ELEMENTS and _PARALLEL["ok"] \
+            and _LOCK.acquire(blocking=False):
+        try:
+            _PARALLEL["used"] = True
+            parallel(N, *args)
+        finally:
+            _LOCK.release()
+    else:
+        serial(N, *args)
+
+
+def _f(x, dt):
+    """A float field: ``(tensor, address, stride_n, stride_t)`` in dtype ``dt`` (converted only if it
+    is in another dtype); an absent one reads 0 everywhere (stride 0)."""
+    if x is None:
+        z = _ZERO[dt]
+        return z, z.data_ptr(), 0, 0
+    if x.dtype != dt:
+        x = x.to(dt)
+    s = x.stride()
+    return x, x.data_ptr(), s[0], s[1]
+
+
+def _b(x, absent):
+    """A flag as bytes: ``(tensor, address, stride_n, stride_t)``; bool and uint8 in place."""
+    if x is None:
+        return absent, absent.data_ptr(), 0, 0
+    if x.dtype != torch.bool and x.dtype != torch.uint8:
+        x = x != 0
+    s = x.stride()
+    return x, x.data_ptr(), s[0], s[1]
+
+
+def _col(x, dt):
+    """A per-row value ``[N]`` (or ``[N, K]``): ``(tensor, address, stride_n, stride_k)``."""
+    if x is None:
+        z = _ZERO[dt]
+        return z, z.data_ptr(), 0, 0
+    if x.dtype != dt:
+        x = x.to(dt)
+    s = x.stride()
+    return x, x.data_ptr(), s[0], (s[1] if len(s) > 1 else 0)
+
+
+def _boot(x, dt):
+    """``bootstrap_values`` ``[N, T]``, or ``[N]`` read as a column repeated along time (stride 0)."""
+    if x is not None and x.dim() == 1:
+        if x.dtype != dt:
+            x = x.to(dt)
+        return x, x.data_ptr(), x.stride(0), 0
+    return _f(x, dt)
+
+
+def _out(a, dt):
+    t = torch.from_numpy(a)
+    return t if t.dtype == dt else t.to(dt)
+
+
+def _torch_run(p):
+    try:
+        from rollbuf.backends import torch_backend as tb
+    except ImportError:
+        from rollbuf import vectorized as tb
+    return tb.run(p)
+
+
+def run(p: Problem):
+    """Run one validated problem (see :class:`rollbuf.problem.Problem`) on the CPU.
+
+    Returns ``(outputs, carry)`` like the torch backend: per-step outputs ``[N, T]`` (``[N, T, *F]``
+    for the forward estimators) in ``p.out_dtype``, 0 at masked steps; ``carry`` in
+    ``p.compute_dtype``: the state at the window's first step (``[N]``, ``[N, 2]`` for V-trace) for
+    the backward families, ``W_T`` for ``lambda_adjoint``, ``None`` for ``trace`` and ``affine``
+    (whose outputs end with ``final``).
+    """
+    fam = p.family
+    f = p.fields
+    dt = p.compute_dtype
+    npdt = _NUMPY.get(dt)
+    if npdt is None:
+        raise TypeError(f"the compiled CPU backend accumulates in float32 or float64, got {dt}")
+    if fam == "trace":
+        return _run_trace(p, f, dt, npdt)
+    if fam == "affine":
+        return _run_affine(p, f, dt, npdt)
+    main = f["rewards"]
+    if main.device.type != "cpu":
+        raise ValueError(f"the compiled CPU backend runs on CPU tensors, got {main.device}")
+    N, T = main.shape
+    if fam == "lambda_adjoint":
+        return _run_adjoint(p, f, dt, npdt, N, T)
+    if N == 0 or T == 0:
+        return _torch_run(p)
+    r = _f(main, dt)
+    k = _b(f.get("terminated"), _NO)
+    tr = _b(f.get("truncated"), _NO)
+    m = _b(f.get("mask"), _YES)
+    bv = f.get("bootstrap_values")
+    boot = bv is not None and not p.no_bootstrap
+    b = _boot(bv if boot else None, dt)
+    if p.carry is not None:
+        mode = 2
+    elif p.window_end == "terminal" or p.no_bootstrap:
+        mode = 0
+    else:
+        if not boot:
+            raise ValueError("bootstrap_values is required: the window end bootstraps from V(s_T)")
+        mode = 1
+    c = _col(p.carry, dt)
+    v = _f(f.get("values"), dt)
+    if fam == "lambda":
+        adv = p.outputs == ("advantages", "returns")
+        g_out = np.empty((N, T), npdt)
+        a_out = np.empty((N, T), npdt) if adv else g_out
+        carry = np.empty(N, npdt)
+        _launch("lambda", N, N * T, T, r[1], r[2], r[3], v[1], v[2], v[3], k[1], k[2], k[3],
+                tr[1], tr[2], tr[3], b[1], b[2], b[3], m[1], m[2], m[3], c[1], c[2],
+                g_out, a_out, carry, p.gamma, p.lam, mode, boot, adv)
+        od = p.out_dtype
+        outs = (_out(a_out, od), _out(g_out, od)) if adv else (_out(g_out, od),)
+        return outs, torch.from_numpy(carry)
+    lp = _f(f["log_probs"], dt)
+    tl = _f(f["target_log_probs"], dt)
+    if fam == "retrace":
+        q = _f(f["q_values"], dt)
+        out = np.empty((N, T), npdt)
+        carry = np.empty(N, npdt)
+        _launch("retrace", N, N * T, T, r[1], r[2], r[3], v[1], v[2], v[3], k[1], k[2], k[3],
+                tr[1], tr[2], tr[3], b[1], b[2], b[3], m[1], m[2], m[3], c[1], c[2],
+                lp[1], lp[2], lp[3], tl[1], tl[2], tl[3], q[1], q[2], q[3], out, carry,
+                p.gamma, p.lam, p.c_bar, mode, boot)
+        return (_out(out, p.out_dtype),), torch.from_numpy(carry)
+    if fam != "vtrace":
+        raise ValueError(f"unknown family {fam!r}")
+    vs = np.empty((N, T), npdt)
+    pg = np.empty((N, T), npdt)
+    carry = np.empty((N, 2), npdt)
+    _launch("vtrace", N, N * T, T, r[1], r[2], r[3], v[1], v[2], v[3], k[1], k[2], k[3],
+            tr[1], tr[2], tr[3], b[1], b[2], b[3], m[1], m[2], m[3], c[1], c[2], c[3],
+            lp[1], lp[2], lp[3], tl[1], tl[2], tl[3], vs, pg, carry,
+            p.gamma, p.lam, p.rho_bar, p.c_bar, p.pg_rho_bar, mode, boot)
+    return (_out(vs, p.out_dtype), _out(pg, p.out_dtype)), torch.from_numpy(carry)
+
+
+def _run_trace(p, f, dt, npdt):
+    x = f["x"]
+    if x.device.type != "cpu":
+        raise ValueError(f"the compiled CPU backend runs on CPU tensors, got {x.device}")
+    N, T = x.shape[0], x.shape[1]
+    feat = tuple(x.shape[2:])
+    Fn = 1
+    for d in feat:
+        Fn *= d
+    if N == 0 or T == 0 or Fn == 0:
+        return _torch_run(p)
+    if x.dtype != dt:
+        x = x.to(dt)
+    x3 = x.reshape(N, T, Fn) if x.dim() != 3 else x  # a view unless the features cannot merge
+    s = x3.stride()
+    k = _b(f.get("terminated"), _NO)
+    tr = _b(f.get("truncated"), _NO)
+    m = _b(f.get("mask"), _YES)
+    if p.carry is None:
+        c = _ZERO[dt]
+        sc = (0, 0)
+    else:
+        c = p.carry.reshape(N, Fn)
+        if c.dtype != dt:
+            c = c.to(dt)
+        sc = c.stride()
+    out = np.empty((N, T, Fn), npdt)
+    final = np.empty((N, Fn), npdt)
+    _launch("trace", N, N * T * Fn, T, Fn, x3.data_ptr(), s[0], s[1], s[2], k[1], k[2], k[3],
+            tr[1], tr[2], tr[3], m[1], m[2], m[3], c.data_ptr(), sc[0], sc[1], out, final, p.decay)
+    return (_out(out, p.out_dtype).reshape(x.shape), torch.from_numpy(final).reshape(N, *feat)), None
+
+
+def _run_affine(p, f, dt, npdt):
+    alpha = f["alpha"] if "alpha" in f else f["x"]
+    beta = f["beta"] if "beta" in f else f["values"]
+    if alpha.device.type != "cpu":
+        raise ValueError(f"the compiled CPU backend runs on CPU tensors, got {alpha.device}")
+    N, T = alpha.shape
+    init = p.carry
+    if N == 0 or T == 0:
+        init = torch.zeros(N, dtype=dt) if init is None else init.to(dt)
+        return (torch.empty((N, T), dtype=p.out_dtype), init), None
+    a = _f(alpha, dt)
+    b = _f(beta, dt)
+    c = _col(init, dt)
+    y = np.empty((N, T), npdt)
+    final = np.empty(N, npdt)
+    _launch("affine", N, N * T, T, a[1], a[2], a[3], b[1], b[2], b[3], c[1], c[2], y, final,
+            bool(p.reverse))
+    return (_out(y, p.out_dtype), torch.from_numpy(final)), None
+
+
+def _run_adjoint(p, f, dt, npdt, N, T):
+    two = len(p.outputs) > 1
+    if N == 0 or T == 0:
+        outs = tuple(torch.zeros((N, T), dtype=p.out_dtype) for _ in p.outputs)
+        w = torch.zeros(N, dtype=dt) if p.carry is None else p.carry.to(dt)
+        return outs, w
+    g = _f(f["rewards"], dt)
+    a = _f(f.get("values"), dt)
+    k = _b(f.get("terminated"), _NO)
+    tr = _b(f.get("truncated"), _NO)
+    m = _b(f.get("mask"), _YES)
+    c = _col(p.carry, dt)
+    r_out = np.empty((N, T), npdt)
+    v_out = np.empty((N, T), npdt) if two else r_out
+    carry = np.empty(N, npdt)
+    _launch("lambda_adjoint", N, N * T, T, g[1], g[2], g[3], a[1], a[2], a[3], k[1], k[2], k[3],
+            tr[1], tr[2], tr[3], m[1], m[2], m[3], c[1], c[2], r_out, v_out, carry, p.gamma, p.lam, two)
+    outs = (_out(r_out, p.out_dtype), _out(v_out, p.out_dtype)) if two else (_out(r_out, p.out_dtype),)
+    return outs, torch.from_numpy(carry)
