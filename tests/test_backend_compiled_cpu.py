@@ -384,17 +384,18 @@ def test_out_dtype(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_parallel_rows_equal_serial(name, monkeypatch):
+def test_threaded_rows_equal_serial(name, monkeypatch):
+    """Rows split over three threads give the one-thread result bit for bit."""
     f = _rollout(7, 300, "mask", seed=17, name=name)
     monkeypatch.setattr(compiled_cpu, "PARALLEL_MIN_ELEMENTS", 10**12)
     serial = run_estimator(name, f, backend=BE, **PARAMS[name])
-    monkeypatch.setattr(compiled_cpu, "PARALLEL_MIN_ELEMENTS", 0)
-    launched = []
-    real = compiled_cpu._KERNELS
-    monkeypatch.setattr(compiled_cpu, "_KERNELS", {k: (s, (lambda q: lambda *a: launched.append(1) or q(*a))(p))
-                                                  for k, (s, p) in real.items()})
+    monkeypatch.setattr(compiled_cpu, "PARALLEL_MIN_ELEMENTS", 1)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
+    pools = []
+    real = compiled_cpu._pool
+    monkeypatch.setattr(compiled_cpu, "_pool", lambda k: pools.append(k) or real(k))
     _equal(run_estimator(name, f, backend=BE, **PARAMS[name]), serial)
-    assert launched, "the parallel kernel ran"
+    assert pools == [2], "two worker threads next to the calling one"
 
 
 def test_long_rows_gae_accuracy():

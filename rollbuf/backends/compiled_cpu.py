@@ -2,7 +2,9 @@
 
 On a CPU the fast algorithm is the plain one: each row is one pass over its steps in scan order,
 carrying one state (two for V-trace), every step read once and every output written once. The rows
-are independent; with enough work they are spread over the cores (``prange``). The loops below
+are independent; with enough work, contiguous ranges of rows run on ``torch.get_num_threads()``
+threads at once (the compiled loops release the GIL; plain threads rather than numba's ``prange``,
+whose OpenMP pool spins next to torch's own and slows both). The loops below
 are the recursions of :mod:`rollbuf.boundary.coefficients` written out step by step:
 
 * the state ``Z`` (backward) or ``F`` (forward) flows through masked steps unchanged, and masked
@@ -39,7 +41,7 @@ import threading
 import numba
 import numpy as np
 import torch
-from numba import njit, prange, types
+from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
@@ -47,11 +49,12 @@ from rollbuf.problem import Problem
 
 __all__ = ["run", "PARALLEL_MIN_ELEMENTS", "PARALLEL_MIN_ROWS"]
 
-# Rows go to the cores (prange) when there are at least this many rows and this many elements
-# (steps × features) in all; below, one thread runs every row (the parallel launch costs more than
-# it saves). Module attributes so that benchmarks can move them.
+# Rows are split over ``torch.get_num_threads()`` threads when there are at least this many rows
+# and at least this many elements (steps × features) per thread; below, the calling thread runs
+# every row (handing work to a thread costs more than it saves). Module attributes so that
+# benchmarks and tests can move them.
 PARALLEL_MIN_ROWS = 2
-PARALLEL_MIN_ELEMENTS = 1 << 14
+PARALLEL_MIN_ELEMENTS = 1 << 16
 
 _JIT = dict(cache=True, nogil=True, fastmath={"contract"}, error_model="numpy", boundscheck=False)
 
@@ -89,7 +92,7 @@ def _span(N, T, sn, st):
 # ---------------------------------------------------------------------------------------------
 
 
-def _lambda(N, T, pr, sr_n, sr_t, pv, sv_n, sv_t, pk, sk_n, sk_t, ptr, str_n, str_t,
+def _lambda(N, n0, n1, T, pr, sr_n, sr_t, pv, sv_n, sv_t, pk, sk_n, sk_t, ptr, str_n, str_t,
             pb, sb_n, sb_t, pm, sm_n, sm_t, pc, sc_n, out_g, out_a, carry_out,
             gamma, lam, mode, boot, adv):
     """``mode``: 0 window-end carry 0; 1 ``bootstrap_values`` at the window end; 2 ``carry`` given.
@@ -102,7 +105,7 @@ def _lambda(N, T, pr, sr_n, sr_t, pv, sv_n, sv_t, pk, sk_n, sk_t, ptr, str_n, st
     tr = _bytes(ptr, _span(N, T, str_n, str_t))
     m = _bytes(pm, _span(N, T, sm_n, sm_t))
     gl = gamma * lam
-    for n in prange(N):
+    for n in range(n0, n1):
         if mode == 2:
             z = c[n * sc_n]
         elif mode == 1:  # a row with no unmasked step passes V(s_T) of its last column through
@@ -140,7 +143,7 @@ def _lambda(N, T, pr, sr_n, sr_t, pv, sv_n, sv_t, pk, sk_n, sk_t, ptr, str_n, st
 # ---------------------------------------------------------------------------------------------
 
 
-def _retrace(N, T, pr, sr_n, sr_t, pv, sv_n, sv_t, pk, sk_n, sk_t, ptr, str_n, str_t,
+def _retrace(N, n0, n1, T, pr, sr_n, sr_t, pv, sv_n, sv_t, pk, sk_n, sk_t, ptr, str_n, str_t,
              pb, sb_n, sb_t, pm, sm_n, sm_t, pc, sc_n, plp, slp_n, slp_t, ptl, stl_n, stl_t,
              pq, sq_n, sq_t, out, carry_out, gamma, lam, c_bar, mode, boot):
     r = _view(pr, _span(N, T, sr_n, sr_t), out)
@@ -153,7 +156,7 @@ def _retrace(N, T, pr, sr_n, sr_t, pv, sv_n, sv_t, pk, sk_n, sk_t, ptr, str_n, s
     k = _bytes(pk, _span(N, T, sk_n, sk_t))
     tr = _bytes(ptr, _span(N, T, str_n, str_t))
     m = _bytes(pm, _span(N, T, sm_n, sm_t))
-    for n in prange(N):
+    for n in range(n0, n1):
         if mode == 2:
             z = c[n * sc_n]
         elif mode == 1:
@@ -187,7 +190,7 @@ def _retrace(N, T, pr, sr_n, sr_t, pv, sv_n, sv_t, pk, sk_n, sk_t, ptr, str_n, s
 # ---------------------------------------------------------------------------------------------
 
 
-def _vtrace(N, T, pr, sr_n, sr_t, pv, sv_n, sv_t, pk, sk_n, sk_t, ptr, str_n, str_t,
+def _vtrace(N, n0, n1, T, pr, sr_n, sr_t, pv, sv_n, sv_t, pk, sk_n, sk_t, ptr, str_n, str_t,
             pb, sb_n, sb_t, pm, sm_n, sm_t, pc, sc_n, sc_k, plp, slp_n, slp_t, ptl, stl_n, stl_t,
             out_vs, out_pg, carry_out, gamma, lam, rho_bar, c_bar, pg_rho_bar, mode, boot):
     r = _view(pr, _span(N, T, sr_n, sr_t), out_vs)
@@ -199,7 +202,7 @@ def _vtrace(N, T, pr, sr_n, sr_t, pv, sv_n, sv_t, pk, sk_n, sk_t, ptr, str_n, st
     k = _bytes(pk, _span(N, T, sk_n, sk_t))
     tr = _bytes(ptr, _span(N, T, str_n, str_t))
     m = _bytes(pm, _span(N, T, sm_n, sm_t))
-    for n in prange(N):
+    for n in range(n0, n1):
         if mode == 2:
             u = c[n * sc_n]
             vn = c[n * sc_n + sc_k]
@@ -243,14 +246,14 @@ def _vtrace(N, T, pr, sr_n, sr_t, pv, sv_n, sv_t, pk, sk_n, sk_t, ptr, str_n, st
 # ---------------------------------------------------------------------------------------------
 
 
-def _trace(N, T, F, px, sx_n, sx_t, sx_f, pk, sk_n, sk_t, ptr, str_n, str_t, pm, sm_n, sm_t,
+def _trace(N, n0, n1, T, F, px, sx_n, sx_t, sx_f, pk, sk_n, sk_t, ptr, str_n, str_t, pm, sm_n, sm_t,
            pc, sc_n, sc_f, out, final, decay):
     x = _view(px, 1 + (N - 1) * sx_n + (T - 1) * sx_t + (F - 1) * sx_f, out)
     c = _view(pc, _span(N, F, sc_n, sc_f), out)
     k = _bytes(pk, _span(N, T, sk_n, sk_t))
     tr = _bytes(ptr, _span(N, T, str_n, str_t))
     m = _bytes(pm, _span(N, T, sm_n, sm_t))
-    for n in prange(N):
+    for n in range(n0, n1):
         for f in range(F):
             final[n, f] = c[n * sc_n + f * sc_f]
         for t in range(T):
@@ -271,11 +274,11 @@ def _trace(N, T, F, px, sx_n, sx_t, sx_f, pk, sk_n, sk_t, ptr, str_n, str_t, pm,
 # ---------------------------------------------------------------------------------------------
 
 
-def _affine(N, T, pa, sa_n, sa_t, pb, sb_n, sb_t, pc, sc_n, out, final, reverse):
+def _affine(N, n0, n1, T, pa, sa_n, sa_t, pb, sb_n, sb_t, pc, sc_n, out, final, reverse):
     a = _view(pa, _span(N, T, sa_n, sa_t), out)
     b = _view(pb, _span(N, T, sb_n, sb_t), out)
     c = _view(pc, _span(N, 1, sc_n, 0), out)
-    for n in prange(N):
+    for n in range(n0, n1):
         y = c[n * sc_n]
         if reverse:
             for t in range(T - 1, -1, -1):
@@ -295,7 +298,7 @@ def _affine(N, T, pa, sa_n, sa_t, pb, sb_n, sb_t, pc, sc_n, out, final, reverse)
 # ---------------------------------------------------------------------------------------------
 
 
-def _lambda_adjoint(N, T, pg, sg_n, sg_t, pa, sa_n, sa_t, pk, sk_n, sk_t, ptr, str_n, str_t,
+def _lambda_adjoint(N, n0, n1, T, pg, sg_n, sg_t, pa, sa_n, sa_t, pk, sk_n, sk_t, ptr, str_n, str_t,
                     pm, sm_n, sm_t, pc, sc_n, out_r, out_v, carry_out, gamma, lam, two):
     gg = _view(pg, _span(N, T, sg_n, sg_t), out_r)
     ga = _view(pa, _span(N, T, sa_n, sa_t), out_r)
@@ -303,7 +306,7 @@ def _lambda_adjoint(N, T, pg, sg_n, sg_t, pa, sa_n, sa_t, pk, sk_n, sk_t, ptr, s
     k = _bytes(pk, _span(N, T, sk_n, sk_t))
     tr = _bytes(ptr, _span(N, T, str_n, str_t))
     m = _bytes(pm, _span(N, T, sm_n, sm_t))
-    for n in prange(N):
+    for n in range(n0, n1):
         w = c[n * sc_n]
         for t in range(T):
             if m[n * sm_n + t * sm_t] == 0:
@@ -321,24 +324,7 @@ def _lambda_adjoint(N, T, pg, sg_n, sg_t, pa, sa_n, sa_t, pk, sk_n, sk_t, ptr, s
         carry_out[n] = w
 
 
-def _compile(fn):
-    """A serial and a parallel (``prange`` over rows) compiled version of ``fn``.
-
-    Two Python functions (so their on-disk cache entries are separate), each a thin copy of ``fn``.
-    """
-    import types as _pytypes
-
-    def clone(suffix):
-        g = _pytypes.FunctionType(fn.__code__, fn.__globals__, fn.__name__ + suffix, fn.__defaults__,
-                                  fn.__closure__)
-        g.__qualname__ = fn.__qualname__ + suffix
-        g.__module__ = fn.__module__
-        return g
-
-    return njit(**_JIT)(clone("_serial")), njit(parallel=True, **_JIT)(clone("_parallel"))
-
-
-_KERNELS = {name: _compile(fn) for name, fn in (
+_KERNELS = {name: njit(**_JIT)(fn) for name, fn in (
     ("lambda", _lambda), ("retrace", _retrace), ("vtrace", _vtrace), ("trace", _trace),
     ("affine", _affine), ("lambda_adjoint", _lambda_adjoint))}
 
@@ -351,32 +337,46 @@ _NUMPY = {torch.float32: np.float32, torch.float64: np.float64}
 _ZERO = {dt: torch.zeros(1, dtype=dt) for dt in _NUMPY}  # an absent float field: 0 at every step
 _NO = torch.zeros(1, dtype=torch.uint8)  # an absent flag: never set
 _YES = torch.ones(1, dtype=torch.uint8)  # no mask: every step live
-_LOCK = threading.Lock()  # one parallel launch at a time (numba's workqueue layer is not reentrant)
-_PARALLEL = {"used": False, "ok": True}
+_POOL = {"pool": None, "size": 0}
+_POOL_LOCK = threading.Lock()
 
 
 def _after_fork_in_child():
-    # a forked child of a process that ran a parallel kernel must not launch one (GNU OpenMP's
-    # thread pool does not survive fork): it runs every row on one thread
-    if _PARALLEL["used"]:
-        _PARALLEL["ok"] = False
+    _POOL["pool"], _POOL["size"] = None, 0  # the parent's worker threads do not exist in a child
 
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+def _pool(workers):
+    with _POOL_LOCK:
+        if _POOL["pool"] is None or _POOL["size"] != workers:
+            from concurrent.futures import ThreadPoolExecutor
+
+            if _POOL["pool"] is not None:
+                _POOL["pool"].shutdown(wait=False)
+            _POOL["pool"] = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rollbuf-cpu")
+            _POOL["size"] = workers
+        return _POOL["pool"]
+
+
 def _launch(name, N, work, *args):
-    serial, parallel = _KERNELS[name]
-    if N >= PARALLEL_MIN_ROWS and work >= PARALLEL_MIN_ELEMENTS and _PARALLEL["ok"] \
-            and _LOCK.acquire(blocking=False):
-        try:
-            _PARALLEL["used"] = True
-            parallel(N, *args)
-        finally:
-            _LOCK.release()
-    else:
-        serial(N, *args)
+    """Run kernel ``name`` over rows ``[0, N)``: on this thread, or with enough work split into
+    contiguous row ranges over ``torch.get_num_threads()`` threads (the kernels release the GIL)."""
+    kernel = _KERNELS[name]
+    parts = 1
+    if N >= PARALLEL_MIN_ROWS and work >= PARALLEL_MIN_ELEMENTS:
+        parts = min(torch.get_num_threads(), N, work // PARALLEL_MIN_ELEMENTS)
+    if parts <= 1:
+        kernel(N, 0, N, *args)
+        return
+    bounds = [N * i // parts for i in range(parts + 1)]
+    pool = _pool(parts - 1)
+    futures = [pool.submit(kernel, N, bounds[i], bounds[i + 1], *args) for i in range(1, parts)]
+    kernel(N, 0, bounds[1], *args)
+    for fut in futures:
+        fut.result()
 
 
 def _f(x, dt):
