@@ -87,51 +87,81 @@ def _span(N, T, sn, st):
 
 
 # ---------------------------------------------------------------------------------------------
+# An absent field (no terminated, no truncated, no mask, no values, no carry, ...) is passed as
+# None in place of its address: numba compiles the ``if p is not None`` branches out, so each
+# combination of present fields gets its own loop with nothing left of the absent ones. A
+# backward row's steps past its window end (masked) are zeroed first; the window-end state is set
+# once; then one loop runs over the rest.
+# ---------------------------------------------------------------------------------------------
+
+# ---------------------------------------------------------------------------------------------
 # the TD(λ) family: GAE, TD(λ) returns, discounted returns (λ = 1), Monte Carlo (boot ≡ 0, V ≡ 0)
 #   Z_t = (1−λ)V_t + λG_t,  G_t = local_t + γ·nd_t·Z_{t+1},  local_t = r_t + γ·[tr_t ∧ ¬k_t]·B_t
 # ---------------------------------------------------------------------------------------------
 
 
 def _lambda(N, n0, n1, T, pr, sr_n, sr_t, pv, sv_n, sv_t, pk, sk_n, sk_t, ptr, str_n, str_t,
-            pb, sb_n, sb_t, pm, sm_n, sm_t, pc, sc_n, out_g, out_a, carry_out,
-            gamma, lam, mode, boot, adv):
-    """``mode``: 0 window-end carry 0; 1 ``bootstrap_values`` at the window end; 2 ``carry`` given.
-    ``boot``: whether truncated steps read ``bootstrap_values``. ``adv``: write ``G − V`` too."""
+            pb, sb_n, sb_t, pm, sm_n, sm_t, pc, sc_n, out_g, out_a, carry_out, gamma, lam, end_boot):
+    """``pb``: ``bootstrap_values`` (read at truncated steps; at the window end when ``end_boot``);
+    ``pc``: the carry past the window (else ``V(s_T)`` with ``end_boot``, else 0); ``out_a``:
+    advantages ``G − V`` (None: returns only)."""
     r = _view(pr, _span(N, T, sr_n, sr_t), out_g)
-    v = _view(pv, _span(N, T, sv_n, sv_t), out_g)
-    b = _view(pb, _span(N, T, sb_n, sb_t), out_g)
-    c = _view(pc, _span(N, 1, sc_n, 0), out_g)
-    k = _bytes(pk, _span(N, T, sk_n, sk_t))
-    tr = _bytes(ptr, _span(N, T, str_n, str_t))
-    m = _bytes(pm, _span(N, T, sm_n, sm_t))
+    if pv is not None:
+        v = _view(pv, _span(N, T, sv_n, sv_t), out_g)
+    if pk is not None:
+        k = _bytes(pk, _span(N, T, sk_n, sk_t))
+    if ptr is not None:
+        tr = _bytes(ptr, _span(N, T, str_n, str_t))
+    if pb is not None:
+        b = _view(pb, _span(N, T, sb_n, sb_t), out_g)
+    if pm is not None:
+        m = _bytes(pm, _span(N, T, sm_n, sm_t))
+    if pc is not None:
+        c = _view(pc, _span(N, 1, sc_n, 0), out_g)
     gl = gamma * lam
     for n in range(n0, n1):
-        if mode == 2:
+        end = T - 1  # the window end: the last unmasked step (-1 if none)
+        if pm is not None:
+            while end >= 0 and m[n * sm_n + end * sm_t] == 0:
+                out_g[n, end] = 0.0
+                if out_a is not None:
+                    out_a[n, end] = 0.0
+                end -= 1
+        z = 0.0  # Z past the window end
+        if pc is not None:
             z = c[n * sc_n]
-        elif mode == 1:  # a row with no unmasked step passes V(s_T) of its last column through
-            z = b[n * sb_n + (T - 1) * sb_t]
-        else:
-            z = 0.0
-        end = mode == 1  # the window end is still to come
-        for t in range(T - 1, -1, -1):
-            if m[n * sm_n + t * sm_t] == 0:
-                out_g[n, t] = 0.0
-                if adv:
-                    out_a[n, t] = 0.0
-                continue
-            kt = k[n * sk_n + t * sk_t] != 0
-            trt = tr[n * str_n + t * str_t] != 0
-            if end:  # the last unmasked step: the state past it is V(s_T), unless it terminated
-                z = 0.0 if kt else b[n * sb_n + t * sb_t]
-                end = False
+        elif pb is not None:
+            if end_boot:  # V(s_T) at the window end, unless it terminated
+                z = b[n * sb_n + (end if end >= 0 else T - 1) * sb_t]  # (no unmasked step: the last column)
+                if pk is not None:
+                    if end >= 0 and k[n * sk_n + end * sk_t] != 0:
+                        z = 0.0
+        for t in range(end, -1, -1):
+            if pm is not None:
+                if m[n * sm_n + t * sm_t] == 0:
+                    out_g[n, t] = 0.0
+                    if out_a is not None:
+                        out_a[n, t] = 0.0
+                    continue
             x = r[n * sr_n + t * sr_t]
-            if boot and trt and not kt:
-                x += gamma * b[n * sb_n + t * sb_t]
-            vt = v[n * sv_n + t * sv_t]
-            cont = 0.0 if (kt or trt) else 1.0
+            cont = 1.0
+            kt = False
+            if pk is not None:
+                kt = k[n * sk_n + t * sk_t] != 0
+                if kt:
+                    cont = 0.0
+            if ptr is not None:
+                if tr[n * str_n + t * str_t] != 0:
+                    cont = 0.0
+                    if pb is not None:
+                        if not kt:  # terminated wins: V(s'_t) of a terminal step is never read
+                            x += gamma * b[n * sb_n + t * sb_t]
+            vt = 0.0
+            if pv is not None:
+                vt = v[n * sv_n + t * sv_t]
             g = x + (gamma * cont) * z
             out_g[n, t] = g
-            if adv:
+            if out_a is not None:
                 out_a[n, t] = g - vt
             z = ((1.0 - lam) * vt + lam * x) + (gl * cont) * z
         carry_out[n] = z
@@ -145,42 +175,59 @@ def _lambda(N, n0, n1, T, pr, sr_n, sr_t, pv, sv_n, sv_t, pk, sk_n, sk_t, ptr, s
 
 def _retrace(N, n0, n1, T, pr, sr_n, sr_t, pv, sv_n, sv_t, pk, sk_n, sk_t, ptr, str_n, str_t,
              pb, sb_n, sb_t, pm, sm_n, sm_t, pc, sc_n, plp, slp_n, slp_t, ptl, stl_n, stl_t,
-             pq, sq_n, sq_t, out, carry_out, gamma, lam, c_bar, mode, boot):
+             pq, sq_n, sq_t, out, carry_out, gamma, lam, c_bar, end_boot):
     r = _view(pr, _span(N, T, sr_n, sr_t), out)
     v = _view(pv, _span(N, T, sv_n, sv_t), out)
-    b = _view(pb, _span(N, T, sb_n, sb_t), out)
-    c = _view(pc, _span(N, 1, sc_n, 0), out)
     lp = _view(plp, _span(N, T, slp_n, slp_t), out)
     tl = _view(ptl, _span(N, T, stl_n, stl_t), out)
     q = _view(pq, _span(N, T, sq_n, sq_t), out)
-    k = _bytes(pk, _span(N, T, sk_n, sk_t))
-    tr = _bytes(ptr, _span(N, T, str_n, str_t))
-    m = _bytes(pm, _span(N, T, sm_n, sm_t))
+    if pk is not None:
+        k = _bytes(pk, _span(N, T, sk_n, sk_t))
+    if ptr is not None:
+        tr = _bytes(ptr, _span(N, T, str_n, str_t))
+    if pb is not None:
+        b = _view(pb, _span(N, T, sb_n, sb_t), out)
+    if pm is not None:
+        m = _bytes(pm, _span(N, T, sm_n, sm_t))
+    if pc is not None:
+        c = _view(pc, _span(N, 1, sc_n, 0), out)
     for n in range(n0, n1):
-        if mode == 2:
+        end = T - 1
+        if pm is not None:
+            while end >= 0 and m[n * sm_n + end * sm_t] == 0:
+                out[n, end] = 0.0
+                end -= 1
+        z = 0.0
+        if pc is not None:
             z = c[n * sc_n]
-        elif mode == 1:
-            z = b[n * sb_n + (T - 1) * sb_t]
-        else:
-            z = 0.0
-        end = mode == 1
-        for t in range(T - 1, -1, -1):
-            if m[n * sm_n + t * sm_t] == 0:
-                out[n, t] = 0.0
-                continue
-            kt = k[n * sk_n + t * sk_t] != 0
-            trt = tr[n * str_n + t * str_t] != 0
-            if end:
-                z = 0.0 if kt else b[n * sb_n + t * sb_t]
-                end = False
+        elif pb is not None:
+            if end_boot:
+                z = b[n * sb_n + (end if end >= 0 else T - 1) * sb_t]
+                if pk is not None:
+                    if end >= 0 and k[n * sk_n + end * sk_t] != 0:
+                        z = 0.0
+        for t in range(end, -1, -1):
+            if pm is not None:
+                if m[n * sm_n + t * sm_t] == 0:
+                    out[n, t] = 0.0
+                    continue
             x = r[n * sr_n + t * sr_t]
-            if boot and trt and not kt:
-                x += gamma * b[n * sb_n + t * sb_t]
+            g = gamma
+            kt = False
+            if pk is not None:
+                kt = k[n * sk_n + t * sk_t] != 0
+                if kt:
+                    g = 0.0
+            if ptr is not None:
+                if tr[n * str_n + t * str_t] != 0:
+                    g = 0.0
+                    if pb is not None:
+                        if not kt:
+                            x += gamma * b[n * sb_n + t * sb_t]
             ratio = np.exp(tl[n * stl_n + t * stl_t] - lp[n * slp_n + t * slp_t])
             ct = lam * (ratio if ratio < c_bar else c_bar)
-            gc = 0.0 if (kt or trt) else gamma
-            out[n, t] = x + gc * z
-            z = (v[n * sv_n + t * sv_t] + ct * (x - q[n * sq_n + t * sq_t])) + (gc * ct) * z
+            out[n, t] = x + g * z
+            z = (v[n * sv_n + t * sv_t] + ct * (x - q[n * sq_n + t * sq_t])) + (g * ct) * z
         carry_out[n] = z
 
 
@@ -192,46 +239,63 @@ def _retrace(N, n0, n1, T, pr, sr_n, sr_t, pv, sv_n, sv_t, pk, sk_n, sk_t, ptr, 
 
 def _vtrace(N, n0, n1, T, pr, sr_n, sr_t, pv, sv_n, sv_t, pk, sk_n, sk_t, ptr, str_n, str_t,
             pb, sb_n, sb_t, pm, sm_n, sm_t, pc, sc_n, sc_k, plp, slp_n, slp_t, ptl, stl_n, stl_t,
-            out_vs, out_pg, carry_out, gamma, lam, rho_bar, c_bar, pg_rho_bar, mode, boot):
+            out_vs, out_pg, carry_out, gamma, lam, rho_bar, c_bar, pg_rho_bar, end_boot):
     r = _view(pr, _span(N, T, sr_n, sr_t), out_vs)
     v = _view(pv, _span(N, T, sv_n, sv_t), out_vs)
-    b = _view(pb, _span(N, T, sb_n, sb_t), out_vs)
-    c = _view(pc, _span(N, 2, sc_n, sc_k), out_vs)
     lp = _view(plp, _span(N, T, slp_n, slp_t), out_vs)
     tl = _view(ptl, _span(N, T, stl_n, stl_t), out_vs)
-    k = _bytes(pk, _span(N, T, sk_n, sk_t))
-    tr = _bytes(ptr, _span(N, T, str_n, str_t))
-    m = _bytes(pm, _span(N, T, sm_n, sm_t))
+    if pk is not None:
+        k = _bytes(pk, _span(N, T, sk_n, sk_t))
+    if ptr is not None:
+        tr = _bytes(ptr, _span(N, T, str_n, str_t))
+    if pb is not None:
+        b = _view(pb, _span(N, T, sb_n, sb_t), out_vs)
+    if pm is not None:
+        m = _bytes(pm, _span(N, T, sm_n, sm_t))
+    if pc is not None:
+        c = _view(pc, _span(N, 2, sc_n, sc_k), out_vs)
     for n in range(n0, n1):
-        if mode == 2:
+        end = T - 1
+        if pm is not None:
+            while end >= 0 and m[n * sm_n + end * sm_t] == 0:
+                out_vs[n, end] = 0.0
+                out_pg[n, end] = 0.0
+                end -= 1
+        u = 0.0  # u past the window end
+        vn = 0.0  # V past the window end
+        if pc is not None:
             u = c[n * sc_n]
             vn = c[n * sc_n + sc_k]
-        elif mode == 1:
-            u = 0.0
-            vn = b[n * sb_n + (T - 1) * sb_t]
-        else:
-            u = 0.0
-            vn = 0.0
-        end = mode == 1
-        for t in range(T - 1, -1, -1):
-            if m[n * sm_n + t * sm_t] == 0:
-                out_vs[n, t] = 0.0
-                out_pg[n, t] = 0.0
-                continue
-            kt = k[n * sk_n + t * sk_t] != 0
-            trt = tr[n * str_n + t * str_t] != 0
-            if end:
-                vn = 0.0 if kt else b[n * sb_n + t * sb_t]
-                end = False
+        elif pb is not None:
+            if end_boot:
+                vn = b[n * sb_n + (end if end >= 0 else T - 1) * sb_t]
+                if pk is not None:
+                    if end >= 0 and k[n * sk_n + end * sk_t] != 0:
+                        vn = 0.0
+        for t in range(end, -1, -1):
+            if pm is not None:
+                if m[n * sm_n + t * sm_t] == 0:
+                    out_vs[n, t] = 0.0
+                    out_pg[n, t] = 0.0
+                    continue
             x = r[n * sr_n + t * sr_t]
-            if boot and trt and not kt:
-                x += gamma * b[n * sb_n + t * sb_t]
+            g = gamma
+            kt = False
+            if pk is not None:
+                kt = k[n * sk_n + t * sk_t] != 0
+                if kt:
+                    g = 0.0
+            if ptr is not None:
+                if tr[n * str_n + t * str_t] != 0:
+                    g = 0.0
+                    if pb is not None:
+                        if not kt:
+                            x += gamma * b[n * sb_n + t * sb_t]
             vt = v[n * sv_n + t * sv_t]
             ratio = np.exp(tl[n * stl_n + t * stl_t] - lp[n * slp_n + t * slp_t])
             rho = ratio if ratio < rho_bar else rho_bar
             ct = lam * (ratio if ratio < c_bar else c_bar)
             rpg = ratio if ratio < pg_rho_bar else pg_rho_bar
-            g = 0.0 if (kt or trt) else gamma
             out_pg[n, t] = rpg * ((x + g * (vn + u)) - vt)
             u = (rho * (x - vt) + g * (rho * vn)) + (g * ct) * u
             out_vs[n, t] = vt + u
@@ -249,19 +313,30 @@ def _vtrace(N, n0, n1, T, pr, sr_n, sr_t, pv, sv_n, sv_t, pk, sk_n, sk_t, ptr, s
 def _trace(N, n0, n1, T, F, px, sx_n, sx_t, sx_f, pk, sk_n, sk_t, ptr, str_n, str_t, pm, sm_n, sm_t,
            pc, sc_n, sc_f, out, final, decay):
     x = _view(px, 1 + (N - 1) * sx_n + (T - 1) * sx_t + (F - 1) * sx_f, out)
-    c = _view(pc, _span(N, F, sc_n, sc_f), out)
-    k = _bytes(pk, _span(N, T, sk_n, sk_t))
-    tr = _bytes(ptr, _span(N, T, str_n, str_t))
-    m = _bytes(pm, _span(N, T, sm_n, sm_t))
+    if pk is not None:
+        k = _bytes(pk, _span(N, T, sk_n, sk_t))
+    if ptr is not None:
+        tr = _bytes(ptr, _span(N, T, str_n, str_t))
+    if pm is not None:
+        m = _bytes(pm, _span(N, T, sm_n, sm_t))
+    if pc is not None:
+        c = _view(pc, _span(N, F, sc_n, sc_f), out)
     for n in range(n0, n1):
         for f in range(F):
-            final[n, f] = c[n * sc_n + f * sc_f]
+            final[n, f] = 0.0
+            if pc is not None:
+                final[n, f] = c[n * sc_n + f * sc_f]
         for t in range(T):
-            if m[n * sm_n + t * sm_t] == 0:
-                for f in range(F):
-                    out[n, t, f] = 0.0
-                continue
-            done = k[n * sk_n + t * sk_t] != 0 or tr[n * str_n + t * str_t] != 0
+            if pm is not None:
+                if m[n * sm_n + t * sm_t] == 0:
+                    for f in range(F):
+                        out[n, t, f] = 0.0
+                    continue
+            done = False
+            if pk is not None:
+                done = k[n * sk_n + t * sk_t] != 0
+            if ptr is not None:
+                done = done or tr[n * str_n + t * str_t] != 0
             base = n * sx_n + t * sx_t
             for f in range(F):
                 e = x[base + f * sx_f] + decay * final[n, f]
@@ -277,9 +352,12 @@ def _trace(N, n0, n1, T, F, px, sx_n, sx_t, sx_f, pk, sk_n, sk_t, ptr, str_n, st
 def _affine(N, n0, n1, T, pa, sa_n, sa_t, pb, sb_n, sb_t, pc, sc_n, out, final, reverse):
     a = _view(pa, _span(N, T, sa_n, sa_t), out)
     b = _view(pb, _span(N, T, sb_n, sb_t), out)
-    c = _view(pc, _span(N, 1, sc_n, 0), out)
+    if pc is not None:
+        c = _view(pc, _span(N, 1, sc_n, 0), out)
     for n in range(n0, n1):
-        y = c[n * sc_n]
+        y = 0.0
+        if pc is not None:
+            y = c[n * sc_n]
         if reverse:
             for t in range(T - 1, -1, -1):
                 y = a[n * sa_n + t * sa_t] + b[n * sb_n + t * sb_t] * y
@@ -299,27 +377,43 @@ def _affine(N, n0, n1, T, pa, sa_n, sa_t, pb, sb_n, sb_t, pc, sc_n, out, final, 
 
 
 def _lambda_adjoint(N, n0, n1, T, pg, sg_n, sg_t, pa, sa_n, sa_t, pk, sk_n, sk_t, ptr, str_n, str_t,
-                    pm, sm_n, sm_t, pc, sc_n, out_r, out_v, carry_out, gamma, lam, two):
+                    pm, sm_n, sm_t, pc, sc_n, out_r, out_v, carry_out, gamma, lam):
     gg = _view(pg, _span(N, T, sg_n, sg_t), out_r)
-    ga = _view(pa, _span(N, T, sa_n, sa_t), out_r)
-    c = _view(pc, _span(N, 1, sc_n, 0), out_r)
-    k = _bytes(pk, _span(N, T, sk_n, sk_t))
-    tr = _bytes(ptr, _span(N, T, str_n, str_t))
-    m = _bytes(pm, _span(N, T, sm_n, sm_t))
+    if pa is not None:
+        ga = _view(pa, _span(N, T, sa_n, sa_t), out_r)
+    if pk is not None:
+        k = _bytes(pk, _span(N, T, sk_n, sk_t))
+    if ptr is not None:
+        tr = _bytes(ptr, _span(N, T, str_n, str_t))
+    if pm is not None:
+        m = _bytes(pm, _span(N, T, sm_n, sm_t))
+    if pc is not None:
+        c = _view(pc, _span(N, 1, sc_n, 0), out_r)
     for n in range(n0, n1):
-        w = c[n * sc_n]
+        w = 0.0
+        if pc is not None:
+            w = c[n * sc_n]
         for t in range(T):
-            if m[n * sm_n + t * sm_t] == 0:
-                out_r[n, t] = 0.0
-                if two:
-                    out_v[n, t] = 0.0
-                continue
-            a = ga[n * sa_n + t * sa_t]
+            if pm is not None:
+                if m[n * sm_n + t * sm_t] == 0:
+                    out_r[n, t] = 0.0
+                    if out_v is not None:
+                        out_v[n, t] = 0.0
+                    continue
+            a = 0.0
+            if pa is not None:
+                a = ga[n * sa_n + t * sa_t]
             g = gg[n * sg_n + t * sg_t] + a
             out_r[n, t] = g + lam * w
-            if two:
+            if out_v is not None:
                 out_v[n, t] = (1.0 - lam) * w - a
-            cont = 0.0 if (k[n * sk_n + t * sk_t] != 0 or tr[n * str_n + t * str_t] != 0) else gamma
+            cont = gamma
+            if pk is not None:
+                if k[n * sk_n + t * sk_t] != 0:
+                    cont = 0.0
+            if ptr is not None:
+                if tr[n * str_n + t * str_t] != 0:
+                    cont = 0.0
             w = cont * g + (lam * cont) * w
         carry_out[n] = w
 
@@ -334,9 +428,9 @@ _KERNELS = {name: njit(**_JIT)(fn) for name, fn in (
 # ---------------------------------------------------------------------------------------------
 
 _NUMPY = {torch.float32: np.float32, torch.float64: np.float64}
-_ZERO = {dt: torch.zeros(1, dtype=dt) for dt in _NUMPY}  # an absent float field: 0 at every step
-_NO = torch.zeros(1, dtype=torch.uint8)  # an absent flag: never set
-_YES = torch.ones(1, dtype=torch.uint8)  # no mask: every step live
+_ABSENT = (None, None, 0, 0)
+
+
 _POOL = {"pool": None, "size": 0}
 _POOL_LOCK = threading.Lock()
 
@@ -381,20 +475,19 @@ def _launch(name, N, work, *args):
 
 def _f(x, dt):
     """A float field: ``(tensor, address, stride_n, stride_t)`` in dtype ``dt`` (converted only if it
-    is in another dtype); an absent one reads 0 everywhere (stride 0)."""
+    is in another dtype); an absent one has no address (its loads are compiled out)."""
     if x is None:
-        z = _ZERO[dt]
-        return z, z.data_ptr(), 0, 0
+        return _ABSENT
     if x.dtype != dt:
         x = x.to(dt)
     s = x.stride()
     return x, x.data_ptr(), s[0], s[1]
 
 
-def _b(x, absent):
+def _b(x):
     """A flag as bytes: ``(tensor, address, stride_n, stride_t)``; bool and uint8 in place."""
     if x is None:
-        return absent, absent.data_ptr(), 0, 0
+        return _ABSENT
     if x.dtype != torch.bool and x.dtype != torch.uint8:
         x = x != 0
     s = x.stride()
@@ -404,8 +497,7 @@ def _b(x, absent):
 def _col(x, dt):
     """A per-row value ``[N]`` (or ``[N, K]``): ``(tensor, address, stride_n, stride_k)``."""
     if x is None:
-        z = _ZERO[dt]
-        return z, z.data_ptr(), 0, 0
+        return _ABSENT
     if x.dtype != dt:
         x = x.to(dt)
     s = x.stride()
@@ -462,33 +554,30 @@ def run(p: Problem):
     if N == 0 or T == 0:
         return _torch_run(p)
     r = _f(main, dt)
-    k = _b(f.get("terminated"), _NO)
-    tr = _b(f.get("truncated"), _NO)
-    m = _b(f.get("mask"), _YES)
+    k = _b(f.get("terminated"))
+    tr = _b(f.get("truncated"))
+    m = _b(f.get("mask"))
     bv = f.get("bootstrap_values")
-    boot = bv is not None and not p.no_bootstrap
-    b = _boot(bv if boot else None, dt)
-    if p.carry is not None:
-        mode = 2
-    elif p.window_end == "terminal" or p.no_bootstrap:
-        mode = 0
-    else:
-        if not boot:
-            raise ValueError("bootstrap_values is required: the window end bootstraps from V(s_T)")
-        mode = 1
+    if p.no_bootstrap:
+        bv = None
+    b = _boot(bv, dt)
+    # the window end reads V(s_T) unless a carry is given or it is terminal
+    end_boot = p.carry is None and p.window_end != "terminal" and not p.no_bootstrap
+    if end_boot and bv is None:
+        raise ValueError("bootstrap_values is required: the window end bootstraps from V(s_T)")
     c = _col(p.carry, dt)
-    v = _f(f.get("values"), dt)
+    od = p.out_dtype
     if fam == "lambda":
-        adv = p.outputs == ("advantages", "returns")
+        v = _f(f.get("values"), dt)
         g_out = np.empty((N, T), npdt)
-        a_out = np.empty((N, T), npdt) if adv else g_out
+        a_out = np.empty((N, T), npdt) if p.outputs == ("advantages", "returns") else None
         carry = np.empty(N, npdt)
         _launch("lambda", N, N * T, T, r[1], r[2], r[3], v[1], v[2], v[3], k[1], k[2], k[3],
                 tr[1], tr[2], tr[3], b[1], b[2], b[3], m[1], m[2], m[3], c[1], c[2],
-                g_out, a_out, carry, p.gamma, p.lam, mode, boot, adv)
-        od = p.out_dtype
-        outs = (_out(a_out, od), _out(g_out, od)) if adv else (_out(g_out, od),)
+                g_out, a_out, carry, p.gamma, p.lam, end_boot)
+        outs = (_out(g_out, od),) if a_out is None else (_out(a_out, od), _out(g_out, od))
         return outs, torch.from_numpy(carry)
+    v = _f(f["values"], dt)
     lp = _f(f["log_probs"], dt)
     tl = _f(f["target_log_probs"], dt)
     if fam == "retrace":
@@ -498,8 +587,8 @@ def run(p: Problem):
         _launch("retrace", N, N * T, T, r[1], r[2], r[3], v[1], v[2], v[3], k[1], k[2], k[3],
                 tr[1], tr[2], tr[3], b[1], b[2], b[3], m[1], m[2], m[3], c[1], c[2],
                 lp[1], lp[2], lp[3], tl[1], tl[2], tl[3], q[1], q[2], q[3], out, carry,
-                p.gamma, p.lam, p.c_bar, mode, boot)
-        return (_out(out, p.out_dtype),), torch.from_numpy(carry)
+                p.gamma, p.lam, p.c_bar, end_boot)
+        return (_out(out, od),), torch.from_numpy(carry)
     if fam != "vtrace":
         raise ValueError(f"unknown family {fam!r}")
     vs = np.empty((N, T), npdt)
@@ -508,8 +597,8 @@ def run(p: Problem):
     _launch("vtrace", N, N * T, T, r[1], r[2], r[3], v[1], v[2], v[3], k[1], k[2], k[3],
             tr[1], tr[2], tr[3], b[1], b[2], b[3], m[1], m[2], m[3], c[1], c[2], c[3],
             lp[1], lp[2], lp[3], tl[1], tl[2], tl[3], vs, pg, carry,
-            p.gamma, p.lam, p.rho_bar, p.c_bar, p.pg_rho_bar, mode, boot)
-    return (_out(vs, p.out_dtype), _out(pg, p.out_dtype)), torch.from_numpy(carry)
+            p.gamma, p.lam, p.rho_bar, p.c_bar, p.pg_rho_bar, end_boot)
+    return (_out(vs, od), _out(pg, od)), torch.from_numpy(carry)
 
 
 def _run_trace(p, f, dt, npdt):
@@ -527,21 +616,14 @@ def _run_trace(p, f, dt, npdt):
         x = x.to(dt)
     x3 = x.reshape(N, T, Fn) if x.dim() != 3 else x  # a view unless the features cannot merge
     s = x3.stride()
-    k = _b(f.get("terminated"), _NO)
-    tr = _b(f.get("truncated"), _NO)
-    m = _b(f.get("mask"), _YES)
-    if p.carry is None:
-        c = _ZERO[dt]
-        sc = (0, 0)
-    else:
-        c = p.carry.reshape(N, Fn)
-        if c.dtype != dt:
-            c = c.to(dt)
-        sc = c.stride()
+    k = _b(f.get("terminated"))
+    tr = _b(f.get("truncated"))
+    m = _b(f.get("mask"))
+    c = _ABSENT if p.carry is None else _col(p.carry.reshape(N, Fn), dt)
     out = np.empty((N, T, Fn), npdt)
     final = np.empty((N, Fn), npdt)
     _launch("trace", N, N * T * Fn, T, Fn, x3.data_ptr(), s[0], s[1], s[2], k[1], k[2], k[3],
-            tr[1], tr[2], tr[3], m[1], m[2], m[3], c.data_ptr(), sc[0], sc[1], out, final, p.decay)
+            tr[1], tr[2], tr[3], m[1], m[2], m[3], c[1], c[2], c[3], out, final, p.decay)
     return (_out(out, p.out_dtype).reshape(x.shape), torch.from_numpy(final).reshape(N, *feat)), None
 
 
@@ -573,14 +655,14 @@ def _run_adjoint(p, f, dt, npdt, N, T):
         return outs, w
     g = _f(f["rewards"], dt)
     a = _f(f.get("values"), dt)
-    k = _b(f.get("terminated"), _NO)
-    tr = _b(f.get("truncated"), _NO)
-    m = _b(f.get("mask"), _YES)
+    k = _b(f.get("terminated"))
+    tr = _b(f.get("truncated"))
+    m = _b(f.get("mask"))
     c = _col(p.carry, dt)
     r_out = np.empty((N, T), npdt)
-    v_out = np.empty((N, T), npdt) if two else r_out
+    v_out = np.empty((N, T), npdt) if two else None
     carry = np.empty(N, npdt)
     _launch("lambda_adjoint", N, N * T, T, g[1], g[2], g[3], a[1], a[2], a[3], k[1], k[2], k[3],
-            tr[1], tr[2], tr[3], m[1], m[2], m[3], c[1], c[2], r_out, v_out, carry, p.gamma, p.lam, two)
-    outs = (_out(r_out, p.out_dtype), _out(v_out, p.out_dtype)) if two else (_out(r_out, p.out_dtype),)
+            tr[1], tr[2], tr[3], m[1], m[2], m[3], c[1], c[2], r_out, v_out, carry, p.gamma, p.lam)
+    outs = (_out(r_out, p.out_dtype),) if v_out is None else (_out(r_out, p.out_dtype), _out(v_out, p.out_dtype))
     return outs, torch.from_numpy(carry)
