@@ -479,3 +479,18 @@ def test_lambda_adjoint_empty_and_no_carry():
         torch.testing.assert_close(r_bar[:, t].double(), g[:, t].double() + exp_w, rtol=1e-6, atol=1e-6)
         exp_w = 0.5 * (g[:, t].double() + exp_w)
     torch.testing.assert_close(w.double(), exp_w, rtol=1e-6, atol=1e-6)
+
+
+def test_cpu_bench_smoke(tmp_path):
+    """``python -m rollbuf.bench.cpu`` on two tiny shapes: every implementation it can run is gated
+    against float64 and timed; the CSV and the markdown tables are written."""
+    import csv
+
+    from rollbuf.bench import cpu
+
+    cpu.main(["--out", str(tmp_path), "--shapes", "1x8,3x40", "--budget-s", "0.01", "--no-first-call",
+              "--impls", "rollbuf-numba,rollbuf-numba-tm,rollbuf-numba-run,rollbuf-torch,plain-numba,sb3,cleanrl"])
+    rows = list(csv.DictReader(open(tmp_path / "cpu.csv")))
+    assert len(rows) == 14
+    assert all(r["status"] == "ok" and float(r["rel_err"]) < 1e-4 and float(r["call_us"]) > 0 for r in rows)
+    assert "| 3×40 |" in (tmp_path / "cpu.md").read_text()

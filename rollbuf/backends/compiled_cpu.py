@@ -54,7 +54,7 @@ __all__ = ["run", "PARALLEL_MIN_ELEMENTS", "PARALLEL_MIN_ROWS"]
 # every row (handing work to a thread costs more than it saves). Module attributes so that
 # benchmarks and tests can move them.
 PARALLEL_MIN_ROWS = 2
-PARALLEL_MIN_ELEMENTS = 1 << 16
+PARALLEL_MIN_ELEMENTS = 1 << 20
 
 _JIT = dict(cache=True, nogil=True, fastmath={"contract"}, error_model="numpy", boundscheck=False)
 
