@@ -2,7 +2,7 @@
 
     python -m rollbuf.bench.cpu --out bench-cpu                 # the grid, ~10-20 min on 2 cores
     python -m rollbuf.bench.cpu --out bench-cpu --quick         # a few shapes, seconds
-    python -m rollbuf.bench.cpu --out bench-cpu --shapes 4x128,8x32768
+    python -m rollbuf.bench.cpu --out bench-cpu --shapes 4x128,8x32768 --threads 1
 
 The grid is N ∈ {1, 4, 8, 64, 256, 1024} rows × T ∈ {8, 128, 256, 2048, 32768} steps (it holds every
 shape of the table SB3/CleanRL users run: 4, 8, 64 and 1024 envs × 128 steps, 256 × 256, 8 × 2048,
@@ -520,7 +520,10 @@ def main(argv=None):
     ap.add_argument("--budget-s", type=float, default=None, help="timing budget per case (default 1.0; quick 0.1)")
     ap.add_argument("--max-call-s", type=float, default=20.0)
     ap.add_argument("--no-first-call", action="store_true")
+    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.shapes:
         shapes = parse_shapes(args.shapes)
     elif args.quick:
