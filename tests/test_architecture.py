@@ -81,6 +81,7 @@ def test_no_private_names_across_modules():
 # Imports inside functions, each with its reason. Anything else belongs at the top of its module.
 LAZY = {
     ("rollbuf.backends", "rollbuf.backends.triton_backend"): "Triton is optional: imported when asked for",
+    ("rollbuf.backends", "rollbuf.backends.compiled_cpu"): "numba's import costs ~0.5 s: on the first CPU call",
     ("rollbuf.backends.scan", "rollbuf.kernels"): "the fused scan needs Triton: imported when asked for",
     ("rollbuf.backends.autograd", "rollbuf.kernels"): "the fused adjoint needs Triton",
     ("rollbuf.boundary", "rollbuf.estimators"): "the deprecated alias rollbuf.boundary.ESTIMATORS (upward)",
@@ -111,7 +112,8 @@ def _lazy_imports(path: Path):
     return found
 
 
-_PACKAGES = {"rollbuf.kernels", "rollbuf.functional", "rollbuf.estimators", "rollbuf.backends.triton_backend"}
+_PACKAGES = {"rollbuf.kernels", "rollbuf.functional", "rollbuf.estimators", "rollbuf.backends.triton_backend",
+             "rollbuf.backends.compiled_cpu"}
 
 
 @pytest.mark.parametrize("path", [f for f in FILES if not f.is_relative_to(PKG / "kernels")

@@ -6,9 +6,13 @@ backend         module                                          runs on
 ``reference``   :mod:`rollbuf.backends.reference`               the float64 loops (the oracle)
 ``torch``       :mod:`rollbuf.backends.torch_backend`           any device: a vectorised scan
 ``triton``      :mod:`rollbuf.backends.triton_backend`          CUDA (CPU under TRITON_INTERPRET=1)
+``numba``       :mod:`rollbuf.backends.compiled_cpu`            CPU: compiled loops (numba)
 ==============  ==============================================  =================================
 
-``auto`` is ``triton`` for CUDA tensors (when Triton is importable) and ``torch`` otherwise.
+``auto`` is ``triton`` for CUDA tensors (when Triton is importable), ``numba`` for CPU tensors
+(when numba is importable), ``torch`` otherwise. The ``numba`` backend computes values: a call
+whose inputs require grad, one under ``torch.compile`` and a registry estimator of
+``Family.GENERIC`` run on the ``torch`` backend instead (the same semantics, differentiable).
 Gradients: the torch backend is differentiable as it stands; the triton backend wraps its kernel
 in an autograd node with an analytic backward (:mod:`rollbuf.backends.autograd`). Outputs come
 back flat (``[N, T]``, ``[N, T, *F]``), in the accumulation dtype or the output dtype; the caller
@@ -20,15 +24,18 @@ from __future__ import annotations
 import importlib.util
 import os
 
-from rollbuf.backends import reference, torch_backend
-from rollbuf.problem import Problem
+import torch
 
-__all__ = ["BACKENDS", "resolve", "run", "triton_available"]
+from rollbuf.backends import autograd, reference, torch_backend
+from rollbuf.problem import Family, Problem
 
-BACKENDS = ("auto", "triton", "torch", "reference")
+__all__ = ["BACKENDS", "resolve", "run", "triton_available", "numba_available"]
+
+BACKENDS = ("auto", "triton", "torch", "reference", "numba")
 
 
 _TRITON = importlib.util.find_spec("triton") is not None  # found once, without importing it
+_NUMBA = importlib.util.find_spec("numba") is not None
 
 
 def triton_available() -> bool:
@@ -36,12 +43,24 @@ def triton_available() -> bool:
     return _TRITON
 
 
+def numba_available() -> bool:
+    """Whether the numba package is installed (the ``numba`` backend's requirement)."""
+    return _NUMBA
+
+
 def resolve(backend: str, device) -> str:
     """The concrete backend for ``backend`` on ``device`` (errors name the argument)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "auto":
-        return "triton" if device.type == "cuda" and triton_available() else "torch"
+        if device.type == "cuda" and triton_available():
+            return "triton"
+        return "numba" if device.type == "cpu" and numba_available() else "torch"
+    if backend == "numba":
+        if not numba_available():
+            raise ValueError("backend='numba' needs the numba package, which is not importable")
+        if device.type != "cpu":
+            raise ValueError(f"backend='numba' runs on CPU tensors (got {device}); use backend='auto'")
     if backend == "triton":
         if not triton_available():
             raise ValueError("backend='triton' needs the triton package, which is not importable")
@@ -63,4 +82,10 @@ def run(p: Problem, backend: str):
         return triton_backend.run(p)
     if backend == "reference":
         return reference.run(p)
+    if backend == "numba":
+        if autograd.needs_grad(p) or torch.compiler.is_compiling() or p.family == Family.GENERIC:
+            return torch_backend.run(p)
+        from rollbuf.backends import compiled_cpu  # numba's import costs ~0.5 s: on the first CPU call
+
+        return compiled_cpu.run(p)
     raise ValueError(f"no backend {backend!r}; resolve() it first")
