@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numba
 import numpy as np
@@ -447,7 +448,6 @@ if hasattr(os, "register_at_fork"):
 def _pool(workers):
     with _POOL_LOCK:
         if _POOL["pool"] is None or _POOL["size"] != workers:
-            from concurrent.futures import ThreadPoolExecutor
 
             if _POOL["pool"] is not None:
                 _POOL["pool"].shutdown(wait=False)
@@ -567,13 +567,13 @@ def run(p: Problem):
     if fam == "lambda":
         v = _f(f.get("values"), dt)
         g_out = np.empty((N, T), npdt)
-        a_out = np.empty((N, T), npdt) if p.outputs == ("advantages", "returns") else None
+        a_out = np.empty((N, T), npdt) if "advantages" in p.outputs else None
         carry = np.empty(N, npdt)
         _launch("lambda", N, N * T, T, r[1], r[2], r[3], v[1], v[2], v[3], k[1], k[2], k[3],
                 tr[1], tr[2], tr[3], b[1], b[2], b[3], m[1], m[2], m[3], c[1], c[2],
                 g_out, a_out, carry, p.gamma, p.lam, end_boot)
-        outs = (_out(g_out, od),) if a_out is None else (_out(a_out, od), _out(g_out, od))
-        return outs, torch.from_numpy(carry)
+        named = {"returns": g_out, "advantages": a_out}
+        return tuple(_out(named[o], od) for o in p.outputs), torch.from_numpy(carry)
     v = _f(f["values"], dt)
     lp = _f(f["log_probs"], dt)
     tl = _f(f["target_log_probs"], dt)
