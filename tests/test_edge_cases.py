@@ -22,6 +22,26 @@ BACKWARD = ["gae", "advantages", "lambda_returns", "discounted_returns", "monte_
 PARAMS = dict(gamma=0.9, lam=0.8)
 
 
+def _dev(backend):
+    """Compiled kernels run on CUDA tensors (a GPU machine); elsewhere the interpreter takes CPU ones."""
+    return "cuda" if backend == "triton" and torch.cuda.is_available() else "cpu"
+
+
+def _to(x, dev):
+    if isinstance(x, torch.Tensor):
+        return x.to(dev)
+    if isinstance(x, tuple):
+        return type(x)(*(_to(e, dev) for e in x)) if hasattr(x, "_fields") else tuple(_to(e, dev) for e in x)
+    if isinstance(x, dict):
+        return {k: _to(v, dev) for k, v in x.items()}
+    return x
+
+
+def _run(name, f, backend, **kw):
+    """``run_estimator`` on the backend's device, the outputs back on the CPU."""
+    return _to(run_estimator(name, _to(f, _dev(backend)), backend=backend, **kw), "cpu")
+
+
 def _params(name):
     if name in ("discounted_returns", "monte_carlo_returns"):
         return dict(gamma=0.9)
@@ -38,8 +58,8 @@ def _params(name):
 def test_forward_estimators_take_a_bare_row(backend, name):
     f = make_rollout(1, 13, seed=2, p_masked=0.2)
     row = {k: (v[0] if isinstance(v, torch.Tensor) else v) for k, v in f.items()}
-    got = run_estimator(name, row, backend=backend, **_params(name))
-    want = run_estimator(name, f, backend=backend, **_params(name))
+    got = _run(name, row, backend, **_params(name))
+    want = _run(name, f, backend, **_params(name))
     assert got[0].shape == (13,) and got[1].shape == ()
     torch.testing.assert_close(got[0], want[0][0])
     torch.testing.assert_close(got[1], want[1][0])
@@ -50,8 +70,8 @@ def test_forward_estimators_take_a_bare_row(backend, name):
 def test_return_carry_on_a_bare_row(backend, name):
     f = make_rollout(1, 11, seed=3, p_masked=0.2)
     row = {k: (v[0] if isinstance(v, torch.Tensor) else v) for k, v in f.items()}
-    out, carry = run_estimator(name, row, backend=backend, return_carry=True, **_params(name))
-    out1, carry1 = run_estimator(name, f, backend=backend, return_carry=True, **_params(name))
+    out, carry = _run(name, row, backend, return_carry=True, **_params(name))
+    out1, carry1 = _run(name, f, backend, return_carry=True, **_params(name))
     assert carry.shape == carry1.shape[1:]
     torch.testing.assert_close(carry, carry1[0])
     first = out[0] if isinstance(out, tuple) else out
@@ -70,13 +90,15 @@ def test_clipped_ratio_gradients_stay_finite_when_exp_overflows(backend, dtype):
     if backend == "reference" and dtype == torch.float32:
         pytest.skip("the reference computes in float64")
     g = torch.Generator().manual_seed(0)
+    dev = _dev(backend)
     big = 100.0 if dtype == torch.float32 else 800.0
-    tlp = torch.where(torch.rand(2, 9, generator=g) < 0.5, big, -0.3).to(dtype).requires_grad_()
-    lp = torch.zeros(2, 9, dtype=dtype, requires_grad=True)
-    kw = dict(rewards=torch.randn(2, 9, generator=g, dtype=dtype), values=torch.randn(2, 9, generator=g, dtype=dtype),
-              bootstrap_values=torch.zeros(2, dtype=dtype), backend=backend)
+    tlp = torch.where(torch.rand(2, 9, generator=g) < 0.5, big, -0.3).to(dev, dtype).requires_grad_()
+    lp = torch.zeros(2, 9, dtype=dtype, device=dev, requires_grad=True)
+    kw = dict(rewards=torch.randn(2, 9, generator=g, dtype=dtype).to(dev),
+              values=torch.randn(2, 9, generator=g, dtype=dtype).to(dev),
+              bootstrap_values=torch.zeros(2, dtype=dtype, device=dev), backend=backend)
     vs, pg = F.vtrace(tlp, 0.9, log_probs=lp, **kw)
-    q = F.retrace(torch.randn(2, 9, generator=g, dtype=dtype), tlp, 0.9, lam=0.9, log_probs=lp, **kw)
+    q = F.retrace(torch.randn(2, 9, generator=g, dtype=dtype).to(dev), tlp, 0.9, lam=0.9, log_probs=lp, **kw)
     for out in ((vs.sum() + pg.sum()), q.sum()):
         assert torch.isfinite(out)
         g_t, g_l = torch.autograd.grad(out, (tlp, lp))
@@ -106,7 +128,7 @@ def test_nan_log_prob_gives_nan_on_every_backend(backend, name):
     f = make_rollout(2, 9, seed=4, p_masked=None, p_truncated=0.0)
     f["log_probs"] = f["log_probs"].clone()
     f["log_probs"][0, 5] = float("nan")
-    got = run_estimator(name, f, backend=backend, **PARAMS)
+    got = _run(name, f, backend, **PARAMS)
     want = reference_outputs(name, f, **PARAMS)
     got = got if isinstance(got, tuple) else (got,)
     assert torch.isnan(want[0][0]).any()  # the reference propagates it (no min(ρ̄, nan) = ρ̄)
@@ -124,7 +146,7 @@ def test_a_non_finite_reward_gives_the_reference_answer(backend, name, value):
     f["rewards"] = f["rewards"].clone()
     f["mask"][1, 8] = True
     f["rewards"][1, 8] = value
-    got = run_estimator(name, f, backend=backend, **_params(name))
+    got = _run(name, f, backend, **_params(name))
     want = reference_outputs(name, f, **_params(name))
     got = got if isinstance(got, tuple) else (got,)
     for a, e in zip(got, want):
@@ -155,7 +177,7 @@ def test_property_non_finite_inputs_match_the_reference(case, backend):
     field): torch and triton give the reference's answer — non-finite where it is, the same values
     elsewhere, NaN for NaN when the inputs hold no inf."""
     name, f = case
-    got = run_estimator(name, f, backend=backend, **_params(name))
+    got = _run(name, f, backend, **_params(name))
     want = reference_outputs(name, f, **_params(name))
     got = got if isinstance(got, tuple) else (got,)
     no_inf = not any(torch.isinf(x).any() for x in f.values() if isinstance(x, torch.Tensor) and x.is_floating_point())

@@ -76,7 +76,8 @@ def _fields(N, T, seed, p_masked):
 @pytest.mark.parametrize("p_masked", [None, 0.3])
 def test_toy_estimator_matches_its_reference(toy, backend, T, p_masked):
     f = _fields(3, T, seed=T, p_masked=p_masked)
-    got = F.estimate(NAME, backend=backend, **f)
+    dev = "cuda" if backend == "triton" and torch.cuda.is_available() else "cpu"
+    got = F.estimate(NAME, backend=backend, **{k: (None if v is None else v.to(dev)) for k, v in f.items()}).cpu()
     want = reference({**f}, None)[0]
     assert got.shape == (3, T)
     assert_close_to_reference(got, want, context_fields=f, direction="backward")
@@ -85,6 +86,8 @@ def test_toy_estimator_matches_its_reference(toy, backend, T, p_masked):
 @pytest.mark.parametrize("backend", [b for b in BACKENDS if b != "reference"])
 def test_toy_estimator_chains_windows(toy, backend):
     f = _fields(4, 41, seed=7, p_masked=0.2)
+    dev = "cuda" if backend == "triton" and torch.cuda.is_available() else "cpu"
+    f = {k: (None if v is None else v.to(dev)) for k, v in f.items()}
     whole = F.estimate(NAME, backend=backend, **f)
     second, carry = F.estimate(NAME, backend=backend, return_carry=True, **{k: v[:, 20:] for k, v in f.items()})
     first = F.estimate(NAME, backend=backend, carry=carry, **{k: v[:, :20] for k, v in f.items()})

@@ -81,8 +81,10 @@ def test_backends_read_the_window_end_where_the_module_says(backend, per_step, T
     want = windows.window_end_value(bv, f["terminated"], f["mask"], (N, T))
     bv_end = bv.gather(-1, ends.clamp(min=0).unsqueeze(-1)).squeeze(-1) if per_step else bv
     # a NaN bootstrap column at a terminated window end must not leak: keep only what is read
-    ret = F.lambda_returns(1.0, 0.5, rewards=r, values=torch.zeros(N, T), terminated=f["terminated"],
-                           truncated=tr, bootstrap_values=bv, mask=f["mask"], backend=backend)
+    dev = "cuda" if backend == "triton" and torch.cuda.is_available() else "cpu"
+    ret = F.lambda_returns(1.0, 0.5, rewards=r.to(dev), values=torch.zeros(N, T, device=dev),
+                           terminated=f["terminated"].to(dev), truncated=tr.to(dev), bootstrap_values=bv.to(dev),
+                           mask=None if f["mask"] is None else f["mask"].to(dev), backend=backend).cpu()
     for n in range(N):
         j = int(ends[n])
         if j < 0:
@@ -97,8 +99,9 @@ def test_backends_read_the_window_end_where_the_module_says(backend, per_step, T
 def test_empty_window_carry_is_the_window_end_value(backend):
     """A T = 0 window passes V(s_T) straight through as its carry on every backend (chaining an
     empty window changes nothing)."""
-    bv = torch.tensor([0.5, -1.25, 3.0])
-    _, carry = F.gae(0.9, 0.8, rewards=torch.zeros(3, 0), values=torch.zeros(3, 0),
-                     terminated=torch.zeros(3, 0, dtype=torch.bool), bootstrap_values=bv,
+    dev = "cuda" if backend == "triton" and torch.cuda.is_available() else "cpu"
+    bv = torch.tensor([0.5, -1.25, 3.0], device=dev)
+    _, carry = F.gae(0.9, 0.8, rewards=torch.zeros(3, 0, device=dev), values=torch.zeros(3, 0, device=dev),
+                     terminated=torch.zeros(3, 0, dtype=torch.bool, device=dev), bootstrap_values=bv,
                      return_carry=True, backend=backend)
     assert carry.tolist() == bv.tolist()

@@ -26,7 +26,8 @@ def _fields(fam, geo, o, ok, ACC: tl.constexpr):
     v = core.load(p_v, off, ok, live, HAS_M, ACC)
     ratio = tl.exp(core.load(p_tlp, off, ok, live, HAS_M, ACC) - core.load(p_lp, off, ok, live, HAS_M, ACC))
     q = core.load(p_q, off, ok, live, HAS_M, ACC)
-    return off, r, v, k, tr, boot, live, q, lam * tl.minimum(ratio, c_bar)
+    # the clip propagates a NaN ratio (the GPU's min would drop it), as on every backend
+    return off, r, v, k, tr, boot, live, q, lam * tl.minimum(ratio, c_bar, propagate_nan=tl.PropagateNan.ALL)
 
 
 @triton.jit

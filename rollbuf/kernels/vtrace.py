@@ -31,8 +31,10 @@ def _fields(fam, geo, o, ok, ACC: tl.constexpr):
     r = core.load(p_r, off, ok, live, HAS_M, ACC)
     v = core.load(p_v, off, ok, live, HAS_M, ACC)
     ratio = tl.exp(core.load(p_tlp, off, ok, live, HAS_M, ACC) - core.load(p_lp, off, ok, live, HAS_M, ACC))
-    return (off, r, v, k, tr, boot, live, tl.minimum(ratio, rho_bar), lam * tl.minimum(ratio, c_bar),
-            tl.minimum(ratio, pg_rho_bar))
+    # the clips propagate a NaN ratio (the GPU's min would drop it), as on every backend
+    nan = tl.PropagateNan.ALL
+    return (off, r, v, k, tr, boot, live, tl.minimum(ratio, rho_bar, propagate_nan=nan),
+            lam * tl.minimum(ratio, c_bar, propagate_nan=nan), tl.minimum(ratio, pg_rho_bar, propagate_nan=nan))
 
 
 @triton.jit
