@@ -41,9 +41,9 @@ def test_adjoint_without_value_gradient():
     """The TD(λ) adjoint without ``values`` writes ``r̄`` alone, as with it."""
     f = make(2, 29, "term+trunc+mask", seed=4)
     g = torch.randn(2, 29, generator=torch.Generator().manual_seed(1)).to(DEV)
-    fields = {"rewards": g, "values": None, "terminated": f["terminated"], "truncated": f["truncated"],
-              "mask": f["mask"]}
-    both = dict(fields, values=torch.zeros_like(g))
+    fields = {"grad_returns": g, "grad_advantages": None, "terminated": f["terminated"],
+              "truncated": f["truncated"], "mask": f["mask"]}
+    both = dict(fields, grad_advantages=torch.zeros_like(g))
     with K.forced(poison=True):
         one, w1 = K.run(Problem(family="lambda_adjoint", outputs=("rewards",), fields=fields, gamma=0.9, lam=0.8))
         two, w2 = K.run(Problem(family="lambda_adjoint", outputs=("rewards", "values"), fields=both, gamma=0.9,
@@ -217,14 +217,14 @@ def test_overlapping_fields_are_made_to_match():
     layout: the call reads dense fields, that one copied first; any other layout still reads."""
     f = make(3, 29, "term+trunc", seed=6)
     g = torch.full((), 0.5, device=DEV).expand(3, 29)  # strides (0, 0)
-    fields = {"rewards": g, "values": f["values"], "terminated": f["terminated"], "truncated": f["truncated"],
-              "mask": None}
+    fields = {"grad_returns": g, "grad_advantages": f["values"], "terminated": f["terminated"],
+              "truncated": f["truncated"], "mask": None}
     with K.forced(poison=True):
         got = K.run(Problem(family="lambda_adjoint", outputs=("rewards", "values"), fields=fields, gamma=0.9,
                             lam=0.8))
         want = K.run(Problem(family="lambda_adjoint", outputs=("rewards", "values"),
-                             fields=dict(fields, rewards=g.contiguous()), gamma=0.9, lam=0.8))
+                             fields=dict(fields, grad_returns=g.contiguous()), gamma=0.9, lam=0.8))
     for a, b in zip(got[0] + (got[1],), want[0] + (want[1],)):
         torch.testing.assert_close(a, b)
     la = K.launch_for(Problem(family="lambda_adjoint", outputs=("rewards",), fields=fields, gamma=0.9, lam=0.8))
-    assert (la.s_n, la.s_t) == (29, 1) and {n for _, n, _ in la.conv} == {"rewards"}
+    assert (la.s_n, la.s_t) == (29, 1) and {n for _, n, _ in la.conv} == {"grad_returns"}

@@ -32,9 +32,9 @@ def _fields(fam, geo, o, ok, ACC: tl.constexpr):
     v = core.load(p_v, off, ok, live, HAS_M, ACC)
     ratio = tl.exp(core.load(p_tlp, off, ok, live, HAS_M, ACC) - core.load(p_lp, off, ok, live, HAS_M, ACC))
     # the clips propagate a NaN ratio (the GPU's min would drop it), as on every backend
-    nan = tl.PropagateNan.ALL
-    return (off, r, v, k, tr, boot, live, tl.minimum(ratio, rho_bar, propagate_nan=nan),
-            lam * tl.minimum(ratio, c_bar, propagate_nan=nan), tl.minimum(ratio, pg_rho_bar, propagate_nan=nan))
+    return (off, r, v, k, tr, boot, live, tl.minimum(ratio, rho_bar, propagate_nan=tl.PropagateNan.ALL),
+            lam * tl.minimum(ratio, c_bar, propagate_nan=tl.PropagateNan.ALL),
+            tl.minimum(ratio, pg_rho_bar, propagate_nan=tl.PropagateNan.ALL))
 
 
 @triton.jit
