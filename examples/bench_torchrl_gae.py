@@ -17,6 +17,7 @@ advantages (the drop-in must give TorchRL's numbers). Versions and the device ar
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import statistics
 import subprocess
@@ -64,6 +65,8 @@ def fmt(seconds):
 
 
 def commit():
+    if os.environ.get("ROLLBUF_COMMIT"):  # set where the checkout's git metadata is not the code's (a copied tree)
+        return os.environ["ROLLBUF_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent, text=True,
                               capture_output=True, check=True).stdout.strip()
