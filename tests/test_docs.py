@@ -314,10 +314,7 @@ _PAGES = sorted([ROOT / "README.md", *DOCS.rglob("*.md")])
 _BLOCK = re.compile(r"^```python[^\n]*\n(.*?)^```[ \t]*$|^<!-- doc-setup\n(.*?)^-->[ \t]*$", re.S | re.M)
 # Pages whose Python blocks are still fragments that do not run on their own; each entry is an
 # expected failure (strict: it fails once the page runs, so that the entry gets removed).
-_NOT_YET_RUNNABLE = {
-    "docs/distributed.md": "needs an initialised torch.distributed process group and fragments",
-    "docs/howto/performance.md": "the graphed snippet uses torch without importing it",
-}
+_NOT_YET_RUNNABLE: dict = {}  # page -> why its blocks cannot run yet (strict xfail); none today
 
 
 def _blocks(text: str):
