@@ -44,17 +44,7 @@ _ROLLOUT_DOC = """A window of ``[*B, T]`` steps (``B`` = envs, or envs × agents
 
 @tensorclass(shadow=True)  # shadow: `values` is a reserved TensorDict name
 class Rollout:
-    """A window of ``[*B, T]`` steps (``B`` = envs, or envs × agents; time is the last dim).
-
-    Fields (docs/semantics.md), all ``[*B, T]``: ``rewards``, ``values`` (V(s_t)), ``terminated``,
-    ``truncated``, ``log_probs`` (behaviour policy), ``bootstrap_values`` (V(s'_t), read only
-    after truncations and at the window end) and an optional ``mask`` (``False`` = not an agent
-    step). Flags are transition-aligned: a flag at ``t`` says what happened after ``a_t``.
-
-    Fill it while collecting with :meth:`record`, close the window with :meth:`bootstrap`, then call
-    an estimator. Tensorclass indexing (``ro[:16]``, ``ro[..., :64]``), ``ro.to(device)``,
-    ``torch.stack`` and ``torch.cat`` work as for any tensorclass.
-    """
+    __doc__ = _ROLLOUT_DOC  # (set again below: tensordict < 0.15 replaces it)
 
     rewards: torch.Tensor
     values: torch.Tensor
