@@ -317,19 +317,22 @@ def prepare(est: Estimator, fields: Mapping, params: Mapping, *, carry=None, ret
     if key is not None:
         if len(_PLANS) >= _PLANS_MAX:
             _PLANS.clear()
-        _PLANS[key] = (est, p)
+        # the skeleton keeps each field's flattened shape, never the tensors (no memory held alive)
+        skeleton = p._replace(fields={k: (None if v is None else v.shape) for k, v in p.fields.items()},
+                              carry=None if p.carry is None else p.carry.shape)
+        _PLANS[key] = (est, skeleton)
     return _checked(p, data_only=False)
 
 
 def _bind(template: Problem, est: Estimator, fields: Mapping, carry) -> Problem:
-    """``template`` (a validated problem of the same signature) with this call's tensors, each
-    flattened to the shape it has there."""
+    """``template`` (the skeleton of a validated problem of the same signature: each field's and
+    the carry's flattened shape in place of the tensor) with this call's tensors."""
     flat = {}
-    for name, t in template.fields.items():
+    for name, shape in template.fields.items():
         x = fields.get(name)
-        flat[name] = None if x is None or t is None else (x if x.shape == t.shape else x.reshape(t.shape))
+        flat[name] = None if x is None or shape is None else (x if x.shape == shape else x.reshape(shape))
     if carry is not None:
-        carry = carry if carry.shape == template.carry.shape else carry.reshape(template.carry.shape)
+        carry = carry if carry.shape == template.carry else carry.reshape(template.carry)
     return template._replace(fields=flat, carry=carry)
 
 

@@ -368,3 +368,29 @@ def test_row_bootstrap_with_a_terminated_and_truncated_interior_step_is_accepted
     tr[1, 4] = True  # a truncation that does read: still an error
     with pytest.raises(ValueError, match="bootstrap_values"):
         F.gae(0.9, 0.8, rewards=r, values=v, terminated=k, truncated=tr, bootstrap_values=bv, backend="torch")
+
+
+def test_validated_calls_are_reused_without_holding_tensors():
+    """A call with the signature of an earlier one reuses its validation (same results as a fresh
+    one) and the cache keeps no tensor of any call alive."""
+    import gc
+    import weakref
+
+    from rollbuf import validation
+
+    g = torch.Generator().manual_seed(3)
+    r, v = torch.randn(3, 9, generator=g), torch.randn(3, 9, generator=g)
+    k = torch.rand(3, 9, generator=g) < 0.2
+    first = F.gae(0.9, 0.8, rewards=r, values=v, terminated=k, bootstrap_values=torch.zeros(3), backend="torch")
+    n = len(validation._PLANS)
+    r2 = torch.randn(3, 9, generator=g)
+    again = F.gae(0.9, 0.8, rewards=r2, values=v, terminated=k, bootstrap_values=torch.zeros(3), backend="torch")
+    assert len(validation._PLANS) == n  # the same signature: no new entry
+    want = F.gae(0.9, 0.8, rewards=r2.double(), values=v.double(), terminated=k, bootstrap_values=torch.zeros(3),
+                 backend="reference")
+    torch.testing.assert_close(again.advantages.double(), want.advantages, rtol=1e-5, atol=1e-5)
+    assert not torch.equal(first.advantages, again.advantages)
+    ref = weakref.ref(r2)
+    del r2, again
+    gc.collect()
+    assert ref() is None, "the validation cache holds a caller's tensor"
