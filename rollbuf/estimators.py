@@ -138,7 +138,7 @@ class Field:
     read: bool = True
 
 
-_FIELD_NAMES: dict[str, tuple[str, ...]] = {}  # Estimator.field_names, computed once per entry
+_FIELD_NAMES: dict[int, tuple] = {}  # id(entry) -> (entry, Estimator.field_names), computed once per entry
 
 
 @attrs.frozen
@@ -175,10 +175,10 @@ class Estimator:
 
     @property
     def field_names(self) -> tuple[str, ...]:
-        names = _FIELD_NAMES.get(self.name)
-        if names is None or len(names) != len(self.fields):
-            names = _FIELD_NAMES[self.name] = tuple(f.name for f in self.fields)
-        return names
+        hit = _FIELD_NAMES.get(id(self))
+        if hit is None or hit[0] is not self:  # keyed by the entry itself: a re-registered name recomputes
+            hit = _FIELD_NAMES[id(self)] = (self, tuple(f.name for f in self.fields))
+        return hit[1]
 
     def field(self, name: str) -> Field | None:
         for f in self.fields:
@@ -368,7 +368,6 @@ def register(estimator: Estimator) -> Estimator:
     if estimator.direction not in ("backward", "forward"):
         raise ValueError(f"estimator {estimator.name!r}: direction must be 'backward' or 'forward'")
     REGISTRY[estimator.name] = estimator
-    _FIELD_NAMES.pop(estimator.name, None)
     return estimator
 
 

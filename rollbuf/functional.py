@@ -7,7 +7,9 @@ Every function takes the rollout fields as keyword arguments named as in docs/se
 * ``"torch"`` — the vectorised scan (:mod:`rollbuf.backends.torch_backend`), the CPU path;
 * ``"triton"`` — the fused kernels (:mod:`rollbuf.kernels`), CUDA tensors, or CPU tensors when
   ``TRITON_INTERPRET=1`` was set before import;
-* ``"auto"`` — ``"triton"`` for CUDA tensors, ``"torch"`` otherwise.
+* ``"numba"`` — the compiled CPU loops (:mod:`rollbuf.backends.compiled_cpu`), values only;
+* ``"auto"`` — ``"triton"`` for CUDA tensors, ``"numba"`` for CPU tensors (when numba is installed),
+  ``"torch"`` otherwise.
 
 Boundary keywords shared by the backward estimators:
 
@@ -68,6 +70,7 @@ def estimate(name, *, backend="auto", carry=None, return_carry=False, out_dtype=
     params = {prm.name: kwargs.pop(prm.name) for prm in est.params if prm.name in kwargs}
     if kwargs:
         raise TypeError(f"{est.function_name}() got unexpected keyword arguments {sorted(kwargs)}")
+    validation.check_bool("return_carry", return_carry)
     if return_carry and est.direction == "forward":
         raise TypeError(f"{est.function_name}() returns its carry as `final`; it takes no return_carry")
     p = validation.prepare(est, fields, params, carry=carry, return_carry=return_carry,

@@ -138,11 +138,12 @@ class Rollout:
         if T == 0:
             return self
         j = windows.window_end_index(self.mask, self.batch_size, self.values.device)
-        j = torch.where(j < 0, T - 1, j).unsqueeze(-1)  # a row with no unmasked step: its last column
+        live_end = (j >= 0).unsqueeze(-1)  # a row with no unmasked step: its last column, flags ignored
+        j = torch.where(j < 0, T - 1, j).unsqueeze(-1)
         done = self.terminated != 0
         if self.truncated is not None:
             done = done | (self.truncated != 0)
-        done = done.gather(-1, j)
+        done = done.gather(-1, j) & live_end  # flags at a masked step are ignored
         col = self.bootstrap_values.gather(-1, j)
         new = torch.where(done, col, last_values.unsqueeze(-1).to(col.dtype))
         self.bootstrap_values.scatter_(-1, j, new)

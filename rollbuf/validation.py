@@ -39,7 +39,8 @@ _FINITE = {"on": os.environ.get("ROLLBUF_CHECK_FINITE", "") not in ("", "0")}
 class check_finite:  # noqa: N801 (used like a function)
     """Switch the non-finite input check on (or off): ``rollbuf.check_finite()`` for the rest of the
     process, ``with rollbuf.check_finite(): ...`` for a block (the previous setting comes back on
-    exit); ``ROLLBUF_CHECK_FINITE=1`` in the environment switches it on at import.
+    exit); ``ROLLBUF_CHECK_FINITE=1`` in the environment switches it on at import. The switch is
+    process-wide: it applies to every thread while it is on (a debugging aid, not a per-call option).
 
     While on, every estimator call reads its inputs back (one device sync per call) and raises a
     ``ValueError`` naming the first non-finite value it *reads* — field, row (its ``[*B]`` index)
@@ -94,8 +95,9 @@ def first_non_finite(p: Problem):
                 j = torch.where(j < 0, T - 1, j)
                 read = read.scatter(-1, j.unsqueeze(-1), True)
             k = p.flag("terminated")
-            if k is not None:
-                read = read & ~k
+            if k is not None:  # a terminated step reads no value; a flag at a masked step is ignored
+                m_ = p.flag("mask")
+                read = read & ~(k if m_ is None else k & m_)
             hit = _first(read & ~torch.isfinite(bv))
             if hit is not None:
                 return "bootstrap_values", hit[0], hit[1], float(bv[hit[0], hit[1]])
@@ -179,7 +181,7 @@ class Fields:
     def add_float(self, name, x, required=True):
         if x is None:
             if required:
-                raise ValueError(f"{name} is required by this estimator")
+                raise ValueError(f"{name} is required by this call")
             self.fields[name] = None
             return
         check_tensor(name, x, FLOATS, _FLOAT_TEXT)

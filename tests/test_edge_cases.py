@@ -248,3 +248,49 @@ def test_record_refuses_a_step_that_is_not_an_index(t):
 def test_empty_names_num_envs(n):
     with pytest.raises(ValueError, match="num_envs must be a non-negative int"):
         Rollout.empty(n, 5)
+
+
+def test_bootstrap_of_a_row_with_no_unmasked_step_ignores_its_masked_flags():
+    """A row with no unmasked step passes V(s_T) through in its last column; a flag set at that
+    (masked) column must not stop Rollout.bootstrap from writing it."""
+    ro = Rollout.empty(1, 3, with_mask=True)
+    ro.rewards.zero_()
+    ro.values.zero_()
+    ro.mask[:] = False
+    ro.terminated[0, 2] = True
+    ro.bootstrap(torch.tensor([5.0]))
+    _, carry = ro.gae(0.9, 0.9, return_carry=True, backend="torch")
+    assert carry.tolist() == [5.0]
+
+
+def test_a_re_registered_estimator_is_validated_from_its_new_entry():
+    from rollbuf import estimators
+    from rollbuf.estimators import Estimator, Field
+    from rollbuf.problem import Family
+
+    def coefficients(f, params):
+        return f["rewards"], f["w"]
+
+    def entry(fields):
+        return Estimator("toy_rereg", Family.GENERIC, "backward", fields, (), ("y",), None,
+                         lambda f, p: None, coefficients=coefficients)
+
+    old = estimators.register(entry((Field("rewards"), Field("w"))))
+    try:
+        F.estimate("toy_rereg", rewards=torch.zeros(2, 3), w=torch.zeros(2, 3), backend="torch")
+        estimators.unregister("toy_rereg")
+        estimators.register(entry((Field("rewards"), Field("w"), Field("u"))))
+        assert old.field_names == ("rewards", "w")
+        with pytest.raises(ValueError, match="u is required"):
+            F.estimate("toy_rereg", rewards=torch.zeros(2, 3), w=torch.zeros(2, 3), backend="torch")
+        with pytest.raises(ValueError, match="w must have shape"):
+            F.estimate("toy_rereg", rewards=torch.zeros(2, 3), w=torch.zeros(3, 2), u=torch.zeros(2, 3),
+                       backend="torch")
+    finally:
+        estimators.unregister("toy_rereg")
+
+
+def test_return_carry_must_be_a_bool():
+    with pytest.raises(TypeError, match="return_carry must be a bool"):
+        F.gae(0.9, 0.8, rewards=torch.zeros(2, 3), values=torch.zeros(2, 3), bootstrap_values=torch.zeros(2),
+              return_carry=1)
