@@ -20,7 +20,7 @@ from rollbuf.estimators import Estimator
 from rollbuf.problem import Family, Problem
 
 __all__ = ["FLOATS", "FLAGS", "WINDOW_ENDS", "Fields", "check_tensor", "check_bool", "main_tensor", "prepare",
-           "finish", "chain_choice", "check_finite", "checking_finite", "first_non_finite"]
+           "finish", "chain_choice", "check_window_end_column", "check_finite", "checking_finite", "first_non_finite"]
 
 FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 FLAGS = (torch.bool, torch.uint8) + FLOATS
@@ -232,19 +232,8 @@ class Fields:
 
     def check_window_end_column(self):
         """A ``[*B]`` bootstrap column serves the window end only: no truncation before it."""
-        # One device sync, only for this combination; pass [*B, T] bootstrap values to avoid it.
-        if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise ValueError(
-                "bootstrap_values of shape [*B] (the window-end column only) with truncated is "
-                "validated by reading the flags back, a device sync that a CUDA graph capture "
-                "cannot hold; pass bootstrap_values of shape [*B, T] when capturing"
-            )
         f = self.fields
-        if bool(windows.interior_truncation(f.get("terminated"), f["truncated"], f.get("mask")).any()):
-            raise ValueError(
-                "bootstrap_values of shape [*B] holds the window-end column only, but truncated "
-                "has truncations before the window end; pass bootstrap_values of shape [*B, T]"
-            )
+        check_window_end_column(f.get("terminated"), f["truncated"], f.get("mask"), self.device)
 
     def dtypes(self, out_dtype):
         compute = torch.float64 if any(x.dtype == torch.float64 for x in self.floats) else torch.float32
@@ -257,6 +246,23 @@ class Fields:
                 raise TypeError(f"out_dtype must be a floating-point dtype, got {out_dtype}")
             out = out_dtype
         return compute, out
+
+
+def check_window_end_column(terminated, truncated, mask, device):
+    """A ``[*B]`` ``bootstrap_values`` holds the window-end column only: refuse truncations before
+    the window end. One device sync, only for this combination; pass ``[*B, T]`` bootstrap values to
+    avoid it (and inside a CUDA graph capture, where no sync can happen)."""
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        raise ValueError(
+            "bootstrap_values of shape [*B] (the window-end column only) with truncated is "
+            "validated by reading the flags back, a device sync that a CUDA graph capture "
+            "cannot hold; pass bootstrap_values of shape [*B, T] when capturing"
+        )
+    if bool(windows.interior_truncation(terminated, truncated, mask).any()):
+        raise ValueError(
+            "bootstrap_values of shape [*B] holds the window-end column only, but truncated "
+            "has truncations before the window end; pass bootstrap_values of shape [*B, T]"
+        )
 
 
 def main_tensor(name, x):
@@ -346,9 +352,7 @@ def _checked(p: Problem, data_only: bool) -> Problem:
     f = p.fields
     bv = f.get("bootstrap_values")
     if data_only and bv is not None and bv.dim() == 1 and f.get("truncated") is not None:
-        c = Fields((p.num_rows, p.num_steps), bv.device)
-        c.fields = {k: f.get(k) for k in ("terminated", "truncated", "mask")}
-        c.check_window_end_column()
+        check_window_end_column(f.get("terminated"), f["truncated"], f.get("mask"), bv.device)
     if _FINITE["on"]:
         hit = first_non_finite(p)
         if hit is not None:
