@@ -32,17 +32,19 @@ def _poison_and_chunk(request):
         yield
 
 
-@pytest.fixture(params=[(False, False, False), (False, True, False), (True, False, False), (True, True, False),
-                        (True, False, True), (True, True, True)],
+@pytest.fixture(params=[(False, False, False, True), (False, True, False, True), (True, False, False, True),
+                        (True, True, False, True), (True, False, True, True), (True, True, True, True),
+                        (False, False, False, False), (True, False, False, False)],
                 ids=["walk-gather", "walk-reload", "split-gather", "split-reload", "presolve-gather",
-                     "presolve-reload"])
+                     "presolve-reload", "walk-gather-unheld", "split-gather-unheld"])
 def split(request):
     """Rows walked in chunks by one program, or split across programs (one pass chained by the
     decoupled look-back, or three passes with the chunk carries resolved in between, two chunks per
     block of the middle pass so that it loops); the exclusive state from an in-register shift, or
-    from re-loading the neighbouring step."""
-    sp, sl, pre = request.param
-    with K.forced(split=sp, shift_load=sl, presolve=pre, resolve_block_r=2 if pre else None):
+    from re-loading the neighbouring step; the outputs from the fields held across the scan, or
+    (``unheld``) loaded again."""
+    sp, sl, pre, hold = request.param
+    with K.forced(split=sp, shift_load=sl, presolve=pre, resolve_block_r=2 if pre else None, hold=hold):
         yield request.param[:2]
 
 

@@ -15,8 +15,8 @@ lambda_adjoint_out = core.jit_boundary(C.lambda_adjoint_out)
 
 
 @triton.jit
-def _fields(fam, geo, o, ok, ACC: tl.constexpr):
-    """``(off, Ḡ, ḡ_A, k, tr, live)`` at the steps ``o``."""
+def _load(fam, geo, o, ok, end, ACC: tl.constexpr):
+    """``(Ḡ, ḡ_A, k, tr, live)`` at the steps ``o``."""
     fields = fam[0]
     p_g, p_ga, p_m = fields[0], fields[1], fields[5]
     off = core.offsets(geo, o)
@@ -26,22 +26,22 @@ def _fields(fam, geo, o, ok, ACC: tl.constexpr):
         ga = tl.zeros(off.shape, ACC)
     else:
         ga = core.load(p_ga, off, ok, live, p_m is not None, ACC)
-    return off, g + ga, ga, k, tr, live
+    return g + ga, ga, k, tr, live
 
 
 @triton.jit
-def _step(fam, geo, o, ok, end, ACC: tl.constexpr):
+def _step(fam, x, ACC: tl.constexpr):
     gamma, lam = fam[2]
-    off, g, ga, k, tr, live = _fields(fam, geo, o, ok, ACC)
+    g, ga, k, tr, live = x
     return core.identity_where(lambda_adjoint_step(g, k, tr, gamma, lam), live, False)
 
 
 @triton.jit
-def _emit(fam, geo, o, ok, z, end, ACC: tl.constexpr):
+def _emit(fam, geo, o, ok, x, z, ACC: tl.constexpr):
     gamma, lam = fam[2]
     p_gr, p_gv = fam[1]
     zu = z[0]
-    off, g, ga, k, tr, live = _fields(fam, geo, o, ok, ACC)
+    g, ga, k, tr, live = x
     d_r, d_v = lambda_adjoint_out(g, ga, lam, zu)
     o_out = core.out_offsets(geo, o)
     tl.store(p_gr + o_out, tl.where(live, d_r, 0.0).to(p_gr.dtype.element_ty), mask=ok)
@@ -58,9 +58,9 @@ def lambda_adjoint_kernel(
     R, T, s_n, s_t, s_on, s_ot,
     gamma: "fp64", lam: "fp64",
     CARRY_IN: tl.constexpr, ACC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
-    PASS: tl.constexpr, SHIFT_LOAD: tl.constexpr,
+    PASS: tl.constexpr, SHIFT_LOAD: tl.constexpr, HOLD: tl.constexpr,
 ):
     """Gradients of rewards and values through the TD(λ) family, forward in time."""
     scal = (tl.full((), gamma, ACC), tl.full((), lam, ACC))
-    core.drive((fields, (p_gr, p_gv), scal), R, T, 1, (s_n, s_t, s_on, s_ot), p_ci, p_co, p_ws, _step, _emit,
-               (False, False, False), False, CARRY_IN, ACC, BLOCK_N, BLOCK_T, PASS, SHIFT_LOAD)
+    core.drive((fields, (p_gr, p_gv), scal), R, T, 1, (s_n, s_t, s_on, s_ot), p_ci, p_co, p_ws, _load, _step,
+               _emit, (False, False, False), False, CARRY_IN, ACC, BLOCK_N, BLOCK_T, PASS, SHIFT_LOAD, HOLD)

@@ -90,6 +90,12 @@ def variants() -> list[dict]:
         for mode in _MODES:
             out.append(dict(name=f"{name}/{mode}/fp32-nomask", family=family, carry_in=ci, mode=mode,
                             absent=(*absent, "mask"), carry_out=True))
+    # the outputs from fields loaded again after the scan (HOLD off), every family
+    for name in fams:
+        family, ci, absent = fams[name]
+        for mode in ("tile", "lookback-gather"):
+            out.append(dict(name=f"{name}/{mode}/fp32-reload", family=family, carry_in=ci, absent=absent, mode=mode,
+                            hold=False))
     # bf16 inputs, no flags, no mask
     for name in ("gae", "vtrace", "lambda_adjoint"):
         family, ci, absent = fams[name]
@@ -136,10 +142,10 @@ def _signature(v: dict):
         ann = jit.fn.__annotations__.get(name)
         if name == "fields":
             sig[name] = tuple(ftypes)
-        elif name in ("CARRY_IN", "ACC", "BLOCK_N", "BLOCK_T", "PASS", "SHIFT_LOAD", "REVERSE"):
+        elif name in ("CARRY_IN", "ACC", "BLOCK_N", "BLOCK_T", "PASS", "SHIFT_LOAD", "HOLD", "REVERSE"):
             sig[name] = "constexpr"
             cx[(params.index(name),)] = dict(CARRY_IN=ci, ACC=float32, BLOCK_N=bn, BLOCK_T=bt, PASS=pass_,
-                                             SHIFT_LOAD=shift, REVERSE=backward)[name]
+                                             SHIFT_LOAD=shift, HOLD=v.get("hold", True), REVERSE=backward)[name]
         elif name in _OUTS[v["family"]]:
             if name in outs:
                 sig[name] = "*fp32"

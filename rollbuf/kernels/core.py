@@ -2,16 +2,23 @@
 decoupled look-back, and the driver that walks a row or takes one chunk of it.
 
 A family kernel (``gae.py``, ``vtrace.py``, ...) is a small entry that gathers its pointers into a
-tuple ``fam = (fields, outputs, scalars)`` and hands it to :func:`drive` with two device
+tuple ``fam = (fields, outputs, scalars)`` and hands it to :func:`drive` with three device
 functions of its own:
 
-* ``STEP(fam, geo, o, ok, end, ACC)``: the scan elements (affine maps) of the steps ``o`` (``ok``: inside
-  the row), built by the family's function in :mod:`rollbuf.boundary.coefficients`; the identity
-  at padded lanes and masked steps;
-* ``EMIT(fam, geo, o, ok, z, end, ACC)``: writes the outputs of the steps ``o`` from their own fields and
-  the *exclusive* state ``z`` (the state one step further along the scan: ``Z_{t+1}`` backward,
+* ``LOAD(fam, geo, o, ok, end, ACC)``: every per-step value the family reads at the steps ``o``
+  (``ok``: inside the row), as a tuple ``x``: each field loaded once, 0 at padded lanes and masked
+  steps (``end``: the state past the window, for a next-step value read past the last step);
+* ``STEP(fam, x, ACC)``: the scan elements (affine maps) of those steps, built by the family's
+  function in :mod:`rollbuf.boundary.coefficients`; the identity at padded lanes and masked steps;
+* ``EMIT(fam, geo, o, ok, x, z, ACC)``: writes the outputs of the steps ``o`` from their values ``x``
+  and the *exclusive* state ``z`` (the state one step further along the scan: ``Z_{t+1}`` backward,
   ``F_{t−1}`` forward), 0 at masked steps; returns the *inclusive* state at ``o`` (what the step
   hands on), which the driver stores as the row's carry out where asked.
+
+``EMIT`` gets the very ``x`` the scan was built from (held in registers across the scan: each field
+read from memory once) wherever the scan's lanes are the output's steps, i.e. unless the neighbour
+is re-loaded (``SHIFT_LOAD``); there, and where the strategy says not to hold (``HOLD`` off), ``LOAD``
+runs again at the output's steps.
 
 ``fields = (main, values, terminated, truncated, bootstrap_values, mask, *extras)``: the driver
 reads positions 2, 4 and 5 for the window end; ``None`` = absent (a compile-time constant: absent
@@ -334,10 +341,12 @@ def carry_in(fields, p_ci, rows, row_ok, first, T, geo, PAIR: tl.constexpr, CARR
         k_end = tl.zeros([BLOCK_N], tl.int1)
         if p_k is not None:
             k_end = (tl.load(p_k + nn * s_n + j_end * s_t, mask=row_ok, other=0) != 0) & live_end
+        # loaded alongside the flag, not under it (one memory round trip, not two in a row); a
+        # terminated window end's value (NaN, say) is dropped by the select
         if CARRY_IN == END_STEP:
-            b_end = tl.load(p_bv + nn * s_n + j_end * s_t, mask=row_ok & ~k_end, other=0).to(ACC)
+            b_end = tl.load(p_bv + nn * s_n + j_end * s_t, mask=row_ok, other=0).to(ACC)
         else:
-            b_end = tl.load(p_ci + nn, mask=row_ok & ~k_end, other=0).to(ACC)
+            b_end = tl.load(p_ci + nn, mask=row_ok, other=0).to(ACC)
         b_end = tl.where(k_end, 0.0, b_end)
         if PAIR:
             cv = b_end
@@ -350,10 +359,9 @@ def carry_in(fields, p_ci, rows, row_ok, first, T, geo, PAIR: tl.constexpr, CARR
 
 
 @triton.jit
-def _scan(fam, geo, o, ok, end, STEP: tl.constexpr, PAIR: tl.constexpr, REVERSE: tl.constexpr,
-          ACC: tl.constexpr):
-    """Inclusive scan over the chunk (axis 1) of the maps of the steps ``o``."""
-    e = STEP(fam, geo, o, ok, end, ACC)
+def _scan(fam, x, STEP: tl.constexpr, PAIR: tl.constexpr, REVERSE: tl.constexpr, ACC: tl.constexpr):
+    """Inclusive scan over the chunk (axis 1) of the maps of the steps whose values are ``x``."""
+    e = STEP(fam, x, ACC)
     if PAIR:
         return tl.associative_scan(e, 1, combine_pair_lanes, reverse=REVERSE)
     else:
@@ -361,13 +369,16 @@ def _scan(fam, geo, o, ok, end, STEP: tl.constexpr, PAIR: tl.constexpr, REVERSE:
 
 
 @triton.jit
-def _finish(fam, geo, e, cu, cv, end, start, rows, row_ok, p_co, EMIT: tl.constexpr, MODE: tl.constexpr,
-            REVERSE: tl.constexpr, ACC: tl.constexpr, BLOCK_T: tl.constexpr, SHIFT_LOAD: tl.constexpr):
-    """A chunk's scan ``e`` applied to the carry into it; the state ``EMIT`` reads at every lane (the
-    inclusive one if the family's scan is its output; else the exclusive one: the scan of the
-    neighbours' maps itself with ``SHIFT_LOAD``, or the inclusive one shifted by a lane in
-    registers); the outputs written; the row's carry out stored by the chunk that holds its edge
-    step. Returns the inclusive state (what the next chunk in scan order starts from)."""
+def _finish(fam, geo, e, x, cu, cv, end, start, rows, row_ok, p_co, LOAD: tl.constexpr, EMIT: tl.constexpr,
+            MODE: tl.constexpr, REVERSE: tl.constexpr, ACC: tl.constexpr, BLOCK_T: tl.constexpr,
+            SHIFT_LOAD: tl.constexpr, HOLD: tl.constexpr):
+    """A chunk's scan ``e`` (of the steps whose values are ``x``) applied to the carry into it; the
+    state ``EMIT`` reads at every lane (the inclusive one if the family's scan is its output; else
+    the exclusive one: the scan of the neighbours' maps itself with ``SHIFT_LOAD``, or the inclusive
+    one shifted by a lane in registers); the outputs written from ``x`` held (``HOLD``, when the
+    scan's lanes are the output's steps) or loaded again; the row's carry out stored by the chunk
+    that holds its edge step. Returns the inclusive state (what the next chunk in scan order starts
+    from)."""
     PAIR: tl.constexpr = MODE[0]
     CARRY2: tl.constexpr = MODE[1]
     INCLUSIVE: tl.constexpr = MODE[2]
@@ -385,7 +396,10 @@ def _finish(fam, geo, e, cu, cv, end, start, rows, row_ok, p_co, EMIT: tl.conste
             zv = _shift(iv, cv[:, None], lanes, REVERSE, BLOCK_T)
         else:
             zv = zu
-    ou, ov = EMIT(fam, geo, o, ok, (zu, zv), end, ACC)
+    if HOLD and (INCLUSIVE or not SHIFT_LOAD):
+        ou, ov = EMIT(fam, geo, o, ok, x, (zu, zv), ACC)
+    else:
+        ou, ov = EMIT(fam, geo, o, ok, LOAD(fam, geo, o, ok, end, ACC), (zu, zv), ACC)
     if p_co is not None:
         if not SHIFT_LOAD and not INCLUSIVE and PAIR == CARRY2:  # the scan is the carried state already
             ou = iu
@@ -429,9 +443,10 @@ def _program(R, T, p_ws, PAIR: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.
 
 
 @triton.jit
-def drive(fam, R, T, F, strides, p_ci, p_co, p_ws, STEP: tl.constexpr, EMIT: tl.constexpr,
+def drive(fam, R, T, F, strides, p_ci, p_co, p_ws, LOAD: tl.constexpr, STEP: tl.constexpr, EMIT: tl.constexpr,
           MODE: tl.constexpr, REVERSE: tl.constexpr, CARRY_IN: tl.constexpr, ACC: tl.constexpr,
-          BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, PASS: tl.constexpr, SHIFT_LOAD: tl.constexpr):
+          BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, PASS: tl.constexpr, SHIFT_LOAD: tl.constexpr,
+          HOLD: tl.constexpr):
     """One program of a family kernel: ``R`` rows (``R = N·F``) of ``T`` steps; ``strides =
     (s_n, s_t, s_on, s_ot)``: the fields' pair and the outputs' pair.
 
@@ -444,11 +459,13 @@ def drive(fam, R, T, F, strides, p_ci, p_co, p_ws, STEP: tl.constexpr, EMIT: tl.
 
     ``SHIFT_LOAD``: scan the neighbouring step's maps (``t + 1`` backward, ``t − 1`` forward; the
     scan *is* the exclusive state); otherwise scan the steps' own maps and shift by a lane.
+    ``HOLD``: the outputs are written from the values the scan was built from, held in registers
+    (where the scan's lanes are the output's steps); otherwise the fields are loaded again.
 
     ``MODE = (PAIR, CARRY2, INCLUSIVE)``, the family's: the scan's maps are pair maps (five
     components) or scalar ones; the carry in and out is a pair per row (V-trace's ``(u, V)``) or one
     value; ``EMIT`` reads the inclusive state (the family scans its output itself) or the exclusive
-    one. ``STEP`` and ``EMIT`` also get ``end``, the state past the window (``[BLOCK_N, 1]`` pair)."""
+    one. ``LOAD`` also gets ``end``, the state past the window (``[BLOCK_N, 1]`` pair)."""
     PAIR: tl.constexpr = MODE[0]
     CARRY2: tl.constexpr = MODE[1]
     INCLUSIVE: tl.constexpr = MODE[2]
@@ -479,9 +496,10 @@ def drive(fam, R, T, F, strides, p_ci, p_co, p_ws, STEP: tl.constexpr, EMIT: tl.
             else:
                 start = i * BLOCK_T
             o_s = start + lanes + D
-            e = _scan(fam, geo, o_s, row_ok[:, None] & (o_s >= 0) & (o_s < T), end, STEP, PAIR, REVERSE, ACC)
-            iu, iv = _finish(fam, geo, e, cu, cv, end, start, rows, row_ok, p_co, EMIT, MODE, REVERSE, ACC,
-                             BLOCK_T, SHIFT_LOAD)
+            x = LOAD(fam, geo, o_s, row_ok[:, None] & (o_s >= 0) & (o_s < T), end, ACC)
+            e = _scan(fam, x, STEP, PAIR, REVERSE, ACC)
+            iu, iv = _finish(fam, geo, e, x, cu, cv, end, start, rows, row_ok, p_co, LOAD, EMIT, MODE, REVERSE,
+                             ACC, BLOCK_T, SHIFT_LOAD, HOLD)
             if i + 1 < NUM_SEG:  # the state at the chunk's edge carries into the next chunk
                 cu = _edge(iu, lanes, EDGE)
                 if PAIR:
@@ -496,7 +514,8 @@ def drive(fam, R, T, F, strides, p_ci, p_co, p_ws, STEP: tl.constexpr, EMIT: tl.
         slot = tile * NUM_SEG + rank
         p_slot = p_ws + slot * (W * BLOCK_N)
         o_s = start + lanes + D
-        e = _scan(fam, geo, o_s, row_ok[:, None] & (o_s >= 0) & (o_s < T), end, STEP, PAIR, REVERSE, ACC)
+        x = LOAD(fam, geo, o_s, row_ok[:, None] & (o_s >= 0) & (o_s < T), end, ACC)
+        e = _scan(fam, x, STEP, PAIR, REVERSE, ACC)
         if PASS == OUTPUTS:  # the carry resolved by the earlier passes: the predecessor's inclusive state
             if rank > 0:
                 cu, cv = _load_state(p_ws + (slot - 1) * (W * BLOCK_N), o_b, BLOCK_N, PAIR)
@@ -512,5 +531,5 @@ def drive(fam, R, T, F, strides, p_ci, p_co, p_ws, STEP: tl.constexpr, EMIT: tl.
                 p_flag = (p_ws + tl.cdiv(R, BLOCK_N) * NUM_SEG * (W * BLOCK_N)).to(tl.pointer_type(tl.int32))
                 cu, cv = _look_back(p_ws, p_flag, tile, rank, NUM_SEG, g, cu, cv, BLOCK_N, PAIR, ACC)
         if PASS != AGGREGATES:
-            _finish(fam, geo, e, cu, cv, end, start, rows, row_ok, p_co, EMIT, MODE, REVERSE, ACC, BLOCK_T,
-                    SHIFT_LOAD)
+            _finish(fam, geo, e, x, cu, cv, end, start, rows, row_ok, p_co, LOAD, EMIT, MODE, REVERSE, ACC, BLOCK_T,
+                    SHIFT_LOAD, HOLD)

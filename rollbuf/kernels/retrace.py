@@ -14,8 +14,8 @@ lambda_out = core.jit_boundary(C.lambda_out)
 
 
 @triton.jit
-def _fields(fam, geo, o, ok, ACC: tl.constexpr):
-    """``(off, r, v, k, tr, boot, live, q, c)`` at the steps ``o``."""
+def _load(fam, geo, o, ok, end, ACC: tl.constexpr):
+    """``(r, v, k, tr, boot, live, q, c)`` at the steps ``o``."""
     fields, outs, scal = fam
     gamma, lam, c_bar = scal
     p_r, p_v, p_m, p_lp, p_tlp, p_q = fields[0], fields[1], fields[5], fields[6], fields[7], fields[8]
@@ -27,22 +27,22 @@ def _fields(fam, geo, o, ok, ACC: tl.constexpr):
     ratio = tl.exp(core.load(p_tlp, off, ok, live, HAS_M, ACC) - core.load(p_lp, off, ok, live, HAS_M, ACC))
     q = core.load(p_q, off, ok, live, HAS_M, ACC)
     # the clip propagates a NaN ratio (the GPU's min would drop it), as on every backend
-    return off, r, v, k, tr, boot, live, q, lam * tl.minimum(ratio, c_bar, propagate_nan=tl.PropagateNan.ALL)
+    return r, v, k, tr, boot, live, q, lam * tl.minimum(ratio, c_bar, propagate_nan=tl.PropagateNan.ALL)
 
 
 @triton.jit
-def _step(fam, geo, o, ok, end, ACC: tl.constexpr):
+def _step(fam, x, ACC: tl.constexpr):
     gamma = fam[2][0]
-    off, r, v, k, tr, boot, live, q, c = _fields(fam, geo, o, ok, ACC)
+    r, v, k, tr, boot, live, q, c = x
     return core.identity_where(retrace_step(r, v, k, tr, boot, q, c, gamma), live, False)
 
 
 @triton.jit
-def _emit(fam, geo, o, ok, z, end, ACC: tl.constexpr):
+def _emit(fam, geo, o, ok, x, z, ACC: tl.constexpr):
     gamma = fam[2][0]
     p_out = fam[1][0]
     zu = z[0]
-    off, r, v, k, tr, boot, live, q, c = _fields(fam, geo, o, ok, ACC)
+    r, v, k, tr, boot, live, q, c = x
     tl.store(p_out + core.out_offsets(geo, o), tl.where(live, lambda_out(r, k, tr, boot, gamma, zu), 0.0).to(p_out.dtype.element_ty),
              mask=ok)
     a, b = retrace_step(r, v, k, tr, boot, q, c, gamma)
@@ -57,9 +57,9 @@ def retrace_kernel(
     R, T, s_n, s_t, s_on, s_ot,
     gamma: "fp64", lam: "fp64", c_bar: "fp64",
     CARRY_IN: tl.constexpr, ACC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
-    PASS: tl.constexpr, SHIFT_LOAD: tl.constexpr,
+    PASS: tl.constexpr, SHIFT_LOAD: tl.constexpr, HOLD: tl.constexpr,
 ):
     """Retrace targets, backward in time (see :func:`rollbuf.kernels.core.drive`)."""
     scal = (tl.full((), gamma, ACC), tl.full((), lam, ACC), tl.full((), c_bar, ACC))
-    core.drive((fields, (p_q,), scal), R, T, 1, (s_n, s_t, s_on, s_ot), p_ci, p_co, p_ws, _step, _emit,
-               (False, False, False), True, CARRY_IN, ACC, BLOCK_N, BLOCK_T, PASS, SHIFT_LOAD)
+    core.drive((fields, (p_q,), scal), R, T, 1, (s_n, s_t, s_on, s_ot), p_ci, p_co, p_ws, _load, _step,
+               _emit, (False, False, False), True, CARRY_IN, ACC, BLOCK_N, BLOCK_T, PASS, SHIFT_LOAD, HOLD)

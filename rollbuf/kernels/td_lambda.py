@@ -24,56 +24,48 @@ lambda_out = core.jit_boundary(C.lambda_out)
 
 
 @triton.jit
-def _fields(fam, geo, o, ok, ACC: tl.constexpr):
+def _load(fam, geo, o, ok, end, ACC: tl.constexpr):
+    """``(r, v, k, tr, boot, live, v_next)`` at the steps ``o``; ``v_next`` (``V_{t+1}``, the window
+    end's past the last step) only without a mask (else ``v``, unused)."""
     fields = fam[0]
-    p_r, p_v, p_m = fields[0], fields[1], fields[5]
+    p_v, p_m = fields[1], fields[5]
     off = core.offsets(geo, o)
     k, tr, boot, live = core.boundary(fields, off, ok, ACC)
-    r = core.load(p_r, off, ok, live, p_m is not None, ACC)
+    r = core.load(fields[0], off, ok, live, p_m is not None, ACC)
     if p_v is None:  # Monte-Carlo returns
         v = tl.zeros(off.shape, ACC)
+        v_next = v
     else:
         v = core.load(p_v, off, ok, live, p_m is not None, ACC)
-    return off, r, v, k, tr, boot, live
+        if p_m is None:
+            v_next = core.next_value(p_v, geo, o, ok, end[0], ACC)
+        else:
+            v_next = v
+    return r, v, k, tr, boot, live, v_next
 
 
 @triton.jit
-def _step(fam, geo, o, ok, end, ACC: tl.constexpr):
+def _step(fam, x, ACC: tl.constexpr):
     gamma, lam = fam[2]
-    p_v, p_m = fam[0][1], fam[0][5]
-    if p_m is None:  # the maps of G: α = lambda_out(…, (1−λ)V_{t+1}), β = γλ·nd
-        off = core.offsets(geo, o)
-        k, tr, boot, live = core.boundary(fam[0], off, ok, ACC)
-        r = core.load(fam[0][0], off, ok, live, False, ACC)
-        zero = tl.zeros(off.shape, ACC)
-        if p_v is None:
-            v_next = zero
-        else:
-            v_next = core.next_value(p_v, geo, o, ok, end[0], ACC)
-        a, b = lambda_step(r, zero, k, tr, boot, gamma, lam)
+    r, v, k, tr, boot, live, v_next = x
+    a, b = lambda_step(r, v, k, tr, boot, gamma, lam)
+    if fam[0][5] is None:  # the maps of G: α = lambda_out(…, (1−λ)V_{t+1}), β = γλ·nd
         return core.identity_where((lambda_out(r, k, tr, boot, gamma, (1.0 - lam) * v_next), b), live, False)
     else:  # the maps of Z
-        off, r, v, k, tr, boot, live = _fields(fam, geo, o, ok, ACC)
-        return core.identity_where(lambda_step(r, v, k, tr, boot, gamma, lam), live, False)
+        return core.identity_where((a, b), live, False)
 
 
 @triton.jit
-def _emit(fam, geo, o, ok, z, end, ACC: tl.constexpr):
+def _emit(fam, geo, o, ok, x, z, ACC: tl.constexpr):
     """Outputs from ``z``: ``G_t`` itself without a mask, ``Z_{t+1}`` with one; returns ``Z_t``."""
     gamma, lam = fam[2]
     p_adv, p_ret = fam[1]
-    p_v, p_m = fam[0][1], fam[0][5]
+    r, v, k, tr, boot, live, v_next = x
     o_out = core.out_offsets(geo, o)
-    if p_m is None:
+    if fam[0][5] is None:
         g = z[0]
-        live = ok
-        if p_v is None:
-            v = tl.zeros(g.shape, ACC)
-        else:
-            v = tl.load(p_v + core.offsets(geo, o), mask=ok, other=0).to(ACC)
         z_t = (1.0 - lam) * v + lam * g  # the state Z_t, for the row's carry out
     else:
-        off, r, v, k, tr, boot, live = _fields(fam, geo, o, ok, ACC)
         g = lambda_out(r, k, tr, boot, gamma, z[0])
         a, b = lambda_step(r, v, k, tr, boot, gamma, lam)
         z_t = tl.where(live, a + b * z[0], z[0])
@@ -92,9 +84,9 @@ def gae_kernel(
     R, T, s_n, s_t, s_on, s_ot,
     gamma: "fp64", lam: "fp64",
     CARRY_IN: tl.constexpr, ACC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
-    PASS: tl.constexpr, SHIFT_LOAD: tl.constexpr,
+    PASS: tl.constexpr, SHIFT_LOAD: tl.constexpr, HOLD: tl.constexpr,
 ):
     """TD(λ) returns and GAE advantages, backward in time (see :func:`rollbuf.kernels.core.drive`)."""
     scal = (tl.full((), gamma, ACC), tl.full((), lam, ACC))  # float64 in, rounded once to ACC
-    core.drive((fields, (p_adv, p_ret), scal), R, T, 1, (s_n, s_t, s_on, s_ot), p_ci, p_co, p_ws, _step, _emit,
-               (False, False, fields[5] is None), True, CARRY_IN, ACC, BLOCK_N, BLOCK_T, PASS, SHIFT_LOAD)
+    core.drive((fields, (p_adv, p_ret), scal), R, T, 1, (s_n, s_t, s_on, s_ot), p_ci, p_co, p_ws, _load, _step,
+               _emit, (False, False, fields[5] is None), True, CARRY_IN, ACC, BLOCK_N, BLOCK_T, PASS, SHIFT_LOAD, HOLD)

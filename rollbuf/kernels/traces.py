@@ -18,29 +18,29 @@ trace_out = core.jit_boundary(C.trace_out)
 
 
 @triton.jit
-def _fields(fam, geo, o, ok, ACC: tl.constexpr):
+def _load(fam, geo, o, ok, end, ACC: tl.constexpr):
+    """``(x, k, tr, live)`` at the steps ``o``."""
     fields = fam[0]
     f, F = geo[1], geo[2]
     off = core.offsets(geo, o)
     k, tr, boot, live = core.boundary(fields, off, ok, ACC)
-    off_x = off * F + f
-    x = core.load(fields[0], off_x, ok, live, fields[5] is not None, ACC)
-    return off_x, x, k, tr, live
+    x = core.load(fields[0], off * F + f, ok, live, fields[5] is not None, ACC)
+    return x, k, tr, live
 
 
 @triton.jit
-def _step(fam, geo, o, ok, end, ACC: tl.constexpr):
+def _step(fam, v, ACC: tl.constexpr):
     decay = fam[2][0]
-    off_x, x, k, tr, live = _fields(fam, geo, o, ok, ACC)
+    x, k, tr, live = v
     return core.identity_where(trace_step(x, k, tr, decay), live, False)
 
 
 @triton.jit
-def _emit(fam, geo, o, ok, z, end, ACC: tl.constexpr):
+def _emit(fam, geo, o, ok, v, z, ACC: tl.constexpr):
     decay = fam[2][0]
     p_out = fam[1][0]
     zu = z[0]
-    off_x, x, k, tr, live = _fields(fam, geo, o, ok, ACC)
+    x, k, tr, live = v
     f, F = geo[1], geo[2]
     tl.store(p_out + core.out_offsets(geo, o) * F + f, tl.where(live, trace_out(x, decay, zu), 0.0).to(p_out.dtype.element_ty), mask=ok)
     a, b = trace_step(x, k, tr, decay)
@@ -54,8 +54,8 @@ def trace_kernel(
     R, T, F, s_n, s_t, s_on, s_ot,
     decay: "fp64",
     CARRY_IN: tl.constexpr, ACC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
-    PASS: tl.constexpr, SHIFT_LOAD: tl.constexpr,
+    PASS: tl.constexpr, SHIFT_LOAD: tl.constexpr, HOLD: tl.constexpr,
 ):
     """Eligibility traces and episodic sums, forward in time, ``R = N·F`` rows."""
-    core.drive((fields, (p_out,), (tl.full((), decay, ACC),)), R, T, F, (s_n, s_t, s_on, s_ot), p_ci, p_co, p_ws, _step,
-               _emit, (False, False, False), False, CARRY_IN, ACC, BLOCK_N, BLOCK_T, PASS, SHIFT_LOAD)
+    core.drive((fields, (p_out,), (tl.full((), decay, ACC),)), R, T, F, (s_n, s_t, s_on, s_ot), p_ci, p_co, p_ws, _load,
+               _step, _emit, (False, False, False), False, CARRY_IN, ACC, BLOCK_N, BLOCK_T, PASS, SHIFT_LOAD, HOLD)

@@ -20,8 +20,9 @@ vtrace_out = core.jit_boundary(C.vtrace_out)
 
 
 @triton.jit
-def _fields(fam, geo, o, ok, ACC: tl.constexpr):
-    """``(off, r, v, k, tr, boot, live, ρ, c, ρ_pg)`` at the steps ``o``."""
+def _load(fam, geo, o, ok, end, ACC: tl.constexpr):
+    """``(r, v, k, tr, boot, live, ρ, c, ρ_pg, v_next)`` at the steps ``o``; ``v_next`` (``V_{t+1}``,
+    the window end's past the last step) only without a mask (else ``v``, unused)."""
     fields = fam[0]
     gamma, lam, rho_bar, c_bar, pg_rho_bar = fam[2]
     p_r, p_v, p_m, p_lp, p_tlp = fields[0], fields[1], fields[5], fields[6], fields[7]
@@ -31,34 +32,37 @@ def _fields(fam, geo, o, ok, ACC: tl.constexpr):
     r = core.load(p_r, off, ok, live, HAS_M, ACC)
     v = core.load(p_v, off, ok, live, HAS_M, ACC)
     ratio = tl.exp(core.load(p_tlp, off, ok, live, HAS_M, ACC) - core.load(p_lp, off, ok, live, HAS_M, ACC))
+    if HAS_M:
+        v_next = v
+    else:
+        v_next = core.next_value(p_v, geo, o, ok, end[1], ACC)
     # the clips propagate a NaN ratio (the GPU's min would drop it), as on every backend
-    return (off, r, v, k, tr, boot, live, tl.minimum(ratio, rho_bar, propagate_nan=tl.PropagateNan.ALL),
+    return (r, v, k, tr, boot, live, tl.minimum(ratio, rho_bar, propagate_nan=tl.PropagateNan.ALL),
             lam * tl.minimum(ratio, c_bar, propagate_nan=tl.PropagateNan.ALL),
-            tl.minimum(ratio, pg_rho_bar, propagate_nan=tl.PropagateNan.ALL))
+            tl.minimum(ratio, pg_rho_bar, propagate_nan=tl.PropagateNan.ALL), v_next)
 
 
 @triton.jit
-def _step(fam, geo, o, ok, end, ACC: tl.constexpr):
+def _step(fam, x, ACC: tl.constexpr):
     gamma = fam[2][0]
-    off, r, v, k, tr, boot, live, rho, c, rho_pg = _fields(fam, geo, o, ok, ACC)
+    r, v, k, tr, boot, live, rho, c, rho_pg, v_next = x
     p, q, s, a, w = vtrace_step(r, v, k, tr, boot, rho, c, gamma)
     if fam[0][5] is None:  # the scalar maps of u
-        v_next = core.next_value(fam[0][1], geo, o, ok, end[1], ACC)
         return core.identity_where((a + q * v_next, p), live, False)
     else:
         return core.identity_where((p, q, s, a, w), live, True)
 
 
 @triton.jit
-def _emit(fam, geo, o, ok, z, end, ACC: tl.constexpr):
+def _emit(fam, geo, o, ok, x, z, ACC: tl.constexpr):
     """Outputs from the exclusive state (``u_{t+1}``, and ``V_{t+1}`` with a mask); returns the
     inclusive pair ``(u_t, V_t)``."""
     gamma = fam[2][0]
     p_vs, p_pg = fam[1]
     zu, zv = z
-    off, r, v, k, tr, boot, live, rho, c, rho_pg = _fields(fam, geo, o, ok, ACC)
+    r, v, k, tr, boot, live, rho, c, rho_pg, v_next = x
     if fam[0][5] is None:
-        zv = core.next_value(fam[0][1], geo, o, ok, end[1], ACC)
+        zv = v_next
     vs, pg = vtrace_out(r, v, k, tr, boot, rho, c, rho_pg, gamma, zu, zv)
     o_out = core.out_offsets(geo, o)
     tl.store(p_vs + o_out, tl.where(live, vs, 0.0).to(p_vs.dtype.element_ty), mask=ok)
@@ -75,10 +79,11 @@ def vtrace_kernel(
     R, T, s_n, s_t, s_on, s_ot,
     gamma: "fp64", lam: "fp64", rho_bar: "fp64", c_bar: "fp64", pg_rho_bar: "fp64",
     CARRY_IN: tl.constexpr, ACC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
-    PASS: tl.constexpr, SHIFT_LOAD: tl.constexpr,
+    PASS: tl.constexpr, SHIFT_LOAD: tl.constexpr, HOLD: tl.constexpr,
 ):
     """V-trace targets and policy-gradient advantages, backward in time."""
     scal = (tl.full((), gamma, ACC), tl.full((), lam, ACC), tl.full((), rho_bar, ACC), tl.full((), c_bar, ACC),
             tl.full((), pg_rho_bar, ACC))
-    core.drive((fields, (p_vs, p_pg), scal), R, T, 1, (s_n, s_t, s_on, s_ot), p_ci, p_co, p_ws, _step, _emit,
-               (fields[5] is not None, True, False), True, CARRY_IN, ACC, BLOCK_N, BLOCK_T, PASS, SHIFT_LOAD)
+    core.drive((fields, (p_vs, p_pg), scal), R, T, 1, (s_n, s_t, s_on, s_ot), p_ci, p_co, p_ws, _load, _step,
+               _emit, (fields[5] is not None, True, False), True, CARRY_IN, ACC, BLOCK_N, BLOCK_T, PASS, SHIFT_LOAD,
+               HOLD)
