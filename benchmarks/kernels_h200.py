@@ -12,7 +12,8 @@ call), for rollbuf writing both outputs and advantages only (``functional`` call
 ``kernels.plan``), the naive kernel writing the same outputs (best of a small sweep of its rows per
 program and warps), rl-triton's ``compute_gae`` (advantages). ``sweep``: rollbuf's strategy forced
 to a few alternatives at the same shapes (device time). ``vtrace``: V-trace against rl-triton.
-``--impl old``: only rollbuf's public calls (run with an older tree on ``PYTHONPATH``).
+``ab``: this round's kernel choices against their alternatives (device time). ``--impl old``: only
+rollbuf's public calls (run with an older tree on ``PYTHONPATH``).
 
 All inputs as in the issue's table: fp32 rewards and values, bool terminated at 2%, the ``[N]``
 window-end values (rl-triton takes its flags as float32 and the window end as ``last_value``).
@@ -147,6 +148,17 @@ def rb_plan_call(f, outputs, bound=True):
         plan = K.plan(p)
         return plan
     return lambda: K.run(p)
+
+
+def rb_rollout(f):
+    """A ``Rollout`` of the inputs (the window-end values in its per-step ``bootstrap_values`` at the
+    last step, as ``Rollout.bootstrap`` writes them), for its methods' bound calls."""
+    from rollbuf import Rollout
+
+    bv = torch.full_like(f["values"], float("nan"))
+    bv[:, -1] = f["last"]
+    return Rollout(rewards=f["rewards"], values=f["values"], terminated=f["terminated"], bootstrap_values=bv,
+                   batch_size=list(f["rewards"].shape))
 
 
 def rb_vtrace(f):
@@ -401,6 +413,12 @@ def time_gae(impl, bw, quick=False):
                 rb_plan_call(ss[0], ("advantages",)), adv_only)
             record(**base, competitor="rollbuf run (adv)", clock="call",
                    us=call_time(rb_plan_call(ss[0], ("advantages",), bound=False)) * 1e6)
+            ros = [rb_rollout(f) for f in ss]
+            rec("Rollout.gae (adv+ret)", [lambda ro=ro: ro.gae(0.99, 0.95) for ro in ros],
+                lambda: ros[0].gae(0.99, 0.95), both)
+            rec("Rollout.advantages (adv)", [lambda ro=ro: ro.advantages(0.99, 0.95) for ro in ros],
+                lambda: ros[0].advantages(0.99, 0.95), adv_only)
+            del ros
             if T <= 16384 and naive is not None:
                 for write_ret, nbytes in ((True, both), (False, adv_only)):
                     best = None
@@ -471,6 +489,36 @@ def sweep():
         torch.cuda.empty_cache()
 
 
+def ab():
+    """A/B of this round's kernel choices, device time: the outputs from the fields held across the
+    scan (shipped) or loaded again after it; rows of 4096 steps in one 4096-step chunk (8 or 16
+    warps) against the strategy's; V-trace held and not."""
+    import rollbuf.kernels as K
+
+    for N, T in GAE_SHAPES:
+        ss = sets(N, T, N * T * 17)
+        variants = [("held", {}), ("unheld", dict(hold=False))]
+        if T == 4096:
+            variants += [(f"held chunk4096 w{w}", dict(max_chunk=4096, num_warps=w)) for w in (8, 16)]
+        for label, force in variants:
+            with K.forced(**force):
+                dev = graph_time([rb_plan_call(f, ("advantages", "returns")) for f in ss])
+                regs = _regs(rb_problem(ss[0], ("advantages", "returns")))
+            record(part="ab", estimator="gae", n=N, t=T, competitor=f"rollbuf {label}", clock="device", us=dev * 1e6,
+                   note=regs)
+        del ss
+        torch.cuda.empty_cache()
+    for N, T in VTRACE_SHAPES:
+        ss = sets(N, T, N * T * 25)
+        for label, force in (("held", {}), ("unheld", dict(hold=False))):
+            with K.forced(**force):
+                dev = graph_time([rb_vtrace(f) for f in ss])
+            record(part="ab", estimator="vtrace", n=N, t=T, competitor=f"rollbuf {label}", clock="device",
+                   us=dev * 1e6)
+        del ss
+        torch.cuda.empty_cache()
+
+
 def time_vtrace(impl, quick=False):
     mod = rlt() if impl == "new" and not quick else None
     for N, T in VTRACE_SHAPES:
@@ -495,9 +543,12 @@ def host(impl):
     f = inputs(4096, 128, 0)
     fns = {"F.gae": rb_gae(f)}
     if impl == "new":
+        ro = rb_rollout(f)
         fns.update({"kernels.run (adv+ret)": rb_plan_call(f, ("advantages", "returns"), bound=False),
                     "plan() (adv+ret)": rb_plan_call(f, ("advantages", "returns")),
-                    "plan() (adv)": rb_plan_call(f, ("advantages",))})
+                    "plan() (adv)": rb_plan_call(f, ("advantages",)),
+                    "Rollout.gae (adv+ret)": lambda: ro.gae(0.99, 0.95),
+                    "Rollout.advantages (adv)": lambda: ro.advantages(0.99, 0.95)})
     for name, fn in fns.items():
         for _ in range(50):
             fn()
@@ -508,13 +559,17 @@ def host(impl):
         t1 = time.perf_counter()
         torch.cuda.synchronize()
         record(part="host", estimator="gae", n=4096, t=128, competitor=name, clock="host", us=(t1 - t0) / 2000 * 1e6)
-    pr = cProfile.Profile()
-    pr.enable()
-    for _ in range(300):
-        fns["F.gae"]()
-    pr.disable()
-    torch.cuda.synchronize()
-    pstats.Stats(pr, stream=sys.stdout).sort_stats("tottime").print_stats(18)
+    for name in ("F.gae", "Rollout.advantages (adv)"):
+        if name not in fns:
+            continue
+        pr = cProfile.Profile()
+        pr.enable()
+        for _ in range(300):
+            fns[name]()
+        pr.disable()
+        torch.cuda.synchronize()
+        log(f"--- profile of {name} (300 calls)")
+        pstats.Stats(pr, stream=sys.stdout).sort_stats("tottime").print_stats(14)
 
 
 def main():
@@ -544,6 +599,8 @@ def main():
             time_vtrace(args.impl, args.quick)
         if "sweep" in parts and args.impl == "new":
             sweep()
+        if "ab" in parts and args.impl == "new":
+            ab()
     finally:
         path = os.path.join(args.out, f"kernels_{args.impl}.csv")
         keys = ["part", "estimator", "n", "t", "competitor", "clock", "us", "pct_copy", "note"]
@@ -557,7 +614,7 @@ def main():
     log("\n=== GAE (device µs | call µs) ===")
     table = {}
     for r in ROWS:
-        if r["part"] in ("time", "vtrace") and r["us"] is not None:
+        if r["part"] in ("time", "vtrace", "ab") and r["us"] is not None:
             table.setdefault((r["estimator"], r["n"], r["t"], r["competitor"]), {})[r["clock"]] = r["us"]
     for (e, n, t, c), v in table.items():
         log(f"{e:7s} {n:>6}x{t:<8} {c:34s} {v.get('device', math.nan):9.2f} | {v.get('call', math.nan):9.2f}")

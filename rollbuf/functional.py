@@ -45,6 +45,8 @@ __all__ = [
     "episodic_sums",
     "affine_scan",
     "estimate",
+    "bind",
+    "Bound",
 ]
 
 BACKENDS = backends.BACKENDS
@@ -60,6 +62,15 @@ def estimate(name, *, backend="auto", carry=None, return_carry=False, out_dtype=
     ``initial=`` where backward ones take ``carry=``. ``run`` is the backend seam
     (:func:`rollbuf.backends.run` by default; :mod:`rollbuf.distributed` passes its carry exchange).
     """
+    p, be = _problem(name, backend=backend, carry=carry, return_carry=return_carry, out_dtype=out_dtype,
+                     window_end=window_end, **kwargs)
+    outs, cout = (run or backends.run)(p, be)
+    return result(p, outs, cout)
+
+
+def _problem(name, *, backend="auto", carry=None, return_carry=False, out_dtype=None, window_end="bootstrap",
+             **kwargs):
+    """The validated :class:`Problem` of one :func:`estimate` call and its concrete backend."""
     est = estimators.get(name)
     fields = {f.name: kwargs.pop(f.name, None) for f in est.fields}
     if est.direction == "forward" and "initial" in kwargs:
@@ -75,9 +86,7 @@ def estimate(name, *, backend="auto", carry=None, return_carry=False, out_dtype=
         raise TypeError(f"{est.function_name}() returns its carry as `final`; it takes no return_carry")
     p = validation.prepare(est, fields, params, carry=carry, return_carry=return_carry,
                            out_dtype=out_dtype, window_end=window_end)
-    be = backends.resolve(backend, p.main.device)
-    outs, cout = (run or backends.run)(p, be)
-    return result(p, outs, cout)
+    return p, backends.resolve(backend, p.main.device)
 
 
 def call(function: str, arguments: dict, run=None):
@@ -85,6 +94,56 @@ def call(function: str, arguments: dict, run=None):
     with its arguments by name (as ``inspect.signature(...).bind`` gives them), through the backend
     seam ``run``: the wrappers below are this call; :mod:`rollbuf.distributed` calls it with its
     carry exchange as ``run``."""
+    name, kw = _arguments(function, arguments)
+    return estimate(name, run=run, **kw)
+
+
+class Bound:
+    """One estimator call bound to its tensors (:func:`bind`): ``bound()`` returns what the call
+    returns, computed from the tensors' current contents (written in place between calls), without
+    validating, dispatching or building a launch again. On the ``triton`` backend it launches the
+    kernel's pre-bound plan (:func:`rollbuf.kernels.plan`).
+
+    Valid while those tensors are the call's: a caller that owns them (:class:`rollbuf.Rollout`)
+    drops it when one is replaced. Each call still runs the data checks (:class:`rollbuf.check_finite`,
+    when on) and takes the autograd or ``torch.compile`` path when an input requires grad or the call
+    is being compiled."""
+
+    __slots__ = ("problem", "backend", "_run", "_column", "_plain")
+
+    def __init__(self, p: Problem, backend: str):
+        self.problem, self.backend = p, backend
+        self._run = backends.bind(p, backend)
+        bv = p.fields.get("bootstrap_values")
+        # a [*B] window-end column with truncations is checked against them on every call
+        self._column = bv is not None and bv.dim() == 1 and p.fields.get("truncated") is not None
+        # the outputs need no reshape, no cast and no carry: the result is built from them directly
+        self._plain = (len(p.batch_shape) == 1 and not p.want_carry and p.out_dtype == p.compute_dtype
+                       and "final" not in p.outputs)
+
+    def __call__(self):
+        p = self.problem
+        if self._column or validation.checking_finite():
+            validation.recheck(p)
+        if torch.compiler.is_compiling() or backends.autograd.needs_grad(p):
+            outs, cout = backends.run(p, self.backend)
+        else:
+            outs, cout = self._run()
+            if self._plain and outs[0].dtype == p.out_dtype:
+                est = p.estimator
+                return est.result(*outs) if est.result is not None else outs[0]
+        return result(p, outs, cout)
+
+
+def bind(function: str, arguments: dict) -> Bound:
+    """The call ``function(**arguments)`` (a public estimator function, as :func:`call` takes it),
+    validated once and bound to its tensors: see :class:`Bound`."""
+    name, kw = _arguments(function, arguments)
+    return Bound(*_problem(name, **kw))
+
+
+def _arguments(function: str, arguments: dict):
+    """The registry estimator and :func:`estimate`'s keyword arguments of a public function's call."""
     kw = dict(arguments)
     if function == "discounted_returns":
         bootstrap = validation.check_bool("bootstrap", kw.pop("bootstrap", True))
@@ -102,7 +161,7 @@ def call(function: str, arguments: dict, run=None):
         name = function
     if "initial" in kw:
         kw["carry"] = kw.pop("initial")
-    return estimate(name, run=run, **kw)
+    return name, kw
 
 
 def result(p: Problem, outs, carry):

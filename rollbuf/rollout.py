@@ -27,6 +27,23 @@ def _sizes(name, v) -> tuple[int, ...]:
 
 
 _STEP_FIELDS = ("rewards", "values", "terminated", "truncated", "log_probs", "bootstrap_values", "mask")
+_OWN = ("rewards", "values", "terminated", "truncated", "bootstrap_values", "mask")  # what _fields() passes
+_PLAIN = (int, float, bool, str, type(None), torch.dtype)  # arguments a bound call may be keyed on
+
+
+class _BoundCalls(dict):
+    """A rollout's bound estimator calls by their arguments: ``(field tensors, Bound)``. Bound to
+    this rollout's tensors, so a copy of the rollout starts without any (they are rebuilt on its
+    first call)."""
+
+    def __copy__(self):
+        return _BoundCalls()
+
+    def __deepcopy__(self, memo):
+        return _BoundCalls()
+
+    def __reduce__(self):
+        return _BoundCalls, ()
 
 
 _ROLLOUT_DOC = """A window of ``[*B, T]`` steps (``B`` = envs, or envs × agents; time is the last dim).
@@ -150,29 +167,66 @@ class Rollout:
         return self
 
     # -- estimators -----------------------------------------------------------------------------
+    # A call that reads only the rollout's own fields, with plain arguments (numbers, strings,
+    # dtypes), is bound once (:func:`rollbuf.functional.bind`: validated, its kernel launch built)
+    # and kept on the rollout under its arguments; the next call with the same arguments runs it
+    # again as long as every field is the very tensor it was bound to (``record`` and ``bootstrap``
+    # write in place, so it holds through a training loop; assigning a field drops it).
 
     def _fields(self):
         return dict(rewards=self.rewards, values=self.values, terminated=self.terminated,
                     truncated=self.truncated, bootstrap_values=self.bootstrap_values, mask=self.mask)
 
+    def _estimate(self, function, args: dict, fields: dict | None = None):
+        """``functional.<function>(**args, **fields)`` (``fields``: the rollout's own by default),
+        through the rollout's bound calls where it can be bound.
+
+        The fields are compared with those a bound call holds as the backing TensorDict's entries
+        (a tensorclass attribute costs microseconds; an absent field is no entry there): a rollout
+        whose storage is laid out otherwise (a lazy stack) finds no entries and is never bound."""
+        if torch.compiler.is_compiling():
+            return getattr(F, function)(**args, **(fields or self._fields()))
+        try:
+            key = (function, *args.items(), *map(type, args.values()))
+            entries = self._tensordict._tensordict
+            bound = self.__dict__.get("_bound")
+            hit = None if bound is None else bound.get(key)
+        except (TypeError, AttributeError):  # an unhashable argument, another storage
+            return getattr(F, function)(**args, **(fields or self._fields()))
+        tensors = tuple(map(entries.get, _OWN))
+        if hit is not None and all(map(operator.is_, hit[0], tensors)):
+            return hit[1]()
+        own = self._fields()
+        if hit is not None:
+            del bound[key]  # it holds replaced tensors
+        if not all(type(v) in _PLAIN for v in args.values()) or any(
+                own[n] is not t for n, t in zip(_OWN, tensors)):
+            return getattr(F, function)(**args, **(fields or own))
+        b = F.bind(function, dict(args, **(fields or own)))
+        if bound is None:
+            bound = _BoundCalls()
+            object.__setattr__(self, "_bound", bound)  # an instance attribute, not a field
+        bound[key] = (tensors, b)
+        return b()
+
     def gae(self, gamma, lam, **kw):
         """GAE advantages and returns: :func:`rollbuf.functional.gae`."""
-        return F.gae(gamma, lam, **self._fields(), **kw)
+        return self._estimate("gae", dict(kw, gamma=gamma, lam=lam))
 
     def advantages(self, gamma, lam, **kw):
         """The default advantage estimator (GAE): :func:`rollbuf.functional.advantages`."""
-        return F.advantages(gamma, lam, **self._fields(), **kw)
+        return self._estimate("advantages", dict(kw, gamma=gamma, lam=lam))
 
     def lambda_returns(self, gamma, lam, **kw):
         """TD(λ) returns: :func:`rollbuf.functional.lambda_returns`."""
-        return F.lambda_returns(gamma, lam, **self._fields(), **kw)
+        return self._estimate("lambda_returns", dict(kw, gamma=gamma, lam=lam))
 
     def discounted_returns(self, gamma, bootstrap=True, **kw):
         """Discounted returns: :func:`rollbuf.functional.discounted_returns`."""
         f = self._fields()
         if not bootstrap:
             f["bootstrap_values"] = None
-        return F.discounted_returns(gamma, bootstrap=bootstrap, **f, **kw)
+        return self._estimate("discounted_returns", dict(kw, gamma=gamma, bootstrap=bootstrap), f)
 
     def vtrace(self, target_log_probs, gamma, rho_bar=1.0, c_bar=1.0, pg_rho_bar=None, lam=1.0, **kw):
         """V-trace: :func:`rollbuf.functional.vtrace` (``log_probs`` is the behaviour policy)."""

@@ -20,7 +20,8 @@ from rollbuf.estimators import Estimator
 from rollbuf.problem import Family, Problem
 
 __all__ = ["FLOATS", "FLAGS", "WINDOW_ENDS", "Fields", "check_tensor", "check_bool", "main_tensor", "prepare",
-           "finish", "chain_choice", "check_window_end_column", "check_finite", "checking_finite", "first_non_finite"]
+           "finish", "recheck", "chain_choice", "check_window_end_column", "check_finite", "checking_finite",
+           "first_non_finite"]
 
 FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 FLAGS = (torch.bool, torch.uint8) + FLOATS
@@ -342,6 +343,13 @@ def _bind(template: Problem, est: Estimator, fields: Mapping, carry) -> Problem:
     if carry is not None:
         carry = carry if carry.shape == template.carry else carry.reshape(template.carry)
     return template._replace(fields=flat, carry=carry)
+
+
+def recheck(p: Problem) -> Problem:
+    """The checks of a validated problem that read its data, for a caller that runs it again on new
+    contents (:class:`rollbuf.functional.Bound`): a ``[*B]`` bootstrap column against the
+    truncations and, when on, :func:`check_finite`."""
+    return _checked(p, data_only=True)
 
 
 def _checked(p: Problem, data_only: bool) -> Problem:

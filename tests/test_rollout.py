@@ -304,3 +304,112 @@ def test_truncated_is_optional_for_rows_that_never_truncate():
     ref = F.gae(0.9, 0.8, rewards=r, values=v, terminated=k, mask=m, window_end="terminal", backend="reference")
     torch.testing.assert_close(adv, ref.advantages.float())
     torch.testing.assert_close(ret, ref.returns.float())
+
+
+# ---- bound calls: a rollout's repeated estimator calls reuse one validated, pre-built call ----------
+
+
+def _bound_rollout(n=5, t=23, seed=0, backend_device="cpu"):
+    f = make_rollout(n, t, seed=seed, p_terminated=0.1, p_truncated=0.1, p_masked=0.3, device=backend_device)
+    return _from_fields(f)
+
+
+def _same_results(a, b):
+    for x, y in zip(a if isinstance(a, tuple) else (a,), b if isinstance(b, tuple) else (b,)):
+        torch.testing.assert_close(x, y, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("backend", ["torch", "numba", "reference"])
+@pytest.mark.parametrize("call", ["gae", "advantages", "lambda_returns", "discounted_returns", "monte_carlo"])
+def test_bound_call_follows_in_place_writes_and_replaced_fields(call, backend):
+    """The second call reads what ``record`` wrote in place since the first; a replaced field, other
+    arguments and another rollout each get their own call; every result equals the functional one."""
+    fn = {"gae": lambda ro, g: ro.gae(g, 0.8, backend=backend),
+          "advantages": lambda ro, g: ro.advantages(g, 0.8, backend=backend),
+          "lambda_returns": lambda ro, g: ro.lambda_returns(g, 0.8, backend=backend),
+          "discounted_returns": lambda ro, g: ro.discounted_returns(g, backend=backend),
+          "monte_carlo": lambda ro, g: ro.discounted_returns(g, bootstrap=False, backend=backend)}[call]
+
+    def functional(ro, g):
+        f = ro._fields()
+        if call == "monte_carlo":
+            f["bootstrap_values"] = None
+            return F.discounted_returns(g, bootstrap=False, **f, backend=backend)
+        name = "discounted_returns" if call == "discounted_returns" else call
+        args = (g,) if call == "discounted_returns" else (g, 0.8)
+        return getattr(F, name)(*args, **f, backend=backend)
+
+    ro = _bound_rollout()
+    _same_results(fn(ro, 0.9), functional(ro, 0.9))
+    assert len(ro.__dict__["_bound"]) == 1
+    ro.record(3, rewards=torch.full((5,), 7.0), values=torch.full((5,), -2.0))  # in place
+    _same_results(fn(ro, 0.9), functional(ro, 0.9))
+    _same_results(fn(ro, 0.5), functional(ro, 0.5))  # other arguments: another bound call
+    assert len(ro.__dict__["_bound"]) == 2
+    ro.rewards = ro.rewards * 3  # a replaced field
+    _same_results(fn(ro, 0.9), functional(ro, 0.9))
+    other = _bound_rollout(seed=1)
+    _same_results(fn(other, 0.9), functional(other, 0.9))
+    _same_results(fn(ro, 0.9), functional(ro, 0.9))
+
+
+def test_bound_call_keeps_every_error_and_the_checks_that_read_data():
+    from rollbuf import check_finite
+
+    ro = _bound_rollout()
+    with pytest.raises(ValueError, match="gamma"):
+        ro.gae(1.5, 0.9)
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        ro.gae(0.9, 0.9, bogus=1)
+    ro.gae(0.9, 0.9, backend="torch")
+    ro.rewards[0, 2] = float("nan")
+    if ro.mask is not None:
+        ro.mask[0, 2] = True
+    with check_finite(), pytest.raises(ValueError, match="rewards"):
+        ro.gae(0.9, 0.9, backend="torch")  # the bound call reruns the data check
+
+
+def test_bound_call_takes_the_autograd_path_when_a_field_starts_requiring_grad():
+    ro = _bound_rollout()
+    ro.gae(0.9, 0.8, backend="torch")
+    ro.values.requires_grad_(True)
+    adv, ret = ro.gae(0.9, 0.8, backend="torch")
+    assert adv.requires_grad
+    (g,) = torch.autograd.grad(adv.sum(), ro.values)
+    v = ro.values.detach().clone().requires_grad_(True)
+    f = dict(ro._fields(), values=v)
+    (want,) = torch.autograd.grad(F.gae(0.9, 0.8, **f, backend="torch").advantages.sum(), v)
+    torch.testing.assert_close(g, want)
+
+
+@pytest.mark.filterwarnings("ignore:The method:UserWarning")  # tensorclass's deepcopy fallback
+def test_copies_of_a_rollout_never_run_a_call_bound_to_other_tensors():
+    """Copies, deep copies and unpickled rollouts compute from their own fields (a bound call is
+    used only on the very tensors it holds), and pickling does not trip over the bound calls."""
+    import copy
+    import pickle
+
+    ro = _bound_rollout()
+    ro.gae(0.9, 0.8, backend="torch")
+    for i, other in enumerate((copy.copy(ro), copy.deepcopy(ro), pickle.loads(pickle.dumps(ro)), ro.clone())):
+        other.rewards.add_(i + 1.0)
+        _same_results(other.gae(0.9, 0.8, backend="torch"), F.gae(0.9, 0.8, **other._fields(), backend="torch"))
+        _same_results(ro.gae(0.9, 0.8, backend="torch"), F.gae(0.9, 0.8, **ro._fields(), backend="torch"))
+
+
+@pytest.mark.interpret
+def test_bound_call_on_the_triton_backend_launches_the_kernel_plan():
+    """Under the interpreter: the bound call is the kernel's pre-bound plan, and follows writes."""
+    from rollbuf import kernels
+
+    ro = _bound_rollout(n=4, t=37, seed=3)
+    adv = ro.advantages(0.9, 0.8, backend="triton")
+    (tensors, bound), = ro.__dict__["_bound"].values()
+    assert isinstance(bound._run, kernels.Plan)
+    torch.testing.assert_close(adv, F.advantages(0.9, 0.8, **ro._fields(), backend="reference").to(adv.dtype),
+                               rtol=1e-5, atol=1e-5)
+    ro.record(36, rewards=torch.full((4,), 3.0))
+    again = ro.advantages(0.9, 0.8, backend="triton")
+    torch.testing.assert_close(again, F.advantages(0.9, 0.8, **ro._fields(), backend="reference").to(adv.dtype),
+                               rtol=1e-5, atol=1e-5)
+    assert not torch.equal(adv, again)
