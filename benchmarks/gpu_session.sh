@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call on the lent GPU: install the carried wheels, then run the named steps in order.
 #   bash benchmarks/gpu_session.sh STEP...      (ROLLBUF_COMMIT names the commit; OUT the results folder)
-# Steps: kernels (gate + GAE/V-trace timings + A/B + host, benchmarks/kernels_h200.py), old (the same
+# Steps: kernels (gate + GAE/V-trace timings + host + V-trace tile sweep, benchmarks/kernels_h200.py), old (the same
 # timings of rollbuf's public calls from the tree in .gpu_stage_old/), peers[:i/k[:budget]] (the peers
 # grid, python -m rollbuf.bench --grid peers), tests (the CUDA kernel test matrix).
 set -u
@@ -16,14 +16,14 @@ python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", tr
 for step in "$@"; do
   t0=$(date +%s)
   case "$step" in
-    kernels) python3 benchmarks/kernels_h200.py --out "$OUT" --part gate,time,ab,vtrace,host 2>&1 | tee "$OUT/kernels.log" ;;
+    kernels) python3 benchmarks/kernels_h200.py --out "$OUT" --part gate,time,vtrace,host,vsweep 2>&1 | tee "$OUT/kernels.log" ;;
     kernels-quick) python3 benchmarks/kernels_h200.py --out "$OUT" --part time,vtrace,host 2>&1 | tee "$OUT/kernels.log" ;;
     old) PYTHONPATH=/tmp/site:$PWD/.gpu_stage_old:$PWD/.peers/rl-triton-0.1.3/src python3 benchmarks/kernels_h200.py --out "$OUT" --impl old --quick \
            --part time,vtrace 2>&1 | tail -40 ;;
-    peers*) IFS=: read -r _ part budget <<<"$step"
-      python3 -m rollbuf.bench --grid peers ${part:+--part $part} ${budget:+--budget-s $budget} --out /tmp/peers \
-        > /tmp/peers.log 2>&1; echo "peers rc=$?"; tail -60 /tmp/peers.log
-      cp /tmp/peers/results.csv "$OUT/peers_${part//\//of}.csv" 2>/dev/null; cp /tmp/peers.log "$OUT/peers_${part//\//of}.log" ;;
+    peers*) IFS=: read -r _ label budget <<<"$step"  # peers:LABEL:BUDGET_S, extra arguments in $PEERS_ARGS
+      python3 -m rollbuf.bench --grid peers ${PEERS_ARGS:-} ${budget:+--budget-s $budget} --out /tmp/peers \
+        > /tmp/peers.log 2>&1; echo "peers rc=$?"; grep -v "it/s\]\|s/it\]" /tmp/peers.log | tail -40
+      cp /tmp/peers/results.csv "$OUT/peers_${label}.csv" 2>/dev/null; cp /tmp/peers.log "$OUT/peers_${label}.log" ;;
     tests) python3 -m pytest -q -n 14 -p no:cacheprovider tests/test_kernels.py tests/test_kernel_launch.py \
              tests/test_compile.py tests/test_autograd.py tests/test_windows.py tests/test_edge_cases.py \
              tests/test_new_estimator.py tests/test_lookback_order.py tests/test_rollout.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -25 ;;

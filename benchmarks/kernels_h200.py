@@ -12,7 +12,7 @@ call), for rollbuf writing both outputs and advantages only (``functional`` call
 ``kernels.plan``), the naive kernel writing the same outputs (best of a small sweep of its rows per
 program and warps), rl-triton's ``compute_gae`` (advantages). ``sweep``: rollbuf's strategy forced
 to a few alternatives at the same shapes (device time). ``vtrace``: V-trace against rl-triton.
-``ab``: this round's kernel choices against their alternatives (device time). ``--impl old``: only
+``vsweep``: V-trace's and GAE's rows per program x warps at short rows. ``--impl old``: only
 rollbuf's public calls (run with an older tree on ``PYTHONPATH``).
 
 All inputs as in the issue's table: fp32 rewards and values, bool terminated at 2%, the ``[N]``
@@ -489,32 +489,21 @@ def sweep():
         torch.cuda.empty_cache()
 
 
-def ab():
-    """A/B of this round's kernel choices, device time: the outputs from the fields held across the
-    scan (shipped) or loaded again after it; rows of 4096 steps in one 4096-step chunk (8 or 16
-    warps) against the strategy's; V-trace held and not."""
+def vsweep():
+    """V-trace's rows per program x warps at short rows (device time), GAE's at the same shapes."""
     import rollbuf.kernels as K
 
-    for N, T in GAE_SHAPES:
-        ss = sets(N, T, N * T * 17)
-        variants = [("held", {}), ("unheld", dict(hold=False))]
-        if T == 4096:
-            variants += [(f"held chunk4096 w{w}", dict(max_chunk=4096, num_warps=w)) for w in (8, 16)]
-        for label, force in variants:
-            with K.forced(**force):
-                dev = graph_time([rb_plan_call(f, ("advantages", "returns")) for f in ss])
-                regs = _regs(rb_problem(ss[0], ("advantages", "returns")))
-            record(part="ab", estimator="gae", n=N, t=T, competitor=f"rollbuf {label}", clock="device", us=dev * 1e6,
-                   note=regs)
-        del ss
-        torch.cuda.empty_cache()
-    for N, T in VTRACE_SHAPES:
+    for N, T in ((4096, 128), (16384, 128), (32768, 16), (2048, 512)):
         ss = sets(N, T, N * T * 25)
-        for label, force in (("held", {}), ("unheld", dict(hold=False))):
-            with K.forced(**force):
-                dev = graph_time([rb_vtrace(f) for f in ss])
-            record(part="ab", estimator="vtrace", n=N, t=T, competitor=f"rollbuf {label}", clock="device",
-                   us=dev * 1e6)
+        for est, fn in (("vtrace", rb_vtrace), ("gae", rb_gae)):
+            for bn in (1, 2, 4, 8):
+                for w in (1, 2, 4):
+                    if bn * T > 2048 or bn * T < 64:
+                        continue
+                    with K.forced(block_n=bn, num_warps=w):
+                        dev = graph_time([fn(f) for f in ss])
+                    record(part="vsweep", estimator=est, n=N, t=T, competitor=f"rollbuf {bn}x{T} w{w}",
+                           clock="device", us=dev * 1e6)
         del ss
         torch.cuda.empty_cache()
 
@@ -549,6 +538,10 @@ def host(impl):
                     "plan() (adv)": rb_plan_call(f, ("advantages",)),
                     "Rollout.gae (adv+ret)": lambda: ro.gae(0.99, 0.95),
                     "Rollout.advantages (adv)": lambda: ro.advantages(0.99, 0.95)})
+        mod = rlt()
+        if mod is not None:
+            fns["rl-triton compute_gae (adv)"] = rlt_gae(f, mod)
+        fns["naive kernel (adv), Triton's launcher"] = naive_kernel()(f, 16, 8, False)
     for name, fn in fns.items():
         for _ in range(50):
             fn()
@@ -599,8 +592,8 @@ def main():
             time_vtrace(args.impl, args.quick)
         if "sweep" in parts and args.impl == "new":
             sweep()
-        if "ab" in parts and args.impl == "new":
-            ab()
+        if "vsweep" in parts and args.impl == "new":
+            vsweep()
     finally:
         path = os.path.join(args.out, f"kernels_{args.impl}.csv")
         keys = ["part", "estimator", "n", "t", "competitor", "clock", "us", "pct_copy", "note"]
@@ -614,7 +607,7 @@ def main():
     log("\n=== GAE (device µs | call µs) ===")
     table = {}
     for r in ROWS:
-        if r["part"] in ("time", "vtrace", "ab") and r["us"] is not None:
+        if r["part"] in ("time", "vtrace") and r["us"] is not None:
             table.setdefault((r["estimator"], r["n"], r["t"], r["competitor"]), {})[r["clock"]] = r["us"]
     for (e, n, t, c), v in table.items():
         log(f"{e:7s} {n:>6}x{t:<8} {c:34s} {v.get('device', math.nan):9.2f} | {v.get('call', math.nan):9.2f}")

@@ -247,6 +247,9 @@ def main(argv=None):
     ap.add_argument("--estimators", default=None, help="comma-separated subset")
     ap.add_argument("--mixes", default=None, help="comma-separated subset of " + ",".join(MIXES))
     ap.add_argument("--layouts", default=None, help="comma-separated subset of env,time")
+    ap.add_argument("--skip-shapes", default=None, metavar="NxT,...",
+                    help="leave these shapes out of the grid (e.g. to run them in another call)")
+    ap.add_argument("--only-shapes", default=None, metavar="NxT,...", help="run only these shapes of the grid")
     ap.add_argument("--part", default=None, help="i/k: run the i-th (0-based) of k parts of the grid")
     ap.add_argument("--budget-s", type=float, default=None, help="start no case after this many seconds")
     ap.add_argument("--skip-done", nargs="+", default=None,
@@ -295,6 +298,10 @@ def main(argv=None):
         if args.estimators:
             keep = set(args.estimators.split(","))
             cases = [c for c in cases if c.estimator in keep]
+        for opt, keep in ((args.skip_shapes, False), (args.only_shapes, True)):
+            if opt:
+                shapes = {tuple(int(x) for x in item.lower().split("x")) for item in opt.split(",")}
+                cases = [c for c in cases if ((c.n, c.t) in shapes) == keep]
         if args.part:
             i, k = (int(x) for x in args.part.split("/"))
             cases = part(cases, i, k)

@@ -27,6 +27,8 @@ _OUTS = {"lambda": ("p_adv", "p_ret"), "retrace": ("p_q",), "vtrace": ("p_vs", "
          "affine": ("p_out",), "lambda_adjoint": ("p_gr", "p_gv")}
 # PASS, SHIFT_LOAD, BLOCK_N, BLOCK_T, warps
 _MODES = {
+    "single": (4, False, 4, 128, 4),
+    "single-reload": (4, True, 1, 1024, 8),
     "tile": (0, False, 16, 128, 8),
     "walk-gather": (0, False, 2, 512, 4),
     "walk-reload": (0, True, 1, 2048, 8),
@@ -58,14 +60,14 @@ def variants() -> list[dict]:
     # general strides and time-major unit row stride
     for name in ("gae", "vtrace", "traces"):
         family, ci, absent = fams[name]
-        for mode in ("tile", "lookback-gather", "walk-reload", "time-split"):
+        for mode in ("single", "tile", "lookback-gather", "walk-reload", "time-split"):
             for unit in ("general", "time"):
                 out.append(dict(name=f"{name}/{mode}/fp32-{unit}", family=family, carry_in=ci, absent=absent,
                                 mode=mode, unit=unit))
     # the window end at the last unmasked step, found in the kernel, from either source
     for name in ("gae", "vtrace", "retrace"):
         family = fams[name][0]
-        for mode in ("tile", "walk-reload", "lookback-gather", "aggregates"):
+        for mode in ("single", "tile", "walk-reload", "lookback-gather", "aggregates"):
             for ci in (END_STEP, END_COLUMN):
                 absent = ("bootstrap_values",) if ci == END_COLUMN else ()
                 out.append(dict(name=f"{name}/{mode}/fp32-end{ci}", family=family, carry_in=ci, absent=absent,
@@ -90,12 +92,11 @@ def variants() -> list[dict]:
         for mode in _MODES:
             out.append(dict(name=f"{name}/{mode}/fp32-nomask", family=family, carry_in=ci, mode=mode,
                             absent=(*absent, "mask"), carry_out=True))
-    # the outputs from fields loaded again after the scan (HOLD off), every family
+    # rows of one chunk (no loop), every family
     for name in fams:
         family, ci, absent = fams[name]
-        for mode in ("tile", "lookback-gather"):
-            out.append(dict(name=f"{name}/{mode}/fp32-reload", family=family, carry_in=ci, absent=absent, mode=mode,
-                            hold=False))
+        for mode in ("single", "single-reload"):
+            out.append(dict(name=f"{name}/{mode}/fp32", family=family, carry_in=ci, absent=absent, mode=mode))
     # bf16 inputs, no flags, no mask
     for name in ("gae", "vtrace", "lambda_adjoint"):
         family, ci, absent = fams[name]
@@ -142,10 +143,10 @@ def _signature(v: dict):
         ann = jit.fn.__annotations__.get(name)
         if name == "fields":
             sig[name] = tuple(ftypes)
-        elif name in ("CARRY_IN", "ACC", "BLOCK_N", "BLOCK_T", "PASS", "SHIFT_LOAD", "HOLD", "REVERSE"):
+        elif name in ("CARRY_IN", "ACC", "BLOCK_N", "BLOCK_T", "PASS", "SHIFT_LOAD", "REVERSE"):
             sig[name] = "constexpr"
             cx[(params.index(name),)] = dict(CARRY_IN=ci, ACC=float32, BLOCK_N=bn, BLOCK_T=bt, PASS=pass_,
-                                             SHIFT_LOAD=shift, HOLD=v.get("hold", True), REVERSE=backward)[name]
+                                             SHIFT_LOAD=shift, REVERSE=backward)[name]
         elif name in _OUTS[v["family"]]:
             if name in outs:
                 sig[name] = "*fp32"
@@ -162,7 +163,7 @@ def _signature(v: dict):
             else:
                 sig[name], cx[(params.index(name),)] = "constexpr", None
         elif name == "p_ws":
-            if pass_ == 0:
+            if pass_ in (0, 4):  # rows walked or one chunk: no scratch
                 sig[name], cx[(params.index(name),)] = "constexpr", None
             else:
                 sig[name] = "*fp32"

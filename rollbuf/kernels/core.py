@@ -15,10 +15,10 @@ functions of its own:
   ``F_{t−1}`` forward), 0 at masked steps; returns the *inclusive* state at ``o`` (what the step
   hands on), which the driver stores as the row's carry out where asked.
 
-``EMIT`` gets the very ``x`` the scan was built from (held in registers across the scan: each field
-read from memory once) wherever the scan's lanes are the output's steps, i.e. unless the neighbour
-is re-loaded (``SHIFT_LOAD``); there, and where the strategy says not to hold (``HOLD`` off), ``LOAD``
-runs again at the output's steps.
+``LOAD`` runs again at the output's steps for ``EMIT`` (second reads hit the cache): holding the
+scan's ``x`` in registers across the scan instead was measured on the H200 at 5055e67
+(benchmarks/results/kernels_h200_5055e67.csv) and lost: GAE within ±4% either way, V-trace's short
+rows 14–16% slower (4096x128 7.80 vs 6.71 µs, 16384x128 21.8 vs 19.4, 32768x16 8.19 vs 7.14).
 
 ``fields = (main, values, terminated, truncated, bootstrap_values, mask, *extras)``: the driver
 reads positions 2, 4 and 5 for the window end; ``None`` = absent (a compile-time constant: absent
@@ -64,6 +64,7 @@ WALK = tl.constexpr(0)  # whole rows, chunk after chunk, the carry in registers
 LOOKBACK = tl.constexpr(1)  # one chunk of a row; the carry from the chunks before it (decoupled look-back)
 AGGREGATES = tl.constexpr(2)  # three passes, 1st: one chunk's aggregate map into the scratch
 OUTPUTS = tl.constexpr(3)  # three passes, 3rd: one chunk's outputs from its resolved carry
+TILE = tl.constexpr(4)  # whole rows of at most BLOCK_T steps: one chunk, no loop
 
 
 @triton.jit
@@ -369,16 +370,15 @@ def _scan(fam, x, STEP: tl.constexpr, PAIR: tl.constexpr, REVERSE: tl.constexpr,
 
 
 @triton.jit
-def _finish(fam, geo, e, x, cu, cv, end, start, rows, row_ok, p_co, LOAD: tl.constexpr, EMIT: tl.constexpr,
+def _finish(fam, geo, e, cu, cv, end, start, rows, row_ok, p_co, LOAD: tl.constexpr, EMIT: tl.constexpr,
             MODE: tl.constexpr, REVERSE: tl.constexpr, ACC: tl.constexpr, BLOCK_T: tl.constexpr,
-            SHIFT_LOAD: tl.constexpr, HOLD: tl.constexpr):
-    """A chunk's scan ``e`` (of the steps whose values are ``x``) applied to the carry into it; the
-    state ``EMIT`` reads at every lane (the inclusive one if the family's scan is its output; else
-    the exclusive one: the scan of the neighbours' maps itself with ``SHIFT_LOAD``, or the inclusive
-    one shifted by a lane in registers); the outputs written from ``x`` held (``HOLD``, when the
-    scan's lanes are the output's steps) or loaded again; the row's carry out stored by the chunk
-    that holds its edge step. Returns the inclusive state (what the next chunk in scan order starts
-    from)."""
+            SHIFT_LOAD: tl.constexpr):
+    """A chunk's scan ``e`` applied to the carry into it; the state ``EMIT`` reads at every lane (the
+    inclusive one if the family's scan is its output; else the exclusive one: the scan of the
+    neighbours' maps itself with ``SHIFT_LOAD``, or the inclusive one shifted by a lane in
+    registers); the outputs written from the steps' fields (``LOAD``); the row's carry out stored
+    by the chunk that holds its edge step. Returns the inclusive state (what the next chunk in scan
+    order starts from)."""
     PAIR: tl.constexpr = MODE[0]
     CARRY2: tl.constexpr = MODE[1]
     INCLUSIVE: tl.constexpr = MODE[2]
@@ -396,10 +396,7 @@ def _finish(fam, geo, e, x, cu, cv, end, start, rows, row_ok, p_co, LOAD: tl.con
             zv = _shift(iv, cv[:, None], lanes, REVERSE, BLOCK_T)
         else:
             zv = zu
-    if HOLD and (INCLUSIVE or not SHIFT_LOAD):
-        ou, ov = EMIT(fam, geo, o, ok, x, (zu, zv), ACC)
-    else:
-        ou, ov = EMIT(fam, geo, o, ok, LOAD(fam, geo, o, ok, end, ACC), (zu, zv), ACC)
+    ou, ov = EMIT(fam, geo, o, ok, LOAD(fam, geo, o, ok, end, ACC), (zu, zv), ACC)
     if p_co is not None:
         if not SHIFT_LOAD and not INCLUSIVE and PAIR == CARRY2:  # the scan is the carried state already
             ou = iu
@@ -428,7 +425,7 @@ def _program(R, T, p_ws, PAIR: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.
     ever waits on programs that started before it and the chain cannot deadlock; consecutive tickets
     go to different row tiles at the same rank, so the programs in flight advance many rows' chains
     at once."""
-    if PASS == WALK:
+    if PASS == WALK or PASS == TILE:
         tile = tl.program_id(0).to(tl.int64)
         return tile, tile * 0
     else:
@@ -445,13 +442,13 @@ def _program(R, T, p_ws, PAIR: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.
 @triton.jit
 def drive(fam, R, T, F, strides, p_ci, p_co, p_ws, LOAD: tl.constexpr, STEP: tl.constexpr, EMIT: tl.constexpr,
           MODE: tl.constexpr, REVERSE: tl.constexpr, CARRY_IN: tl.constexpr, ACC: tl.constexpr,
-          BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, PASS: tl.constexpr, SHIFT_LOAD: tl.constexpr,
-          HOLD: tl.constexpr):
+          BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, PASS: tl.constexpr, SHIFT_LOAD: tl.constexpr):
     """One program of a family kernel: ``R`` rows (``R = N·F``) of ``T`` steps; ``strides =
     (s_n, s_t, s_on, s_ot)``: the fields' pair and the outputs' pair.
 
-    ``PASS``: ``WALK``: the program owns ``BLOCK_N`` whole rows and walks them in ``BLOCK_T``-step
-    chunks (backward in time for the backward estimators), the carry in registers. ``LOOKBACK``:
+    ``PASS``: ``TILE``: the program owns ``BLOCK_N`` whole rows of at most ``BLOCK_T`` steps, one
+    chunk, straight-line code. ``WALK``: the program owns ``BLOCK_N`` whole rows and walks them in
+    ``BLOCK_T``-step chunks (backward in time for the backward estimators), the carry in registers. ``LOOKBACK``:
     it owns one chunk of ``BLOCK_N`` rows and gets the carry into it by the decoupled look-back.
     ``AGGREGATES`` / ``OUTPUTS``: the first and last of three passes over split rows (the middle
     one, :func:`rollbuf.kernels.resolve.resolve_kernel`, turns the aggregates into every chunk's
@@ -459,8 +456,6 @@ def drive(fam, R, T, F, strides, p_ci, p_co, p_ws, LOAD: tl.constexpr, STEP: tl.
 
     ``SHIFT_LOAD``: scan the neighbouring step's maps (``t + 1`` backward, ``t − 1`` forward; the
     scan *is* the exclusive state); otherwise scan the steps' own maps and shift by a lane.
-    ``HOLD``: the outputs are written from the values the scan was built from, held in registers
-    (where the scan's lanes are the output's steps); otherwise the fields are loaded again.
 
     ``MODE = (PAIR, CARRY2, INCLUSIVE)``, the family's: the scan's maps are pair maps (five
     components) or scalar ones; the carry in and out is a pair per row (V-trace's ``(u, V)``) or one
@@ -489,17 +484,29 @@ def drive(fam, R, T, F, strides, p_ci, p_co, p_ws, LOAD: tl.constexpr, STEP: tl.
     NUM_SEG = tl.cdiv(T, BLOCK_T)
     cu, cv = carry_in(fam[0], p_ci, rows, row_ok, rank == 0, T, geo, CARRY2, CARRY_IN, ACC, BLOCK_N, BLOCK_T)
     end = (cu[:, None], cv[:, None])
-    if PASS == WALK:
+    if PASS == TILE:
+        o_s = lanes + D
+        ok_s = row_ok[:, None] & (o_s < T)
+        if D < 0:
+            ok_s = ok_s & (o_s >= 0)
+        x = LOAD(fam, geo, o_s, ok_s, end, ACC)
+        e = _scan(fam, x, STEP, PAIR, REVERSE, ACC)
+        _finish(fam, geo, e, cu, cv, end, 0, rows, row_ok, p_co, LOAD, EMIT, MODE, REVERSE, ACC, BLOCK_T,
+                SHIFT_LOAD)
+    elif PASS == WALK:
         for i in range(0, NUM_SEG):
             if REVERSE:
                 start = (NUM_SEG - 1 - i) * BLOCK_T
             else:
                 start = i * BLOCK_T
             o_s = start + lanes + D
-            x = LOAD(fam, geo, o_s, row_ok[:, None] & (o_s >= 0) & (o_s < T), end, ACC)
+            ok_s = row_ok[:, None] & (o_s < T)
+            if D < 0:  # the neighbour before the row's first step
+                ok_s = ok_s & (o_s >= 0)
+            x = LOAD(fam, geo, o_s, ok_s, end, ACC)
             e = _scan(fam, x, STEP, PAIR, REVERSE, ACC)
-            iu, iv = _finish(fam, geo, e, x, cu, cv, end, start, rows, row_ok, p_co, LOAD, EMIT, MODE, REVERSE,
-                             ACC, BLOCK_T, SHIFT_LOAD, HOLD)
+            iu, iv = _finish(fam, geo, e, cu, cv, end, start, rows, row_ok, p_co, LOAD, EMIT, MODE, REVERSE,
+                             ACC, BLOCK_T, SHIFT_LOAD)
             if i + 1 < NUM_SEG:  # the state at the chunk's edge carries into the next chunk
                 cu = _edge(iu, lanes, EDGE)
                 if PAIR:
@@ -514,7 +521,10 @@ def drive(fam, R, T, F, strides, p_ci, p_co, p_ws, LOAD: tl.constexpr, STEP: tl.
         slot = tile * NUM_SEG + rank
         p_slot = p_ws + slot * (W * BLOCK_N)
         o_s = start + lanes + D
-        x = LOAD(fam, geo, o_s, row_ok[:, None] & (o_s >= 0) & (o_s < T), end, ACC)
+        ok_s = row_ok[:, None] & (o_s < T)
+        if D < 0:
+            ok_s = ok_s & (o_s >= 0)
+        x = LOAD(fam, geo, o_s, ok_s, end, ACC)
         e = _scan(fam, x, STEP, PAIR, REVERSE, ACC)
         if PASS == OUTPUTS:  # the carry resolved by the earlier passes: the predecessor's inclusive state
             if rank > 0:
@@ -531,5 +541,5 @@ def drive(fam, R, T, F, strides, p_ci, p_co, p_ws, LOAD: tl.constexpr, STEP: tl.
                 p_flag = (p_ws + tl.cdiv(R, BLOCK_N) * NUM_SEG * (W * BLOCK_N)).to(tl.pointer_type(tl.int32))
                 cu, cv = _look_back(p_ws, p_flag, tile, rank, NUM_SEG, g, cu, cv, BLOCK_N, PAIR, ACC)
         if PASS != AGGREGATES:
-            _finish(fam, geo, e, x, cu, cv, end, start, rows, row_ok, p_co, LOAD, EMIT, MODE, REVERSE, ACC, BLOCK_T,
-                    SHIFT_LOAD, HOLD)
+            _finish(fam, geo, e, cu, cv, end, start, rows, row_ok, p_co, LOAD, EMIT, MODE, REVERSE, ACC, BLOCK_T,
+                    SHIFT_LOAD)

@@ -75,7 +75,6 @@ class Strategy:
     shift_load: bool  # the exclusive state by re-loading the neighbouring step (else an in-register shift)
     presolve: bool = False  # split rows: three passes instead of the look-back chain
     resolve_block_r: int = 0  # chunks per block of the three passes' middle kernel (0: the rule)
-    hold: bool = True  # the outputs from the fields held in registers across the scan (else loaded again)
 
 
 def _pow2(x: int) -> int:
@@ -170,14 +169,14 @@ def device_sms(device: torch.device) -> int:
 
 _FORCE: contextvars.ContextVar = contextvars.ContextVar("rollbuf_kernels_force", default=())
 _FORCE_KEYS = ("block_t", "split", "shift_load", "max_chunk", "block_n", "presolve", "num_warps",
-               "resolve_block_r", "hold", "poison", "layout")
+               "resolve_block_r", "poison", "layout")
 
 
 @contextlib.contextmanager
 def forced(**choices):
     """Inside the block, every kernel call takes these choices instead of the strategy table's
     (``block_t``, ``split``, ``shift_load``, ``max_chunk``, ``block_n``, ``presolve``, ``num_warps``,
-    ``resolve_block_r``, ``hold``), and with ``poison=True`` fills its outputs with NaN before the launch (an
+    ``resolve_block_r``), and with ``poison=True`` fills its outputs with NaN before the launch (an
     element the kernel does not write then fails a comparison); ``layout="env"`` makes a time-major
     call env-major (its fields copied first). For tests and A/B experiments; nested blocks merge."""
     bad = set(choices) - set(_FORCE_KEYS)
@@ -231,7 +230,7 @@ FAMILIES = {
 
 # CARRY_IN and PASS values (rollbuf.kernels.core holds the same as constexprs)
 ZERO, STATE, END_COLUMN, END_STEP = 0, 1, 2, 3
-WALK, LOOKBACK, AGGREGATES, OUTPUTS = 0, 1, 2, 3
+WALK, LOOKBACK, AGGREGATES, OUTPUTS, TILE = 0, 1, 2, 3, 4
 
 
 def jit_kernel(name: str):
@@ -423,9 +422,6 @@ class Launch:
                       fc.pop("max_chunk", None) or FAMILY_MAX_CHUNK.get(p.family), fc.pop("block_n", None),
                       fc.pop("presolve", None), sms=device_sms(self.device), num_warps=fc.pop("num_warps", None),
                       resolve_block_r=fc.pop("resolve_block_r", 0), long_rows=FAMILY_LONG_ROWS.get(p.family))
-        hold = fc.pop("hold", None)
-        if hold is not None:
-            st = attrs.evolve(st, hold=bool(hold))
         self.strategy = st
         tiles = -(-self.R // st.block_n)
         self.grid = tiles * st.num_seg if st.split else tiles
@@ -434,13 +430,13 @@ class Launch:
         pre = (p.reverse,) if p.family == "affine" else ()
 
         def const(pass_):
-            return (*pre, carry_in, acc, st.block_n, st.block_t, pass_, st.shift_load, st.hold)
+            return (*pre, carry_in, acc, st.block_n, st.block_t, pass_, st.shift_load)
 
         self.pair_maps = pair_maps = fam.pair and f.get("mask") is not None  # V-trace: pair maps with a mask only
         W = 7 if pair_maps else 3
         self.slot_values = W * st.block_n * self.grid if st.split else 0
-        if not st.split:
-            self.passes = (Kernel(jit, const(WALK), st.num_warps),)
+        if not st.split:  # whole rows: one chunk each (no loop) or walked chunk by chunk
+            self.passes = (Kernel(jit, const(TILE if T <= st.block_t else WALK), st.num_warps),)
             self.scratch_words = 0
         elif not st.presolve:
             self.passes = (Kernel(jit, const(LOOKBACK), st.num_warps),)

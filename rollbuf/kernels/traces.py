@@ -54,8 +54,8 @@ def trace_kernel(
     R, T, F, s_n, s_t, s_on, s_ot,
     decay: "fp64",
     CARRY_IN: tl.constexpr, ACC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
-    PASS: tl.constexpr, SHIFT_LOAD: tl.constexpr, HOLD: tl.constexpr,
+    PASS: tl.constexpr, SHIFT_LOAD: tl.constexpr,
 ):
     """Eligibility traces and episodic sums, forward in time, ``R = N·F`` rows."""
     core.drive((fields, (p_out,), (tl.full((), decay, ACC),)), R, T, F, (s_n, s_t, s_on, s_ot), p_ci, p_co, p_ws, _load,
-               _step, _emit, (False, False, False), False, CARRY_IN, ACC, BLOCK_N, BLOCK_T, PASS, SHIFT_LOAD, HOLD)
+               _step, _emit, (False, False, False), False, CARRY_IN, ACC, BLOCK_N, BLOCK_T, PASS, SHIFT_LOAD)

@@ -79,11 +79,10 @@ def vtrace_kernel(
     R, T, s_n, s_t, s_on, s_ot,
     gamma: "fp64", lam: "fp64", rho_bar: "fp64", c_bar: "fp64", pg_rho_bar: "fp64",
     CARRY_IN: tl.constexpr, ACC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
-    PASS: tl.constexpr, SHIFT_LOAD: tl.constexpr, HOLD: tl.constexpr,
+    PASS: tl.constexpr, SHIFT_LOAD: tl.constexpr,
 ):
     """V-trace targets and policy-gradient advantages, backward in time."""
     scal = (tl.full((), gamma, ACC), tl.full((), lam, ACC), tl.full((), rho_bar, ACC), tl.full((), c_bar, ACC),
             tl.full((), pg_rho_bar, ACC))
     core.drive((fields, (p_vs, p_pg), scal), R, T, 1, (s_n, s_t, s_on, s_ot), p_ci, p_co, p_ws, _load, _step,
-               _emit, (fields[5] is not None, True, False), True, CARRY_IN, ACC, BLOCK_N, BLOCK_T, PASS, SHIFT_LOAD,
-               HOLD)
+               _emit, (fields[5] is not None, True, False), True, CARRY_IN, ACC, BLOCK_N, BLOCK_T, PASS, SHIFT_LOAD)
