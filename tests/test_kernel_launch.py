@@ -83,6 +83,16 @@ def test_strategy_reads_the_device():
         assert K.device_sms(torch.device("cuda", 0)) == props.multi_processor_count
 
 
+@pytest.mark.parametrize("R,T,tile", [(4096, 128, (4, 4)), (32768, 8, (32, 4)), (32768, 16, (32, 4)),
+                                        (16384, 128, (4, 4)), (2048, 512, (1, 4)), (64, 128, (2, 2))])
+def test_strategy_tiles_short_rows(R, T, tile):
+    """Rows up to 512 steps go several to a program (512-element tiles, halved while the GPU would
+    not be filled), whole rows in one chunk: the table as documented (a regression here once gave
+    every shape one row per program and one warp)."""
+    st = K.strategy(R, T, sms=132)
+    assert (st.block_n, st.num_warps) == tile and not st.split and st.block_t >= T
+
+
 def test_forced_choices_are_scoped():
     with K.forced(block_t=16, split=True):
         with K.forced(presolve=True):

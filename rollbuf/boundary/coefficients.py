@@ -134,6 +134,14 @@ def vtrace_out(r, v, k, tr, boot, rho, c, rho_pg, gamma, u_next, v_next):
     return v + u, pg
 
 
+def vtrace_pg(r, v, k, tr, boot, rho_pg, gamma, vs_next):
+    """``pg_t = ρpg_t·(local_t + γ·nd_t·vs_{t+1} − V_t)`` from the next step's target (``vtrace_out``'s
+    second output with ``vs_{t+1} = V_{t+1} + u_{t+1}``)."""
+    local = r + gamma * (1.0 - k) * tr * boot
+    nd = (1.0 - k) * (1.0 - tr)
+    return rho_pg * (local + gamma * nd * vs_next - v)
+
+
 # ----------------------------------------------------------------------------------------------
 # Forward estimators: eligibility traces (decay = γλ) and episodic sums (decay = 1).
 #   e_t = x_t + decay·(1−d_{t−1})·e_{t−1}.  State F_t = nd_t·e_t (what step t hands on):

@@ -12,8 +12,9 @@ functions of its own:
   function in :mod:`rollbuf.boundary.coefficients`; the identity at padded lanes and masked steps;
 * ``EMIT(fam, geo, o, ok, x, z, ACC)``: writes the outputs of the steps ``o`` from their values ``x``
   and the *exclusive* state ``z`` (the state one step further along the scan: ``Z_{t+1}`` backward,
-  ``F_{t−1}`` forward), 0 at masked steps; returns the *inclusive* state at ``o`` (what the step
-  hands on), which the driver stores as the row's carry out where asked.
+  ``F_{t−1}`` forward; the inclusive one for a family whose ``MODE`` says so), 0 at masked steps;
+  ``z[2]`` is the state carried into the chunk (``[BLOCK_N, 1]``). Returns the *inclusive* state at
+  ``o`` (what the step hands on), which the driver stores as the row's carry out where asked.
 
 ``LOAD`` runs again at the output's steps for ``EMIT`` (second reads hit the cache): holding the
 scan's ``x`` in registers across the scan instead was measured on the H200 at 5055e67
@@ -64,7 +65,7 @@ WALK = tl.constexpr(0)  # whole rows, chunk after chunk, the carry in registers
 LOOKBACK = tl.constexpr(1)  # one chunk of a row; the carry from the chunks before it (decoupled look-back)
 AGGREGATES = tl.constexpr(2)  # three passes, 1st: one chunk's aggregate map into the scratch
 OUTPUTS = tl.constexpr(3)  # three passes, 3rd: one chunk's outputs from its resolved carry
-TILE = tl.constexpr(4)  # whole rows of at most BLOCK_T steps: one chunk, no loop
+ONE_CHUNK = tl.constexpr(4)  # whole rows of at most BLOCK_T steps: one chunk, no loop
 
 
 @triton.jit
@@ -396,7 +397,7 @@ def _finish(fam, geo, e, cu, cv, end, start, rows, row_ok, p_co, LOAD: tl.conste
             zv = _shift(iv, cv[:, None], lanes, REVERSE, BLOCK_T)
         else:
             zv = zu
-    ou, ov = EMIT(fam, geo, o, ok, LOAD(fam, geo, o, ok, end, ACC), (zu, zv), ACC)
+    ou, ov = EMIT(fam, geo, o, ok, LOAD(fam, geo, o, ok, end, ACC), (zu, zv, cu[:, None]), ACC)
     if p_co is not None:
         if not SHIFT_LOAD and not INCLUSIVE and PAIR == CARRY2:  # the scan is the carried state already
             ou = iu
@@ -425,7 +426,7 @@ def _program(R, T, p_ws, PAIR: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.
     ever waits on programs that started before it and the chain cannot deadlock; consecutive tickets
     go to different row tiles at the same rank, so the programs in flight advance many rows' chains
     at once."""
-    if PASS == WALK or PASS == TILE:
+    if PASS == WALK or PASS == ONE_CHUNK:
         tile = tl.program_id(0).to(tl.int64)
         return tile, tile * 0
     else:
@@ -446,7 +447,7 @@ def drive(fam, R, T, F, strides, p_ci, p_co, p_ws, LOAD: tl.constexpr, STEP: tl.
     """One program of a family kernel: ``R`` rows (``R = N·F``) of ``T`` steps; ``strides =
     (s_n, s_t, s_on, s_ot)``: the fields' pair and the outputs' pair.
 
-    ``PASS``: ``TILE``: the program owns ``BLOCK_N`` whole rows of at most ``BLOCK_T`` steps, one
+    ``PASS``: ``ONE_CHUNK``: the program owns ``BLOCK_N`` whole rows of at most ``BLOCK_T`` steps, one
     chunk, straight-line code. ``WALK``: the program owns ``BLOCK_N`` whole rows and walks them in
     ``BLOCK_T``-step chunks (backward in time for the backward estimators), the carry in registers. ``LOOKBACK``:
     it owns one chunk of ``BLOCK_N`` rows and gets the carry into it by the decoupled look-back.
@@ -484,7 +485,7 @@ def drive(fam, R, T, F, strides, p_ci, p_co, p_ws, LOAD: tl.constexpr, STEP: tl.
     NUM_SEG = tl.cdiv(T, BLOCK_T)
     cu, cv = carry_in(fam[0], p_ci, rows, row_ok, rank == 0, T, geo, CARRY2, CARRY_IN, ACC, BLOCK_N, BLOCK_T)
     end = (cu[:, None], cv[:, None])
-    if PASS == TILE:
+    if PASS == ONE_CHUNK:
         o_s = lanes + D
         ok_s = row_ok[:, None] & (o_s < T)
         if D < 0:

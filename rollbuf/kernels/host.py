@@ -230,7 +230,7 @@ FAMILIES = {
 
 # CARRY_IN and PASS values (rollbuf.kernels.core holds the same as constexprs)
 ZERO, STATE, END_COLUMN, END_STEP = 0, 1, 2, 3
-WALK, LOOKBACK, AGGREGATES, OUTPUTS, TILE = 0, 1, 2, 3, 4
+WALK, LOOKBACK, AGGREGATES, OUTPUTS, ONE_CHUNK = 0, 1, 2, 3, 4
 
 
 def jit_kernel(name: str):
@@ -436,7 +436,7 @@ class Launch:
         W = 7 if pair_maps else 3
         self.slot_values = W * st.block_n * self.grid if st.split else 0
         if not st.split:  # whole rows: one chunk each (no loop) or walked chunk by chunk
-            self.passes = (Kernel(jit, const(TILE if T <= st.block_t else WALK), st.num_warps),)
+            self.passes = (Kernel(jit, const(ONE_CHUNK if T <= st.block_t else WALK), st.num_warps),)
             self.scratch_words = 0
         elif not st.presolve:
             self.passes = (Kernel(jit, const(LOOKBACK), st.num_warps),)

@@ -6,7 +6,9 @@ advantages, from the maps of :func:`rollbuf.boundary.coefficients.vtrace_step`
 
 With a mask, the pair state ``(u_t, V_t)`` is scanned (``V_{t+1}`` is the next *unmasked* step's,
 carried by the scan). Without one, ``V_{t+1}`` is read from the next step in memory (the window-end
-``V_T`` past the last step) and only ``u`` is scanned: the scalar maps ``(a + q·V_{t+1}, p)``.
+``V_T`` past the last step) and only ``u`` is scanned: the scalar maps ``(a + q·V_{t+1}, p)``; the
+scan is then ``u_t`` itself (no shift), and ``pg_t`` reads ``vs_{t+1}`` back from the chunk's
+stored targets (:func:`~rollbuf.boundary.coefficients.vtrace_pg`).
 """
 
 import triton
@@ -17,6 +19,7 @@ from rollbuf.kernels import core
 
 vtrace_step = core.jit_boundary(C.vtrace_step)
 vtrace_out = core.jit_boundary(C.vtrace_out)
+vtrace_pg = core.jit_boundary(C.vtrace_pg)
 
 
 @triton.jit
@@ -55,20 +58,32 @@ def _step(fam, x, ACC: tl.constexpr):
 
 @triton.jit
 def _emit(fam, geo, o, ok, x, z, ACC: tl.constexpr):
-    """Outputs from the exclusive state (``u_{t+1}``, and ``V_{t+1}`` with a mask); returns the
-    inclusive pair ``(u_t, V_t)``."""
+    """Without a mask: ``vs_t = V_t + u_t`` from the inclusive ``u_t``, stored, then read back one step
+    further for ``pg_t`` (``vs_{t+1}``: the chunk's own output after a barrier; past the chunk's
+    last step, ``V_{t+1} + u_{t+1}`` from the state carried into it). With a mask: both from the
+    exclusive pair (``u_{t+1}``, ``V_{t+1}``). Returns the inclusive pair ``(u_t, V_t)``."""
     gamma = fam[2][0]
     p_vs, p_pg = fam[1]
-    zu, zv = z
     r, v, k, tr, boot, live, rho, c, rho_pg, v_next = x
-    if fam[0][5] is None:
-        zv = v_next
-    vs, pg = vtrace_out(r, v, k, tr, boot, rho, c, rho_pg, gamma, zu, zv)
     o_out = core.out_offsets(geo, o)
-    tl.store(p_vs + o_out, tl.where(live, vs, 0.0).to(p_vs.dtype.element_ty), mask=ok)
-    tl.store(p_pg + o_out, tl.where(live, pg, 0.0).to(p_pg.dtype.element_ty), mask=ok)
-    p0, q0, s0, a0, w0 = vtrace_step(r, v, k, tr, boot, rho, c, gamma)
-    return tl.where(live, a0 + p0 * zu + q0 * zv, zu), tl.where(live, w0 + s0 * zv, zv)
+    if fam[0][5] is None:
+        u = z[0]
+        tl.store(p_vs + o_out, (v + u).to(p_vs.dtype.element_ty), mask=ok)
+        tl.debug_barrier()  # the chunk's targets, visible to every thread of the program
+        BT: tl.constexpr = o.shape[1]
+        here = (tl.arange(0, BT)[None, :] < BT - 1) & (o + 1 < geo[7])  # the next step is in this chunk
+        vs_next = tl.load(p_vs + core.out_offsets(geo, o + 1), mask=ok & here, other=0).to(ACC)
+        vs_next = tl.where(here, vs_next, v_next + z[2])
+        pg = vtrace_pg(r, v, k, tr, boot, rho_pg, gamma, vs_next)
+        tl.store(p_pg + o_out, pg.to(p_pg.dtype.element_ty), mask=ok)
+        return u, v
+    else:
+        zu, zv = z[0], z[1]
+        vs, pg = vtrace_out(r, v, k, tr, boot, rho, c, rho_pg, gamma, zu, zv)
+        tl.store(p_vs + o_out, tl.where(live, vs, 0.0).to(p_vs.dtype.element_ty), mask=ok)
+        tl.store(p_pg + o_out, tl.where(live, pg, 0.0).to(p_pg.dtype.element_ty), mask=ok)
+        p0, q0, s0, a0, w0 = vtrace_step(r, v, k, tr, boot, rho, c, gamma)
+        return tl.where(live, a0 + p0 * zu + q0 * zv, zu), tl.where(live, w0 + s0 * zv, zv)
 
 
 @triton.jit
@@ -85,4 +100,4 @@ def vtrace_kernel(
     scal = (tl.full((), gamma, ACC), tl.full((), lam, ACC), tl.full((), rho_bar, ACC), tl.full((), c_bar, ACC),
             tl.full((), pg_rho_bar, ACC))
     core.drive((fields, (p_vs, p_pg), scal), R, T, 1, (s_n, s_t, s_on, s_ot), p_ci, p_co, p_ws, _load, _step,
-               _emit, (fields[5] is not None, True, False), True, CARRY_IN, ACC, BLOCK_N, BLOCK_T, PASS, SHIFT_LOAD)
+               _emit, (fields[5] is not None, True, fields[5] is None), True, CARRY_IN, ACC, BLOCK_N, BLOCK_T, PASS, SHIFT_LOAD)
