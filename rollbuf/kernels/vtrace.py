@@ -6,9 +6,9 @@ advantages, from the maps of :func:`rollbuf.boundary.coefficients.vtrace_step`
 
 With a mask, the pair state ``(u_t, V_t)`` is scanned (``V_{t+1}`` is the next *unmasked* step's,
 carried by the scan). Without one, ``V_{t+1}`` is read from the next step in memory (the window-end
-``V_T`` past the last step) and only ``u`` is scanned: the scalar maps ``(a + q·V_{t+1}, p)``; the
-scan is then ``u_t`` itself (no shift), and ``pg_t`` reads ``vs_{t+1}`` back from the chunk's
-stored targets (:func:`~rollbuf.boundary.coefficients.vtrace_pg`).
+``V_T`` past the last step) and only ``u`` is scanned: the scalar maps ``(a + q·V_{t+1}, p)``; unless
+rows are walked chunk by chunk, the scan is then ``u_t`` itself (no shift), and ``pg_t`` reads
+``vs_{t+1}`` back from the chunk's stored targets (:func:`~rollbuf.boundary.coefficients.vtrace_pg`).
 """
 
 import triton
@@ -58,15 +58,16 @@ def _step(fam, x, ACC: tl.constexpr):
 
 @triton.jit
 def _emit(fam, geo, o, ok, x, z, ACC: tl.constexpr):
-    """Without a mask: ``vs_t = V_t + u_t`` from the inclusive ``u_t``, stored, then read back one step
-    further for ``pg_t`` (``vs_{t+1}``: the chunk's own output after a barrier; past the chunk's
-    last step, ``V_{t+1} + u_{t+1}`` from the state carried into it). With a mask: both from the
-    exclusive pair (``u_{t+1}``, ``V_{t+1}``). Returns the inclusive pair ``(u_t, V_t)``."""
+    """Reading back (no mask, rows not walked): ``vs_t = V_t + u_t`` from the inclusive ``u_t``,
+    stored, then read back one step further for ``pg_t`` (``vs_{t+1}``: the chunk's own output after a barrier; past the chunk's
+    last step, ``V_{t+1} + u_{t+1}`` from the state carried into it). Otherwise both from the
+    exclusive state (``u_{t+1}``; ``V_{t+1}`` read from memory, or carried by the pair scan with a
+    mask). Returns the inclusive pair ``(u_t, V_t)``."""
     gamma = fam[2][0]
     p_vs, p_pg = fam[1]
     r, v, k, tr, boot, live, rho, c, rho_pg, v_next = x
     o_out = core.out_offsets(geo, o)
-    if fam[0][5] is None:
+    if fam[3]:  # READBACK: the scan is u itself (no mask, rows not walked)
         u = z[0]
         tl.store(p_vs + o_out, (v + u).to(p_vs.dtype.element_ty), mask=ok)
         tl.debug_barrier()  # the chunk's targets, visible to every thread of the program
@@ -79,6 +80,8 @@ def _emit(fam, geo, o, ok, x, z, ACC: tl.constexpr):
         return u, v
     else:
         zu, zv = z[0], z[1]
+        if fam[0][5] is None:
+            zv = v_next
         vs, pg = vtrace_out(r, v, k, tr, boot, rho, c, rho_pg, gamma, zu, zv)
         tl.store(p_vs + o_out, tl.where(live, vs, 0.0).to(p_vs.dtype.element_ty), mask=ok)
         tl.store(p_pg + o_out, tl.where(live, pg, 0.0).to(p_pg.dtype.element_ty), mask=ok)
@@ -99,5 +102,11 @@ def vtrace_kernel(
     """V-trace targets and policy-gradient advantages, backward in time."""
     scal = (tl.full((), gamma, ACC), tl.full((), lam, ACC), tl.full((), rho_bar, ACC), tl.full((), c_bar, ACC),
             tl.full((), pg_rho_bar, ACC))
-    core.drive((fields, (p_vs, p_pg), scal), R, T, 1, (s_n, s_t, s_on, s_ot), p_ci, p_co, p_ws, _load, _step,
-               _emit, (fields[5] is not None, True, fields[5] is None), True, CARRY_IN, ACC, BLOCK_N, BLOCK_T, PASS, SHIFT_LOAD)
+    # Without a mask the scan is u_t itself and pg_t reads vs_{t+1} back from the stored targets,
+    # except when rows are walked chunk by chunk (then the exclusive u_{t+1}: the neighbour's maps
+    # re-loaded or a lane shift). Measured on the H200 (results/kernels_h200_e61272d.csv and
+    # peers_grid40_*.csv): reading back 8192x512 88.6 -> 31.3 µs, 8192x1024 88.1 -> 69.6, 256x131072
+    # 468 -> 370 (split rows); walked rows slower (2048x2048 49.3 -> 63.2, 8192x4096 351 -> 460).
+    READBACK: tl.constexpr = fields[5] is None and PASS != core.WALK
+    core.drive((fields, (p_vs, p_pg), scal, READBACK), R, T, 1, (s_n, s_t, s_on, s_ot), p_ci, p_co, p_ws, _load,
+               _step, _emit, (fields[5] is not None, True, READBACK), True, CARRY_IN, ACC, BLOCK_N, BLOCK_T, PASS, SHIFT_LOAD)
