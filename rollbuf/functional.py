@@ -46,7 +46,6 @@ __all__ = [
     "affine_scan",
     "estimate",
     "bind",
-    "Bound",
 ]
 
 BACKENDS = backends.BACKENDS

@@ -98,7 +98,7 @@ def bind(p: Problem, backend: str):
     (nothing built or checked per call); otherwise :func:`run` each call."""
     if (backend == "triton" and p.family != Family.GENERIC and p.num_rows and p.num_steps
             and not autograd.needs_grad(p)):
-        from rollbuf import kernels  # imports triton: only when asked for
+        from rollbuf.backends import triton_backend  # imports triton: only when asked for
 
-        return kernels.plan(p)
+        return triton_backend.bind(p)
     return lambda: run(p, backend)

@@ -18,7 +18,7 @@ from rollbuf.backends import autograd, torch_backend
 from rollbuf.kernels import op
 from rollbuf.problem import Family, Problem
 
-__all__ = ["run", "plain_run"]
+__all__ = ["run", "plain_run", "bind"]
 
 
 def plain_run(p: Problem):
@@ -41,3 +41,9 @@ def run(p: Problem):
     if autograd.needs_grad(p):
         return autograd.run(p, plain_run)
     return plain_run(p)
+
+
+def bind(p: Problem):
+    """The kernel's pre-bound plan of ``p`` (a call with no gradients, not ``Family.GENERIC``, with
+    something to launch): ``plan()`` reruns it on the current contents of ``p``'s tensors."""
+    return kernels.plan(p)

@@ -2,7 +2,7 @@
 
 * :mod:`~rollbuf.kernels.core`: what every family shares (loads, a chunk's scan, the carry past
   the window, the decoupled look-back, the driver that walks a row or takes one chunk of it);
-* one file per family, each an entry of at most 24 parameters and its three device functions
+* one file per family, each an entry of at most 23 parameters and its three device functions
   (the fields a step reads, the scan's elements, the outputs): :mod:`~rollbuf.kernels.td_lambda` (GAE, TD(λ), discounted and
   Monte-Carlo returns), :mod:`~rollbuf.kernels.vtrace`, :mod:`~rollbuf.kernels.retrace`,
   :mod:`~rollbuf.kernels.traces` (eligibility traces, episodic sums),
