@@ -394,3 +394,67 @@ def test_validated_calls_are_reused_without_holding_tensors():
     del r2, again
     gc.collect()
     assert ref() is None, "the validation cache holds a caller's tensor"
+
+
+def test_repeated_calls_run_the_validated_problem_and_keep_every_check():
+    """A call with the signature of an earlier valid one (shapes, strides, dtypes, devices, numbers)
+    runs that call's validated problem with its own tensors; a signature it cannot key (a number
+    given as a tensor) or a wrong keyword still goes through validation, every error intact; inputs
+    that require grad get gradients; the cache holds no tensor."""
+    import gc
+    import weakref
+
+    from rollbuf import check_finite
+    from rollbuf import functional as Fn
+
+    g = torch.Generator().manual_seed(5)
+    r, v = torch.randn(4, 11, generator=g), torch.randn(4, 11, generator=g)
+    k = torch.rand(4, 11, generator=g) < 0.2
+    bv = torch.randn(4, generator=g)
+    kw = dict(values=v, terminated=k, bootstrap_values=bv, backend="torch")
+    F.advantages(0.9, 0.8, rewards=r, **kw)
+    n = len(Fn._CALLS)
+    r2 = torch.randn(4, 11, generator=g)
+    got = F.advantages(0.9, 0.8, rewards=r2, **kw)
+    assert len(Fn._CALLS) == n
+    want = F.advantages(0.9, 0.8, rewards=r2.double(), values=v.double(), terminated=k,
+                        bootstrap_values=bv.double(), backend="reference")
+    torch.testing.assert_close(got.double(), want, rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="gamma"):
+        F.advantages(1.5, 0.8, rewards=r2, **kw)
+    with pytest.raises(TypeError, match="return_carry"):
+        F.gae(0.9, 0.8, rewards=r2, return_carry=1, **kw)  # 1 == True, but not a bool
+    with pytest.raises(TypeError, match="gamma"):  # a tensor where a number goes: not keyed, validated
+        F.advantages(torch.tensor(0.9), 0.8, rewards=r2, **kw)
+    bad = r2.clone()
+    bad[1, 3] = float("nan")
+    with check_finite(), pytest.raises(ValueError, match="rewards"):
+        F.advantages(0.9, 0.8, rewards=bad, **kw)
+    rg = r2.clone().requires_grad_(True)
+    (grad,) = torch.autograd.grad(F.advantages(0.9, 0.8, rewards=rg, **kw).sum(), rg)
+    assert grad.abs().sum() > 0
+    ref = weakref.ref(r2)
+    del r2, got, rg, grad
+    gc.collect()
+    assert ref() is None, "the call cache holds a caller's tensor"
+
+
+@pytest.mark.interpret
+def test_repeated_kernel_calls_follow_the_forced_kernel_choices():
+    """The launch a repeated call reuses was built under the kernel choices forced then; under other
+    choices the call takes the full path (here: outputs poisoned with NaN before the launch, and a
+    split row), and gives the same values."""
+    import rollbuf.kernels as K
+
+    g = torch.Generator().manual_seed(6)
+    r, v = torch.randn(2, 37, generator=g), torch.randn(2, 37, generator=g)
+    kw = dict(rewards=r, values=v, terminated=torch.rand(2, 37, generator=g) < 0.2,
+              bootstrap_values=torch.randn(2, generator=g), backend="triton")
+    plain = F.gae(0.9, 0.8, **kw)
+    with K.forced(split=True, block_t=8, poison=True):
+        forced = F.gae(0.9, 0.8, **kw)
+        again = F.gae(0.9, 0.8, **kw)
+    for a, b, c in zip(plain, forced, again):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(b, c, rtol=0, atol=0)
+    torch.testing.assert_close(F.gae(0.9, 0.8, **kw).advantages, plain.advantages, rtol=0, atol=0)

@@ -29,7 +29,7 @@ import torch
 from rollbuf.backends import autograd, reference, torch_backend
 from rollbuf.problem import Family, Problem
 
-__all__ = ["BACKENDS", "resolve", "run", "bind", "triton_available", "numba_available"]
+__all__ = ["BACKENDS", "resolve", "run", "bind", "launch_for", "triton_available", "numba_available"]
 
 BACKENDS = ("auto", "triton", "torch", "reference", "numba")
 
@@ -102,3 +102,11 @@ def bind(p: Problem, backend: str):
 
         return triton_backend.bind(p)
     return lambda: run(p, backend)
+
+
+def launch_for(p: Problem):
+    """The ``triton`` backend's cached kernel launch of ``p``'s signature (``launch(q)`` runs any problem
+    of that signature: ``(outputs, carry)`` as :func:`run` gives them, no gradients)."""
+    from rollbuf.backends import triton_backend  # imports triton: only when asked for
+
+    return triton_backend.launch_for(p)

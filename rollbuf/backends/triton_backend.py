@@ -18,7 +18,7 @@ from rollbuf.backends import autograd, torch_backend
 from rollbuf.kernels import op
 from rollbuf.problem import Family, Problem
 
-__all__ = ["run", "plain_run", "bind"]
+__all__ = ["run", "plain_run", "bind", "launch_for"]
 
 
 def plain_run(p: Problem):
@@ -47,3 +47,8 @@ def bind(p: Problem):
     """The kernel's pre-bound plan of ``p`` (a call with no gradients, not ``Family.GENERIC``, with
     something to launch): ``plan()`` reruns it on the current contents of ``p``'s tensors."""
     return kernels.plan(p)
+
+
+def launch_for(p: Problem):
+    """The kernel launch cached under ``p``'s signature (:func:`rollbuf.kernels.launch_for`)."""
+    return kernels.launch_for(p)

@@ -339,6 +339,7 @@ class Launch:
     Problem ``p``, whose tensors must have the signature the launch was built for."""
 
     def __init__(self, p: Problem, force: tuple = ()):
+        self.force = force
         fc = dict(force)
         fam = FAMILIES[p.family]
         self.family, self.fam = p.family, fam
@@ -452,6 +453,10 @@ class Launch:
             self.scratch_words = 0
         itemsize = 8 if acc is float64 else 4
         self.scratch_len = self.slot_values + -(-self.scratch_words * 4 // itemsize)
+
+    def current(self) -> bool:
+        """Whether the kernel choices forced now (:func:`forced`) are those it was built under."""
+        return _FORCE.get() == self.force
 
     # -- per call --------------------------------------------------------------------------------
 
