@@ -184,13 +184,17 @@ class Bound:
     Valid while those tensors are the call's: a caller that owns them (:class:`rollbuf.Rollout`)
     drops it when one is replaced. Each call still runs the data checks (:class:`rollbuf.check_finite`,
     when on) and takes the autograd or ``torch.compile`` path when an input requires grad or the call
-    is being compiled."""
+    is being compiled, and the full path under other forced kernel choices than those it was built
+    under. A call whose batch dimensions cannot be flattened without a copy (a slice of a
+    ``[E, A, T]`` buffer, say) is not bound: each ``bound()`` is then the full call, so that writes
+    into the caller's tensors are always seen."""
 
-    __slots__ = ("problem", "backend", "_run", "_column", "_plain")
+    __slots__ = ("problem", "backend", "_run", "_launch", "_column", "_plain", "_again")
 
-    def __init__(self, p: Problem, backend: str):
-        self.problem, self.backend = p, backend
-        self._run = backends.bind(p, backend)
+    def __init__(self, p: Problem, backend: str, again=None):
+        self.problem, self.backend, self._again = p, backend, again
+        self._run = backends.bind(p, backend) if again is None else None
+        self._launch = getattr(self._run, "launch", None)  # a kernel plan's launch
         bv = p.fields.get("bootstrap_values")
         # a [*B] window-end column with truncations is checked against them on every call
         self._column = bv is not None and bv.dim() == 1 and p.fields.get("truncated") is not None
@@ -199,10 +203,13 @@ class Bound:
                        and "final" not in p.outputs)
 
     def __call__(self):
+        if self._again is not None:
+            return self._again()
         p = self.problem
         if self._column or validation.checking_finite():
             validation.recheck(p)
-        if torch.compiler.is_compiling() or backends.autograd.needs_grad(p):
+        if (torch.compiler.is_compiling() or backends.autograd.needs_grad(p)
+                or (self._launch is not None and not self._launch.current())):
             outs, cout = backends.run(p, self.backend)
         else:
             outs, cout = self._run()
@@ -216,7 +223,14 @@ def bind(function: str, arguments: dict) -> Bound:
     """The call ``function(**arguments)`` (a public estimator function, as :func:`call` takes it),
     validated once and bound to its tensors: see :class:`Bound`."""
     name, kw = _arguments(function, arguments)
-    return Bound(*_problem(name, **kw))
+    p, be = _problem(name, **dict(kw))
+    given = dict(kw, carry=kw.get("carry"))
+    for key, x in (*p.fields.items(), ("carry", p.carry)):
+        t = given.get(key)
+        if x is not None and t is not None and x is not t and x.untyped_storage().data_ptr() != \
+                t.untyped_storage().data_ptr():  # flattened by a copy: later writes would not reach it
+            return Bound(p, be, again=lambda: call(function, arguments))
+    return Bound(p, be)
 
 
 def _arguments(function: str, arguments: dict):

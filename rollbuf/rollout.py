@@ -31,10 +31,28 @@ _OWN = ("rewards", "values", "terminated", "truncated", "bootstrap_values", "mas
 _PLAIN = (int, float, bool, str, type(None), torch.dtype)  # arguments a bound call may be keyed on
 
 
+def _addresses(tensors) -> tuple:
+    return tuple(None if t is None else t.data_ptr() for t in tensors)
+
+
 class _BoundCalls(dict):
-    """A rollout's bound estimator calls by their arguments: ``(field tensors, Bound)``. Bound to
-    this rollout's tensors, so a copy of the rollout starts without any (they are rebuilt on its
-    first call)."""
+    """A rollout's bound estimator calls by their arguments: ``(field tensors, their addresses,
+    Bound)``, the most recent :data:`MAX` of them. Bound to this rollout's tensors, so a copy of the
+    rollout starts without any (they are rebuilt on its first call)."""
+
+    MAX = 8  # e.g. gae and advantages at a few values of γ, λ
+
+    def keep(self, key, entry):
+        """Store ``entry`` under ``key``; drop the calls bound to fields that were replaced since, and
+        the oldest beyond :data:`MAX` (no replaced tensor is kept alive, and a schedule of γ or λ
+        does not grow the dict)."""
+        tensors = entry[0]
+        for k in [k for k, e in self.items() if not all(map(operator.is_, e[0], tensors))]:
+            del self[k]
+        self.pop(key, None)
+        self[key] = entry
+        while len(self) > self.MAX:
+            del self[next(iter(self))]
 
     def __copy__(self):
         return _BoundCalls()
@@ -182,31 +200,31 @@ class Rollout:
         through the rollout's bound calls where it can be bound.
 
         The fields are compared with those a bound call holds as the backing TensorDict's entries
-        (a tensorclass attribute costs microseconds; an absent field is no entry there): a rollout
-        whose storage is laid out otherwise (a lazy stack) finds no entries and is never bound."""
-        if torch.compiler.is_compiling():
+        (a tensorclass attribute costs microseconds; an absent field is no entry there), by identity
+        and by storage address (a field given new storage in place, ``x.data = y``, is a new field):
+        a rollout whose storage is laid out otherwise (a lazy stack) finds no entries and is never
+        bound."""
+        if torch.compiler.is_compiling() or not all(type(v) in _PLAIN for v in args.values()) or any(
+                k in _OWN for k in args):  # a field given twice: the functional call raises the TypeError
             return getattr(F, function)(**args, **(fields or self._fields()))
         try:
-            key = (function, *args.items(), *map(type, args.values()))
+            key = (function, *sorted((k, type(v).__name__, v) for k, v in args.items()))
             entries = self._tensordict._tensordict
             bound = self.__dict__.get("_bound")
             hit = None if bound is None else bound.get(key)
         except (TypeError, AttributeError):  # an unhashable argument, another storage
             return getattr(F, function)(**args, **(fields or self._fields()))
         tensors = tuple(map(entries.get, _OWN))
-        if hit is not None and all(map(operator.is_, hit[0], tensors)):
-            return hit[1]()
+        if hit is not None and all(map(operator.is_, hit[0], tensors)) and hit[1] == _addresses(tensors):
+            return hit[2]()
         own = self._fields()
-        if hit is not None:
-            del bound[key]  # it holds replaced tensors
-        if not all(type(v) in _PLAIN for v in args.values()) or any(
-                own[n] is not t for n, t in zip(_OWN, tensors)):
+        if any(own[n] is not t for n, t in zip(_OWN, tensors)):
             return getattr(F, function)(**args, **(fields or own))
         b = F.bind(function, dict(args, **(fields or own)))
         if bound is None:
             bound = _BoundCalls()
             object.__setattr__(self, "_bound", bound)  # an instance attribute, not a field
-        bound[key] = (tensors, b)
+        bound.keep(key, (tensors, _addresses(tensors), b))
         return b()
 
     def gae(self, gamma, lam, **kw):

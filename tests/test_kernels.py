@@ -626,3 +626,31 @@ def test_window_end_after_long_padding(name, split):
     f1 = dict(f, truncated=None,
               bootstrap_values=torch.tensor([1.5, 0.5, 0.0, -2.0, 0.75], dtype=bv.dtype).to(DEV))
     assert_ref(call(name, f1, "triton"), call(name, f1, "reference"), 1e-5)
+
+
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16])
+def test_vtrace_pg_is_not_rounded_through_stored_targets(out_dtype):
+    """Values of size 1000 and policy-gradient advantages of size 1, written in bf16/fp16: pg must
+    carry only its own rounding, not that of the stored targets vs (of V's size), and an fp16 target
+    that overflows must not turn a terminated step's pg into NaN."""
+    g = torch.Generator().manual_seed(11)
+    N, T = 3, 37
+    v = 1000 + torch.randn(N, T, generator=g)
+    r = torch.randn(N, T, generator=g)
+    k = torch.zeros(N, T, dtype=torch.bool)
+    k[:, 20] = True
+    if out_dtype == torch.float16:
+        v[0, 21] = 70000.0  # vs overflows fp16 there; pg at the terminated step 20 does not read it
+    lp = torch.randn(N, T, generator=g) * 0.1
+    kw = dict(log_probs=lp.to(DEV), rewards=r.to(DEV), values=v.to(DEV), terminated=k.to(DEV),
+              bootstrap_values=(1000 + torch.randn(N, generator=g)).to(DEV), out_dtype=out_dtype)
+    tlp = (lp + torch.randn(N, T, generator=g) * 0.1).to(DEV)
+    got = F.vtrace(tlp, 0.99, **kw, backend="triton").pg_advantages.float().cpu()
+    want = F.vtrace(tlp.cpu().double(), 0.99, **{k_: (x.cpu().double() if isinstance(x, torch.Tensor)
+                                                     and x.is_floating_point() else x.cpu() if
+                                                     isinstance(x, torch.Tensor) else None)
+                                                  for k_, x in kw.items() if k_ != "out_dtype"},
+                    backend="reference").pg_advantages
+    assert torch.isfinite(got[:, 20]).all()
+    fin = torch.isfinite(got) & torch.isfinite(want)
+    assert ((got - want).abs()[fin] <= 0.02 * want.abs()[fin] + 0.02).all()

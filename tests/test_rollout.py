@@ -404,7 +404,7 @@ def test_bound_call_on_the_triton_backend_launches_the_kernel_plan():
 
     ro = _bound_rollout(n=4, t=37, seed=3, backend_device="cuda" if torch.cuda.is_available() else "cpu")
     adv = ro.advantages(0.9, 0.8, backend="triton")
-    (tensors, bound), = ro.__dict__["_bound"].values()
+    (tensors, addresses, bound), = ro.__dict__["_bound"].values()
     assert isinstance(bound._run, kernels.Plan)
     def reference():
         cpu = {k: (None if v is None else v.cpu()) for k, v in ro._fields().items()}
@@ -415,3 +415,48 @@ def test_bound_call_on_the_triton_backend_launches_the_kernel_plan():
     again = ro.advantages(0.9, 0.8, backend="triton")
     torch.testing.assert_close(again.cpu(), reference(), rtol=1e-5, atol=1e-5)
     assert not torch.equal(adv, again)
+
+
+def test_bound_call_of_a_slice_sees_writes_through_the_parent():
+    """A slice of an [E, A, T] rollout cannot be flattened to [E·A', T] without a copy: its calls are
+    not bound to that copy, so writes into the parent (the slice's own storage) are always seen."""
+    ro = Rollout.empty((4, 3), 16)
+    g = torch.Generator().manual_seed(1)
+    for t in range(16):
+        ro.record(t, rewards=torch.randn(4, 3, generator=g), values=torch.randn(4, 3, generator=g))
+    ro.bootstrap(torch.randn(4, 3, generator=g))
+    team = ro[:, :2]
+    first = team.advantages(0.9, 0.8, backend="torch")
+    ro.record(5, rewards=torch.full((4, 3), 100.0))
+    again = team.advantages(0.9, 0.8, backend="torch")
+    _same_results(again, F.advantages(0.9, 0.8, **team._fields(), backend="torch"))
+    assert not torch.equal(first, again)
+
+
+def test_a_field_given_again_to_a_method_is_an_error():
+    ro = _bound_rollout()
+    for name in ("truncated", "mask", "bootstrap_values"):
+        with pytest.raises(TypeError, match="multiple values"):
+            ro.gae(0.9, 0.8, **{name: None})
+
+
+def test_bound_calls_are_few_and_hold_no_replaced_field():
+    """A schedule of γ keeps at most a few bound calls, and a replaced field is not kept alive by one;
+    a field given new storage in place (``x.data = y``) is a new field."""
+    import gc
+    import weakref
+
+    ro = _bound_rollout()
+    for i in range(20):
+        ro.gae(0.5 + i / 100, 0.8, backend="torch")
+    assert len(ro.__dict__["_bound"]) <= 8
+    refs = []
+    for i in range(5):
+        refs.append(weakref.ref(ro.values))
+        ro.values = ro.values.clone()
+        ro.gae(0.9, 0.8 - i / 100, backend="torch")
+    gc.collect()
+    assert sum(r() is not None for r in refs[:-1]) == 0
+    ro.gae(0.9, 0.8, backend="torch")
+    ro.rewards.data = ro.rewards.data * 2 + 1
+    _same_results(ro.gae(0.9, 0.8, backend="torch"), F.gae(0.9, 0.8, **ro._fields(), backend="torch"))

@@ -18,8 +18,8 @@ functions of its own:
 
 ``LOAD`` runs again at the output's steps for ``EMIT`` (second reads hit the cache): holding the
 scan's ``x`` in registers across the scan instead was measured on the H200 at 5055e67
-(benchmarks/results/kernels_h200_5055e67.csv) and lost: GAE within ±4% either way, V-trace's short
-rows 14–16% slower (4096x128 7.80 vs 6.71 µs, 16384x128 21.8 vs 19.4, 32768x16 8.19 vs 7.14).
+(benchmarks/results/kernels_h200_5055e67.csv) and lost: GAE −6% to +4%, V-trace's short
+rows 12–16% slower (4096x128 7.80 vs 6.71 µs, 16384x128 21.8 vs 19.4, 32768x16 8.19 vs 7.14).
 
 ``fields = (main, values, terminated, truncated, bootstrap_values, mask, *extras)``: the driver
 reads positions 2, 4 and 5 for the window end; ``None`` = absent (a compile-time constant: absent

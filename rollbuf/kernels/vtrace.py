@@ -104,9 +104,15 @@ def vtrace_kernel(
             tl.full((), pg_rho_bar, ACC))
     # Without a mask the scan is u_t itself and pg_t reads vs_{t+1} back from the stored targets,
     # except when rows are walked chunk by chunk (then the exclusive u_{t+1}: the neighbour's maps
-    # re-loaded or a lane shift). Measured on the H200 (results/kernels_h200_e61272d.csv and
-    # peers_grid40_*.csv): reading back 8192x512 88.6 -> 31.3 µs, 8192x1024 88.1 -> 69.6, 256x131072
-    # 468 -> 370 (split rows); walked rows slower (2048x2048 49.3 -> 63.2, 8192x4096 351 -> 460).
-    READBACK: tl.constexpr = fields[5] is None and PASS != core.WALK
+    # re-loaded or a lane shift). Measured on the H200 against 5055e67 (the same strategy table,
+    # results/kernels_h200_5055e67.csv and _e61272d.csv; one-chunk rows also gained the loop-free
+    # pass in between): split rows 256x131072 468 -> 370 µs, one chunk 32768x16 8.1 -> 5.9,
+    # 4096x128 7.9 -> 6.0; walked rows slower (2048x2048 49.3 -> 63.2,
+    # 8192x4096 351 -> 460). The run at 184551f (one row and one warp per program by a bug) had
+    # 4096x128 at 5.26 µs without reading back: the short-row tiling is not settled.
+    # Only where the targets are stored in the accumulation dtype: a bf16/fp16 vs_{t+1} read back
+    # would carry the output's rounding of vs (of V's size) into pg, and an fp16 overflow to inf
+    # would make 0·inf = NaN at a terminated step.
+    READBACK: tl.constexpr = fields[5] is None and PASS != core.WALK and p_vs.dtype.element_ty == ACC
     core.drive((fields, (p_vs, p_pg), scal, READBACK), R, T, 1, (s_n, s_t, s_on, s_ot), p_ci, p_co, p_ws, _load,
                _step, _emit, (fields[5] is not None, True, READBACK), True, CARRY_IN, ACC, BLOCK_N, BLOCK_T, PASS, SHIFT_LOAD)
