@@ -654,3 +654,29 @@ def test_vtrace_pg_is_not_rounded_through_stored_targets(out_dtype):
     assert torch.isfinite(got[:, 20]).all()
     fin = torch.isfinite(got) & torch.isfinite(want)
     assert ((got - want).abs()[fin] <= 0.02 * want.abs()[fin] + 0.02).all()
+
+
+@pytest.mark.parametrize("T,force", [(200, dict(block_t=256)), (700, dict(block_t=256, split=True, presolve=False)),
+                                     (700, dict(block_t=256, split=True, presolve=True, resolve_block_r=2)),
+                                     (700, dict(block_t=256, split=False))],
+                         ids=["one-chunk", "lookback", "three-pass", "walk"])
+@pytest.mark.parametrize("mix", ["term", "term+trunc"])
+def test_vtrace_reading_its_targets_back(T, force, mix):
+    """V-trace without a mask in chunks longer than 128 steps reads vs_{t+1} back from its stored
+    targets (except walked rows): one chunk, split rows (look-back, three passes), walked rows,
+    against the reference, with a chained carry and the carry out."""
+    f = make(2, T, mix, seed=T)
+    f["mask"] = None
+    carry = torch.randn(2, 2, dtype=torch.float64)
+    kw = dict(log_probs=f["log_probs"], rewards=f["rewards"], values=f["values"], terminated=f["terminated"],
+              truncated=f["truncated"], bootstrap_values=f["bootstrap_values"])
+    with K.forced(**force):
+        got, c = F.vtrace(f["target_log_probs"], 0.97, lam=0.9, carry=carry.to(DEV).float(), return_carry=True,
+                          **kw, backend="triton")
+    cpu = {k: (None if v is None else v.cpu()) for k, v in kw.items()}
+    cpu = {k: (v.double() if v is not None and v.is_floating_point() else v) for k, v in cpu.items()}
+    want, wc = F.vtrace(f["target_log_probs"].cpu().double(), 0.97, lam=0.9, carry=carry, return_carry=True,
+                        **cpu, backend="torch")  # float64 (the reference loop takes no carry)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a.cpu().double(), b.double(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(c.cpu().double(), wc.double(), rtol=1e-5, atol=1e-5)

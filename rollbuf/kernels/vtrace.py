@@ -113,6 +113,10 @@ def vtrace_kernel(
     # Only where the targets are stored in the accumulation dtype: a bf16/fp16 vs_{t+1} read back
     # would carry the output's rounding of vs (of V's size) into pg, and an fp16 overflow to inf
     # would make 0·inf = NaN at a terminated step.
-    READBACK: tl.constexpr = fields[5] is None and PASS != core.WALK and p_vs.dtype.element_ty == ACC
+    # And only for chunks longer than 128 steps: at 128 the lane shift was faster on the same tiles
+    # (4 rows x 128, 4 warps: 4096x128 5.23 µs shifting at 184551f, 5.99 reading back at e61272d;
+    # 16384x128 14.6 vs 17.3), at 512 far slower (8192x512 88.6 vs 31.3 µs).
+    READBACK: tl.constexpr = (fields[5] is None and PASS != core.WALK and p_vs.dtype.element_ty == ACC
+                              and BLOCK_T > 128)
     core.drive((fields, (p_vs, p_pg), scal, READBACK), R, T, 1, (s_n, s_t, s_on, s_ot), p_ci, p_co, p_ws, _load,
                _step, _emit, (fields[5] is not None, True, READBACK), True, CARRY_IN, ACC, BLOCK_N, BLOCK_T, PASS, SHIFT_LOAD)
