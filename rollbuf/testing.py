@@ -55,6 +55,7 @@ Estimator names are those of :mod:`rollbuf.functional` (``gae``, ``advantages``,
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 
@@ -71,6 +72,7 @@ __all__ = [
     "lams",
     "estimator_params",
     "run_estimator",
+    "estimator_call",
     "reference_outputs",
     "default_tolerance",
     "assert_matches_reference",
@@ -324,13 +326,20 @@ def run_estimator(name: str, fields: Mapping, *, backend="auto", **params):
     the forward estimators use ``fields["x"]`` if present, else the rewards. Returns what the
     function returns.
     """
+    return estimator_call(name, fields, backend=backend, **params)()
+
+
+def estimator_call(name: str, fields: Mapping, *, backend="auto", **params):
+    """The zero-argument call :func:`run_estimator` makes, its arguments gathered once: calling it is
+    exactly the user's call ``rollbuf.functional.<name>(...)`` (benchmarks time it)."""
     from rollbuf import functional as F
 
     fn_name = _lookup(name)[0]
     fn = getattr(F, fn_name, None)
+    kw = dict(_inputs(name, fields, params), backend=backend)
     if fn is None or fn_name not in F.__all__:  # a registered estimator with no wrapper of its own
-        return F.estimate(name, **_inputs(name, fields, params), backend=backend)
-    return fn(**_inputs(name, fields, params), backend=backend)
+        return functools.partial(F.estimate, name, **kw)
+    return functools.partial(fn, **kw)
 
 
 def _as_tuple(out):

@@ -40,7 +40,7 @@ import torch
 from rollbuf.estimators import REGISTRY
 
 from rollbuf.oracles import gae_doubling, gae_loop
-from rollbuf.testing import run_estimator
+from rollbuf.testing import estimator_call
 
 
 class Unsupported(Exception):
@@ -60,13 +60,18 @@ def bind(fn: Callable, name: str, fields: dict, params: dict) -> Callable:
 
 
 def rollbuf_backend(backend: str, max_gpu_elements: int | None = None) -> Callable:
-    def fn(name, f, params):
+    def prepare(name, f, params):
+        """The user's call ``rollbuf.functional.<name>(...)``, its arguments gathered once (untimed)."""
         r = f["rewards"]
         if max_gpu_elements is not None and r.is_cuda and r.numel() > max_gpu_elements:
             raise Unsupported(f"more than {max_gpu_elements} elements on the GPU (the CPU path; timed smaller)")
-        return _tuple(run_estimator(name, f, backend=backend, **params))
+        return estimator_call(name, f, backend=backend, **params)
+
+    def fn(name, f, params):
+        return _tuple(prepare(name, f, params)())
 
     fn.__name__ = f"rollbuf_{backend}"
+    fn.prepare = prepare
     return fn
 
 
