@@ -16,6 +16,7 @@ sequential float64 loop, docs/semantics.md):
   bootstrap value there, and both numbers;
 * :func:`assert_close_to_reference` is the same comparison for any two tensors;
 * :func:`run_estimator` calls ``rollbuf.functional.<name>`` with just the fields that estimator takes.
+* :func:`estimator_call` is that call with its arguments gathered once (a zero-argument callable).
 
 Example: unit-test your own GAE against the oracle at every kind of boundary::
 
