@@ -457,6 +457,7 @@ def test_direct_launch_bookkeeping(monkeypatch):
     monkeypatch.setattr(H, "_DRIVER", [(lambda device: "stream", hooks)])
     monkeypatch.setattr(H.Kernel, "__call__", on_gpu)
     monkeypatch.setattr(H, "LAUNCHES", {})
+    monkeypatch.setattr(F, "_CALLS", {})  # functional's repeated calls hold their launch: start both empty
     f = make(3, 37, "term+trunc+mask", seed=9)
     ref = call("gae", f, "reference")
 
@@ -479,7 +480,9 @@ def test_direct_launch_bookkeeping(monkeypatch):
     monkeypatch.setattr(H, "LAUNCHES_MAX", 3)
     check(dict(f, values=offset(f["values"])), 1, 0)  # a fourth key: the cache starts over
     assert len(H.LAUNCHES) == 1
-    check(f, 1, 0)
+    check(f, 0, 1)  # functional's repeated call still holds the launch it was built with
+    F._CALLS.clear()
+    check(f, 1, 0)  # through the kernel cache again: compiled anew
     monkeypatch.setattr(H, "LAUNCHES_MAX", 4096)
     with K.forced(split=True, presolve=True):  # three passes: two family launches and the resolve kernel
         check(f, 3, 0)
