@@ -61,88 +61,199 @@ def estimate(name, *, backend="auto", carry=None, return_carry=False, out_dtype=
     ``initial=`` where backward ones take ``carry=``. ``run`` is the backend seam
     (:func:`rollbuf.backends.run` by default; :mod:`rollbuf.distributed` passes its carry exchange).
     """
+    arguments = dict(kwargs, backend=backend, carry=carry, return_carry=return_carry, out_dtype=out_dtype,
+                     window_end=window_end)
+    return _cached(("estimate", name), name, arguments, run)
+
+
+def call(function: str, arguments: dict, run=None):
+    """Call the public estimator function ``function`` (``"gae"``, ``"discounted_returns"``, ...)
+    with its arguments by name (as ``inspect.signature(...).bind`` gives them), through the backend
+    seam ``run``: the wrappers below are this call; :mod:`rollbuf.distributed` calls it with its
+    carry exchange as ``run``."""
+    return _cached(function, None, arguments, run)
+
+
+def _cached(tag, name, arguments: dict, run):
+    """One call, by ``tag``: ``name`` is a registry estimator called through :func:`estimate` (its
+    ``arguments`` are :func:`estimate`'s keywords), ``None`` a public function ``tag``. A call with
+    the signature of an earlier valid one takes the repeated path (below); any other is validated."""
     key = None
     if run is None and not torch.compiler.is_compiling():
-        est = estimators.get(name)
-        key = _call_key(est, backend, carry, return_carry, out_dtype, window_end, kwargs)
-        hit = None if key is None else _CALLS.get(key)
-        if hit is not None and hit.estimator is est:
-            return hit(kwargs, carry)
-    p, be = _problem(name, backend=backend, carry=carry, return_carry=return_carry, out_dtype=out_dtype,
-                     window_end=window_end, **kwargs)
+        key = _call_key(tag, arguments)
+        if key is not None:
+            hit = _CALLS.get(key)
+            if hit is not None and _REGISTRY.get(hit.estimator.name) is hit.estimator:  # not re-registered
+                return hit(arguments)
+    if name is None:
+        name, kw = _arguments(tag, arguments)
+    else:
+        kw = arguments
+    p, be = _problem(name, **kw)
     outs, cout = (run or backends.run)(p, be)
     if key is not None:
-        if len(_CALLS) >= _CALLS_MAX:
-            _CALLS.clear()
-        _CALLS[key] = _Repeat(p, be)
+        repeat = _Repeat.build(p, be, tag, name, arguments)
+        if repeat is not None:
+            if len(_CALLS) >= _CALLS_MAX:
+                _CALLS.clear()
+            _CALLS[key] = repeat
     return result(p, outs, cout)
 
 
 # ---- repeated calls ----------------------------------------------------------------------------
-# A call whose signature matches an earlier valid one (the estimator, the backend and keywords, every
+# A call whose signature matches an earlier valid one (the function, every argument's name, every
 # number's type and value, every tensor's shape, strides, dtype, device and 16-byte alignment) runs
 # that call's validated problem with its own tensors, through the kernel launch built for it: no
-# validation, no dispatch, no launch lookup. The checks that read data run on every call; inputs
-# that require grad take the autograd path. The cache holds shapes, never tensors.
+# validation, no dispatch, no launch lookup, the launch's scalars and field slots taken as built.
+# The checks that read data run on every call; inputs that require grad take the autograd path;
+# other forced kernel choices take the full path. The cache holds shapes, never tensors.
 
 _CALLS: dict = {}
 _CALLS_MAX = 1024
-_PLAIN = (int, float, bool, str, type(None), torch.dtype)
+_FIELDS, _CARRY = Problem._fields.index("fields"), Problem._fields.index("carry")
+_make = Problem._make
+_REGISTRY = estimators.REGISTRY
+_PLAIN = {t: t for t in (int, float, bool, str, torch.dtype)}  # the types keyed by value
+_TENSOR = torch.Tensor
 
 
-def _call_key(est, backend, carry, return_carry, out_dtype, window_end, kwargs):
-    """The signature of an :func:`estimate` call, or ``None`` where it cannot be keyed cheaply (a
-    tensor where a number goes, an unhashable argument): such a call is validated in full."""
-    if type(backend) is not str or type(window_end) is not str or type(return_carry) is not bool or not (
-            out_dtype is None or isinstance(out_dtype, torch.dtype)):
+def _call_key(tag, arguments: dict):
+    """The signature of one call, or ``None`` where it cannot be keyed cheaply (a tensor subclass,
+    an argument of another type than a plain number, string, dtype or ``None``): such a call is
+    validated in full. A tensor where a number goes is keyed, but never cached (see
+    :meth:`_Repeat.build`), so its calls are validated in full too."""
+    try:
+        return (tag, tuple(arguments), *[
+            (x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & 15) if type(x) is _TENSOR
+            else x if x is None else (_PLAIN[type(x)], x) for x in arguments.values()])
+    except KeyError:  # a type that is not keyed
         return None
-    fields = est.field_names
-    key = [est.name, backend, return_carry, out_dtype, window_end]
-    for k, v in (("carry", carry), *kwargs.items()):
-        if isinstance(v, torch.Tensor):
-            if k not in fields and k not in ("carry", "initial"):
-                return None
-            key.append((k, v.shape, v.stride(), v.dtype, v.device, v.data_ptr() % 16 == 0))
-        elif type(v) in _PLAIN:
-            key.append((k, type(v), v))
-        else:
-            return None
-    return tuple(key)
+
+
+class _Arg:
+    """Marks where an argument's tensor went when a call's arguments are mapped to its fields."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str):
+        self.name = name
 
 
 class _Repeat:
-    """The validated problem of one call signature, as a skeleton (each field's flattened shape in
-    place of the tensor), its backend and, on the ``triton`` backend, its kernel launch."""
+    """The validated problem of one call signature, as the pieces the repeated path needs: which
+    argument fills which field (and the flattened shape it is reshaped to, where it differs), the
+    problem's other members, its backend and, on the ``triton`` backend, its kernel launch with the
+    call's scalars and the kernel's field slot of each argument."""
 
-    __slots__ = ("estimator", "skeleton", "backend", "launch", "column")
+    __slots__ = ("estimator", "backend", "values", "take", "carry_arg", "carry_shape", "grads", "column",
+                 "launch", "slots", "n_slots", "scalars", "carry_in", "fast")
 
-    def __init__(self, p: Problem, backend: str):
-        self.estimator, self.backend = p.estimator, backend
-        self.skeleton = p._replace(fields={k: (None if v is None else v.shape) for k, v in p.fields.items()},
-                                   carry=None if p.carry is None else p.carry.shape)
-        self.launch = (backends.launch_for(p) if backend == "triton" and p.family != Family.GENERIC
-                       and p.num_rows and p.num_steps else None)  # built under the kernel choices forced now
+    @classmethod
+    def build(cls, p: Problem, backend: str, tag, name, arguments: dict):
+        """The repeated path of a validated call, or ``None`` where its problem's tensors are not its
+        arguments reshaped (a tensor given where a number goes, a field that validation made)."""
+        marked = {k: (_Arg(k) if type(v) is _TENSOR else v) for k, v in arguments.items()}
+        kw = marked if name is not None else _arguments(tag, marked)[1]  # where each tensor went
+        est = p.estimator
+        allowed = set(est.field_names) | {"carry", "initial"}
+        if any(type(v) is _Arg and k not in allowed for k, v in kw.items()):
+            return None  # a tensor where a number goes: validated in full every time
+        self = cls()
+        self.estimator, self.backend = est, backend
+        take = []
+        for fname, x in p.fields.items():
+            if x is None:
+                continue
+            src = kw.get(fname)
+            if type(src) is not _Arg:
+                return None
+            src = src.name
+            a = arguments[src]
+            if a.data_ptr() != x.data_ptr():
+                return None
+            take.append((src, fname, None if a.shape == x.shape else x.shape))
+        self.take = tuple(take)
+        self.carry_arg = self.carry_shape = None
+        if p.carry is not None:
+            src = kw.get("carry") if type(kw.get("carry")) is _Arg else kw.get("initial")
+            if type(src) is not _Arg:
+                return None
+            src = src.name
+            a = arguments[src]
+            self.carry_arg = src
+            self.carry_shape = None if a.shape == p.carry.shape else p.carry.shape
+        self.values = list(p)  # the problem's members; fields and carry filled per call
+        differentiable = backends.autograd.differentiable_fields(p)
+        self.grads = tuple(src for src, fname, _ in take if fname in differentiable)
         bv = p.fields.get("bootstrap_values")
         self.column = bv is not None and bv.dim() == 1 and p.fields.get("truncated") is not None
+        self.launch = self.slots = self.scalars = self.carry_in = None
+        self.fast = False
+        if backend == "triton" and p.family != Family.GENERIC and p.num_rows and p.num_steps:
+            launch = backends.launch_for(p)  # built under the kernel choices forced now
+            self.launch = launch
+            # The fast path: [N, T] fields (no reshape, outputs as the kernel writes them: the
+            # outputs in out_dtype, a forward estimator's final in the accumulation dtype), no carry
+            # in or out, no [N] column to check, no field made to match the launch's layout. The kernel's fields tuple
+            # and carry in are then the arguments themselves, its scalars those of this signature.
+            if (launch.direct() and len(p.batch_shape) == 1 and not p.want_carry and not self.column
+                    and p.carry is None and all(shape is None for _, _, shape in take)):
+                names = launch.field_slots()
+                where = {fname: i for i, fname in enumerate(names) if fname is not None}
+                source = {fname: src for src, fname, _ in take}
+                self.slots = tuple((source[fname], i) for fname, i in where.items() if fname in source)
+                self.n_slots = len(names)
+                self.scalars = launch.scalar_values(p)
+                ci = launch.carry_source()
+                if ci is None or ci in source:
+                    self.carry_in = None if ci is None else source[ci]
+                    self.fast = True
+        return self
 
-    def __call__(self, kwargs: dict, carry):
-        sk = self.skeleton
-        if carry is None:
-            carry = kwargs.get("initial")
+    def __call__(self, arguments: dict):
+        launch = self.launch
+        if self.fast and launch.current() and not validation.checking_finite() and not self._grad(arguments, None):
+            # the kernel's fields straight from the arguments; the result straight from its outputs
+            fields = [None] * self.n_slots
+            for src, i in self.slots:
+                fields[i] = arguments[src]
+            ci = self.carry_in
+            if ci is not None:
+                ci = arguments[ci]
+                ci = ci if ci.is_contiguous() else ci.contiguous()
+            outs, _ = launch(None, tuple(fields), ci, self.scalars)
+            res = self.estimator.result
+            return res(*outs) if res is not None else outs[0]
         flat = {}
-        for name, shape in sk.fields.items():
-            x = kwargs.get(name)
-            flat[name] = None if x is None or shape is None else (x if x.shape == shape else x.reshape(shape))
-        if carry is not None and carry.shape != sk.carry:
-            carry = carry.reshape(sk.carry)
-        p = sk._replace(fields=flat, carry=carry)
+        for src, fname, shape in self.take:
+            x = arguments[src]
+            flat[fname] = x if shape is None else x.reshape(shape)
+        carry = None
+        if self.carry_arg is not None:
+            carry = arguments[self.carry_arg]
+            if self.carry_shape is not None:
+                carry = carry.reshape(self.carry_shape)
+        v = self.values.copy()
+        v[_FIELDS], v[_CARRY] = flat, carry
+        p = _make(v)
         if self.column or validation.checking_finite():
             validation.recheck(p)
-        if self.launch is None or not self.launch.current() or backends.autograd.needs_grad(p):
+        if launch is None or not launch.current() or self._grad(arguments, carry):
             outs, cout = backends.run(p, self.backend)
         else:
-            outs, cout = self.launch(p)
+            outs, cout = launch(p)
         return result(p, outs, cout)
+
+    def _grad(self, arguments: dict, carry) -> bool:
+        """Whether this call must be recorded for autograd (as :func:`rollbuf.backends.autograd.needs_grad`)."""
+        if not torch.is_grad_enabled():
+            return False
+        if carry is not None and carry.requires_grad:
+            return True
+        for src in self.grads:
+            if arguments[src].requires_grad:
+                return True
+        return False
 
 
 def _problem(name, *, backend="auto", carry=None, return_carry=False, out_dtype=None, window_end="bootstrap",
@@ -164,15 +275,6 @@ def _problem(name, *, backend="auto", carry=None, return_carry=False, out_dtype=
     p = validation.prepare(est, fields, params, carry=carry, return_carry=return_carry,
                            out_dtype=out_dtype, window_end=window_end)
     return p, backends.resolve(backend, p.main.device)
-
-
-def call(function: str, arguments: dict, run=None):
-    """Call the public estimator function ``function`` (``"gae"``, ``"discounted_returns"``, ...)
-    with its arguments by name (as ``inspect.signature(...).bind`` gives them), through the backend
-    seam ``run``: the wrappers below are this call; :mod:`rollbuf.distributed` calls it with its
-    carry exchange as ``run``."""
-    name, kw = _arguments(function, arguments)
-    return estimate(name, run=run, **kw)
 
 
 class Bound:

@@ -409,6 +409,17 @@ class Launch:
             conv.append((fam.fields.index("bootstrap_values"), "bootstrap_values", "drop"))
         self.conv = tuple(conv)
         self.carry_in = carry_in
+        # a field laid out as the outputs are (dtype, shape, strides): they are allocated like it
+        # (torch.empty_like costs about half of torch.empty with a shape, dtype and device)
+        if tm:
+            s = torch.empty((T, N, *feat), device="meta").transpose(0, 1).stride()
+        else:
+            s = torch.empty((N, T, *feat), device="meta").stride()
+        converted = {i for i, _, _ in conv}
+        self.like = next((i for i, name in enumerate(fam.fields)
+                          if name is not None and i not in converted and f.get(name) is not None
+                          and f[name].dtype == self.out_dtype and tuple(f[name].shape) == (N, T, *feat)
+                          and f[name].stride() == s), None)
         slot_of = [0] if self.forward_final else [fam.outputs.index(o) for o in self.out_names]
         self.n_slots = 1 if self.forward_final else len(fam.outputs)
         self.slot_of = None if slot_of == list(range(self.n_slots)) else tuple(slot_of)
@@ -458,6 +469,32 @@ class Launch:
         """Whether the kernel choices forced now (:func:`forced`) are those it was built under."""
         return _FORCE.get() == self.force
 
+    # -- for a caller that gathers the inputs itself (rollbuf.functional's repeated calls) ----------
+
+    def direct(self) -> bool:
+        """Whether the kernel reads the problem's fields as they are (none is made to match the
+        launch's layout, none is dropped): :meth:`field_slots` then places them."""
+        return not self.empty and not self.conv
+
+    def field_slots(self) -> tuple:
+        """The problem field read in each slot of the kernel's ``fields`` tuple (``None``: empty),
+        as :meth:`fields` fills it on a :meth:`direct` launch."""
+        names = list(self.fam.fields)
+        if self.column:
+            names[names.index("bootstrap_values")] = None
+        return tuple(names)
+
+    def scalar_values(self, p: Problem) -> tuple:
+        """The scalar arguments of ``p`` (γ, λ, the clips) as the kernel takes them."""
+        return tuple(float(getattr(p, s)) for s in self.scalars)
+
+    def carry_source(self) -> str | None:
+        """What the kernel's carry in is read from: ``"carry"`` (the problem's carry, made
+        contiguous), ``"bootstrap_values"`` (the ``[N]`` window-end column) or ``None``."""
+        if self.carry_in == STATE:
+            return "carry"
+        return "bootstrap_values" if self.column else None
+
     # -- per call --------------------------------------------------------------------------------
 
     def fields(self, p: Problem) -> tuple:
@@ -500,13 +537,16 @@ class Launch:
             ci = ci if ci.is_contiguous() else ci.contiguous()
         else:
             ci = None
-        return self.fields(p), ci, tuple(float(getattr(p, s)) for s in self.scalars)
+        return self.fields(p), ci, self.scalar_values(p)
 
     def prepare(self, fields: tuple, carry_in, scalars: tuple):
         """``(args, outputs, carry out, scratch)`` of one call: the buffers allocated (the scratch's
         flag words zeroed on the stream), the kernel's runtime arguments in its signature's order."""
         dev = self.device
-        if self.out_tm:
+        if self.like is not None:
+            like = fields[self.like]
+            outs = [torch.empty_like(like) for _ in self.out_names]
+        elif self.out_tm:
             shape = (self.T, self.N, *self.feat)
             outs = [torch.empty(shape, dtype=self.out_dtype, device=dev).transpose(0, 1) for _ in self.out_names]
         else:

@@ -1,0 +1,174 @@
+"""Repeated functional calls (``rollbuf.functional``'s call cache) on the ``triton`` backend.
+
+The second call of a signature runs without validation, straight from the arguments into the
+kernel launch built by the first (the fast path), or, where the problem's tensors are reshaped
+arguments or a data check must run, through the validated problem (the general path). Either way
+it must equal the float64 reference on its own new data, with outputs poisoned with NaN before
+the launch. Under Triton's interpreter in CI (small odd shapes); compiled on a GPU machine.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import rollbuf.kernels as K
+from rollbuf import estimators, validation
+from rollbuf import functional as F
+from rollbuf.testing import assert_matches_reference, estimator_call, make_rollout
+
+pytestmark = pytest.mark.interpret
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+NAMES = [n for n in estimators.REGISTRY if estimators.REGISTRY[n].family != "generic"]
+PARAMS = {"gamma": 0.97, "lam": 0.9, "rho_bar": 1.3, "c_bar": 0.8, "pg_rho_bar": 1.1}
+
+
+def params(name):
+    return {p.name: PARAMS[p.name] for p in estimators.get(name).params if p.name in PARAMS}
+
+
+@pytest.fixture(autouse=True)
+def _poisoned():
+    with K.forced(poison=True):  # outputs NaN-filled before every launch: an unwritten element fails
+        yield
+
+
+def _fresh(seed, **kw):
+    return make_rollout(3, 37, seed=seed, device=DEV, **kw)
+
+
+def _no_validation(monkeypatch):
+    """Make any further validation fail the test: a repeated call must not validate."""
+    def refuse(*a, **k):
+        raise AssertionError("a repeated call was validated again")
+
+    monkeypatch.setattr(validation, "prepare", refuse)
+
+
+def _which_path(name, fields, prm):
+    """The repeated-call entry of this call's signature (``fast`` or ``general``)."""
+    call = estimator_call(name, fields, backend="triton", **prm)
+    hits = [r for r in F._CALLS.values() if r.estimator.name == name]
+    assert hits, f"{name}: the first call left no repeated-call entry"
+    return call, hits
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("case", ["column", "per-step", "mask", "bf16"])
+def test_a_repeated_call_equals_the_reference_on_new_data(name, case, monkeypatch):
+    """Every estimator, twice with one signature and new data each time: the second call equals the
+    reference on its own data and is not validated; the fast path is the one taken wherever the
+    arguments go to the kernel as they are."""
+    monkeypatch.setattr(F, "_CALLS", {})
+    kw = dict(p_masked=0.2 if case == "mask" else None)
+    if case == "bf16":
+        kw["dtype"] = torch.bfloat16
+    first, second = _fresh(1, **kw), _fresh(2, **kw)
+    if case == "column":  # [N] window-end values, no truncations: read as the kernel's carry in
+        for f in (first, second):
+            f["truncated"] = None
+            f["bootstrap_values"] = f["bootstrap_values"][:, -1].clone()
+    prm = params(name)
+    estimator_call(name, first, backend="triton", **prm)()
+    (entry,) = F._CALLS.values()
+    with monkeypatch.context() as m:
+        _no_validation(m)
+        out = estimator_call(name, second, backend="triton", **prm)()
+    assert len(F._CALLS) == 1
+    assert_matches_reference(name, out, second, **prm)
+    assert entry.fast, f"{name} ({case}) took the general path"
+
+
+@pytest.mark.parametrize("name", ["gae", "vtrace", "eligibility_traces"])
+def test_the_general_path_serves_what_the_fast_path_does_not(name, monkeypatch):
+    """A [*B] window-end column with truncations (checked against them on every call), batch
+    dimensions flattened by a reshape, a carry in: repeated without validation, through the
+    validated problem, equal to the reference on new data."""
+    monkeypatch.setattr(F, "_CALLS", {})
+    prm = params(name)
+    forward = estimators.get(name).direction == "forward"
+    cases = {"batch [2, 3, T]": dict(batch_shape=(2, 3)), "carry": {}}
+    if not forward:
+        cases["[N] column with truncations"] = dict()
+    for label, kw in cases.items():
+        F._CALLS.clear()
+        first, second = (make_rollout(t=29, seed=s, device=DEV, **kw) if kw else make_rollout(6, 29, seed=s, device=DEV)
+                         for s in (3, 4))
+        extra = {}
+        if label == "carry":
+            shape = (6, 2) if name == "vtrace" else (6,)
+            extra = {"initial" if forward else "carry": torch.randn(shape, device=DEV)}
+        if label.startswith("[N] column"):  # truncations at the window end only, as a column allows
+            for f in (first, second):
+                end = f["truncated"][:, -1].clone()
+                f["truncated"] = torch.zeros_like(f["truncated"])
+                f["truncated"][:, -1] = end | (torch.arange(6, device=DEV) % 2 == 0)
+                f["bootstrap_values"] = torch.randn(6, device=DEV)
+        estimator_call(name, first, backend="triton", **prm, **extra)()
+        (entry,) = F._CALLS.values()
+        assert not entry.fast, label
+        with monkeypatch.context() as m:
+            _no_validation(m)
+            out = estimator_call(name, second, backend="triton", **prm, **extra)()
+        if label == "carry" and not forward:  # the reference computes whole windows: the torch backend
+            want = estimator_call(name, second, backend="torch", **prm, **extra)()
+            for a, b in zip(out, want):
+                torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+        else:
+            assert_matches_reference(name, out, second, **prm, **extra)
+
+
+def test_repeated_calls_keep_the_data_checks_gradients_and_forced_choices(monkeypatch):
+    """On the fast path too: check_finite names the bad input, inputs that require grad get
+    gradients, other forced kernel choices take the full path; an estimator registered again under
+    its name is validated from its new entry."""
+    from rollbuf import check_finite
+
+    monkeypatch.setattr(F, "_CALLS", {})
+    f = _fresh(5)
+    f["truncated"] = None
+    f["bootstrap_values"] = f["bootstrap_values"][:, -1].clone()
+    kw = dict(rewards=f["rewards"], values=f["values"], terminated=f["terminated"],
+              bootstrap_values=f["bootstrap_values"], backend="triton")
+    F.advantages(0.97, 0.9, **kw)
+    (entry,) = F._CALLS.values()
+    assert entry.fast
+    bad = f["rewards"].clone()
+    bad[1, 4] = float("nan")
+    with check_finite(), pytest.raises(ValueError, match="rewards"):
+        F.advantages(0.97, 0.9, **dict(kw, rewards=bad))
+    r = f["rewards"].clone().requires_grad_(True)
+    (g,) = torch.autograd.grad(F.advantages(0.97, 0.9, **dict(kw, rewards=r)).sum(), r)
+    assert torch.isfinite(g).all() and g.abs().sum() > 0
+    with K.forced(split=True, block_t=8, poison=True):
+        out = F.advantages(0.97, 0.9, **kw)
+    assert_matches_reference("advantages", out, f, gamma=0.97, lam=0.9)
+    # the fast path's entry is keyed by the registry entry it was built from
+    entry_now = estimators.REGISTRY["advantages"]
+    monkeypatch.setitem(estimators.REGISTRY, "advantages", estimators.Estimator(**{
+        **{a.name: getattr(entry_now, a.name) for a in entry_now.__attrs_attrs__}}))
+    calls = []
+    real = validation.prepare
+    monkeypatch.setattr(validation, "prepare", lambda *a, **k: calls.append(1) or real(*a, **k))
+    F.advantages(0.97, 0.9, **kw)
+    assert calls, "a call under a re-registered name reused the old entry's path"
+
+
+def test_outputs_are_allocated_in_the_call_layout():
+    """Outputs are allocated like a field of the call's layout (env-major or time-major), or as
+    that layout where no field has the output's dtype and shape: strides as the layout rule says."""
+    f = _fresh(6)
+    r = f["rewards"]
+    tm = {k: (v.t().contiguous().t() if isinstance(v, torch.Tensor) and v.dim() == 2 else v)
+          for k, v in f.items()}
+    for fields, time_major in ((f, False), (tm, True)):
+        for out_dtype in (None, torch.float64):
+            adv = F.advantages(0.97, 0.9, rewards=fields["rewards"], values=fields["values"],
+                               terminated=fields["terminated"], truncated=fields["truncated"],
+                               bootstrap_values=fields["bootstrap_values"], out_dtype=out_dtype,
+                               backend="triton")
+            want = (1, r.shape[0]) if time_major else (r.shape[1], 1)
+            assert adv.stride() == want and adv.shape == r.shape
+            assert adv.dtype == (out_dtype or torch.float32)
+            assert_matches_reference("advantages", adv, fields, gamma=0.97, lam=0.9, rtol=1e-4, atol=5e-5)  # fp32 inputs
