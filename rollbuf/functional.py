@@ -85,11 +85,8 @@ def _cached(tag, name, arguments: dict, run):
             hit = _CALLS.get(key)
             if hit is not None and _REGISTRY.get(hit.estimator.name) is hit.estimator:  # not re-registered
                 return hit(arguments)
-    if name is None:
-        name, kw = _arguments(tag, arguments)
-    else:
-        kw = arguments
-    p, be = _problem(name, **kw)
+    est_name, kw = _arguments(tag, arguments) if name is None else (name, arguments)
+    p, be = _problem(est_name, **kw)
     outs, cout = (run or backends.run)(p, be)
     if key is not None:
         repeat = _Repeat.build(p, be, tag, name, arguments)
@@ -175,7 +172,8 @@ class _Repeat:
         self.take = tuple(take)
         self.carry_arg = self.carry_shape = None
         if p.carry is not None:
-            src = kw.get("carry") if type(kw.get("carry")) is _Arg else kw.get("initial")
+            # as _problem reads it: a forward estimator's `initial` when given, else `carry`
+            src = kw.get("initial") if est.direction == "forward" and "initial" in kw else kw.get("carry")
             if type(src) is not _Arg:
                 return None
             src = src.name
@@ -183,6 +181,7 @@ class _Repeat:
             self.carry_arg = src
             self.carry_shape = None if a.shape == p.carry.shape else p.carry.shape
         self.values = list(p)  # the problem's members; fields and carry filled per call
+        self.values[_FIELDS] = self.values[_CARRY] = None  # no tensor of this call is kept
         differentiable = backends.autograd.differentiable_fields(p)
         self.grads = tuple(src for src, fname, _ in take if fname in differentiable)
         bv = p.fields.get("bootstrap_values")

@@ -683,3 +683,31 @@ def test_vtrace_reading_its_targets_back(T, force, mix):
     for a, b in zip(got, want):
         torch.testing.assert_close(a.cpu().double(), b.double(), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(c.cpu().double(), wc.double(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["gae", "lambda_returns", "discounted_returns", "vtrace", "retrace"])
+@pytest.mark.parametrize("chain", ["terminal", "carry"])
+def test_a_window_end_column_with_truncations_under_a_terminal_end_or_a_carry(name, chain, split):
+    """A [N] bootstrap column with truncations at the window end, under window_end="terminal" or a
+    carry in: the truncated last step reads the column (expanded to the call's layout), whatever
+    the carry in is. Against the reference (terminal) or the torch backend (carry)."""
+    from rollbuf.testing import assert_matches_reference, estimator_call, make_rollout
+
+    f = make_rollout(5, 37, seed=12, device=DEV)
+    end = torch.arange(5, device=DEV) % 2 == 0
+    f["truncated"] = torch.zeros_like(f["truncated"])
+    f["truncated"][:, -1] = end & ~f["terminated"][:, -1]
+    f["bootstrap_values"] = torch.randn(5, device=DEV)
+    prm = {"gamma": 0.97}
+    if name in ("gae", "lambda_returns", "retrace"):
+        prm["lam"] = 0.9
+    if chain == "terminal":
+        prm["window_end"] = "terminal"
+        out = estimator_call(name, f, backend="triton", **prm)()
+        assert_matches_reference(name, out, f, **prm)
+    else:
+        prm["carry"] = torch.randn((5, 2) if name == "vtrace" else (5,), device=DEV)
+        out = estimator_call(name, f, backend="triton", **prm)()
+        want = estimator_call(name, f, backend="torch", **prm)()
+        for a, b in zip(out if isinstance(out, tuple) else (out,), want if isinstance(want, tuple) else (want,)):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)

@@ -119,10 +119,9 @@ def test_the_general_path_serves_what_the_fast_path_does_not(name, monkeypatch):
             assert_matches_reference(name, out, second, **prm, **extra)
 
 
-def test_repeated_calls_keep_the_data_checks_gradients_and_forced_choices(monkeypatch):
+def test_repeated_calls_keep_the_data_checks_and_gradients(monkeypatch):
     """On the fast path too: check_finite names the bad input, inputs that require grad get
-    gradients, other forced kernel choices take the full path; an estimator registered again under
-    its name is validated from its new entry."""
+    gradients; an estimator registered again under its name is validated from its new entry."""
     from rollbuf import check_finite
 
     monkeypatch.setattr(F, "_CALLS", {})
@@ -141,9 +140,6 @@ def test_repeated_calls_keep_the_data_checks_gradients_and_forced_choices(monkey
     r = f["rewards"].clone().requires_grad_(True)
     (g,) = torch.autograd.grad(F.advantages(0.97, 0.9, **dict(kw, rewards=r)).sum(), r)
     assert torch.isfinite(g).all() and g.abs().sum() > 0
-    with K.forced(split=True, block_t=8, poison=True):
-        out = F.advantages(0.97, 0.9, **kw)
-    assert_matches_reference("advantages", out, f, gamma=0.97, lam=0.9)
     # the fast path's entry is keyed by the registry entry it was built from
     entry_now = estimators.REGISTRY["advantages"]
     monkeypatch.setitem(estimators.REGISTRY, "advantages", estimators.Estimator(**{
@@ -172,3 +168,99 @@ def test_outputs_are_allocated_in_the_call_layout():
             assert adv.stride() == want and adv.shape == r.shape
             assert adv.dtype == (out_dtype or torch.float32)
             assert_matches_reference("advantages", adv, fields, gamma=0.97, lam=0.9, rtol=1e-4, atol=5e-5)  # fp32 inputs
+
+
+def test_the_cache_holds_no_tensor_of_a_call():
+    """Neither path keeps a call's tensors alive (the cache holds shapes, never tensors)."""
+    import gc
+    import weakref
+
+    for column in (True, False):  # the fast path ([N] column, no truncations) and the general one
+        F._CALLS.clear()
+        f = _fresh(7)
+        if column:
+            f["truncated"] = None
+            f["bootstrap_values"] = f["bootstrap_values"][:, -1].clone()
+        refs = [weakref.ref(t) for t in f.values() if isinstance(t, torch.Tensor)]
+        out = estimator_call("gae", f, backend="triton", gamma=0.97, lam=0.9)()
+        assert F._CALLS
+        del f, out
+        gc.collect()
+        assert all(r() is None for r in refs), "the call cache holds a caller's tensor"
+
+
+def test_arguments_are_mapped_to_fields_as_the_full_call_maps_them(monkeypatch):
+    """episodic_sums(rewards=...) (its x), discounted_returns(bootstrap=False) given bootstrap values
+    it does not read, a forward estimator's `initial` through `estimate` (which wins over `carry`,
+    as in the full call): the repeated call, not validated, equals the full call on new data."""
+    g = torch.Generator().manual_seed(8)
+
+    def data():
+        return (torch.randn(4, 19, generator=g).to(DEV), (torch.rand(4, 19, generator=g) < 0.2).to(DEV),
+                torch.randn(4, 19, generator=g).to(DEV), torch.randn(4, generator=g).to(DEV))
+
+    calls = {
+        "episodic_sums(rewards=)": lambda r, k, b, c: F.episodic_sums(rewards=r, terminated=k, backend="triton"),
+        "monte carlo with bootstrap_values": lambda r, k, b, c: F.discounted_returns(
+            0.9, rewards=r, terminated=k, truncated=~k & (b > 1.5), bootstrap_values=b, bootstrap=False,
+            backend="triton"),
+        "estimate(initial=, carry=)": lambda r, k, b, c: F.estimate(
+            "eligibility_traces", x=r, terminated=k, gamma=0.9, lam=0.8, carry=c + 7.0, initial=c,
+            backend="triton"),
+    }
+    for label, fn in calls.items():
+        F._CALLS.clear()
+        fn(*data())
+        assert len(F._CALLS) == 1, f"{label}: not cached"
+        new = data()
+        with monkeypatch.context() as m:
+            _no_validation(m)
+            got = fn(*new)
+        F._CALLS.clear()
+        want = fn(*new)  # the full call
+        for a, b in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+            torch.testing.assert_close(a, b, rtol=0, atol=0, msg=label)
+
+
+def test_other_forced_choices_take_the_full_path(monkeypatch):
+    """A repeated call under other forced kernel choices than its launch was built under goes
+    through the backend seam (a new launch for those choices), not the remembered launch."""
+    from rollbuf import backends
+
+    F._CALLS.clear()
+    f = _fresh(9)
+    f["truncated"] = None
+    f["bootstrap_values"] = f["bootstrap_values"][:, -1].clone()
+    call = estimator_call("advantages", f, backend="triton", gamma=0.97, lam=0.9)
+    call()
+    seam = []
+    real = backends.run
+    monkeypatch.setattr(backends, "run", lambda p, be: seam.append(be) or real(p, be))
+    call()
+    assert seam == []  # the fast path
+    with K.forced(split=True, block_t=8, poison=True):
+        out = call()
+    assert seam == ["triton"]
+    assert_matches_reference("advantages", out, f, gamma=0.97, lam=0.9)
+
+
+def test_a_repeated_call_keeps_the_layout_and_dtype_of_its_outputs(monkeypatch):
+    """Time-major inputs and an out_dtype: the repeated call's outputs have the first call's
+    strides and dtype, and equal the reference."""
+    for time_major in (False, True):
+        for out_dtype in (None, torch.float64):
+            F._CALLS.clear()
+            outs = []
+            for seed in (10, 11):
+                f = _fresh(seed)
+                if time_major:
+                    f = {k: (v.t().contiguous().t() if isinstance(v, torch.Tensor) and v.dim() == 2 else v)
+                         for k, v in f.items()}
+                with monkeypatch.context() as m:
+                    if seed == 11:
+                        _no_validation(m)
+                    res = estimator_call("gae", f, backend="triton", gamma=0.97, lam=0.9, out_dtype=out_dtype)()
+                outs.append(res)
+                assert_matches_reference("gae", res, f, gamma=0.97, lam=0.9, rtol=1e-4, atol=5e-5)
+            for a, b in zip(*outs):
+                assert a.stride() == b.stride() and a.dtype == b.dtype == (out_dtype or torch.float32)

@@ -393,20 +393,22 @@ class Launch:
         # -- the carry in ---------------------------------------------------------------------------
         bv = f.get("bootstrap_values") if fam.backward else None
         self.column = False  # the [N] bootstrap column goes in as the carry
+        truncated = f.get("truncated") is not None
         if p.carry is not None:
             carry_in = STATE
         elif not fam.backward or p.window_end == "terminal" or p.no_bootstrap or bv is None:
             carry_in = ZERO
-        elif bv.dim() == 1:
-            if f.get("truncated") is not None:  # a truncated window-end step reads it per step: expand it
-                conv.append((fam.fields.index("bootstrap_values"), "bootstrap_values", "expand"))
-                carry_in = END_STEP
-            else:
-                carry_in, self.column = END_COLUMN, True
+        elif bv.dim() == 1 and not truncated:
+            carry_in, self.column = END_COLUMN, True
         else:
             carry_in = END_STEP
-        if p.no_bootstrap and bv is not None:
+        if bv is not None and (p.no_bootstrap or (bv.dim() == 1 and not truncated and not self.column)):
+            # nothing reads it: Monte Carlo returns, or a [N] column with no truncation under a carry
+            # or a terminal window end
             conv.append((fam.fields.index("bootstrap_values"), "bootstrap_values", "drop"))
+        elif bv is not None and bv.dim() == 1 and truncated:
+            # a truncated window-end step reads it per step (whatever the carry in): expand it
+            conv.append((fam.fields.index("bootstrap_values"), "bootstrap_values", "expand"))
         self.conv = tuple(conv)
         self.carry_in = carry_in
         # a field laid out as the outputs are (dtype, shape, strides): they are allocated like it
@@ -543,8 +545,8 @@ class Launch:
         """``(args, outputs, carry out, scratch)`` of one call: the buffers allocated (the scratch's
         flag words zeroed on the stream), the kernel's runtime arguments in its signature's order."""
         dev = self.device
-        if self.like is not None:
-            like = fields[self.like]
+        like = None if self.like is None else fields[self.like]
+        if like is not None and type(like) is torch.Tensor:  # a subclass would pass on its type
             outs = [torch.empty_like(like) for _ in self.out_names]
         elif self.out_tm:
             shape = (self.T, self.N, *self.feat)

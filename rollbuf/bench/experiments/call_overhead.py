@@ -1,11 +1,13 @@
 """Python time of one estimator call on the triton path, the kernel launch stubbed out (any machine).
 
-    python -m rollbuf.bench --experiment call-overhead [--profile] [--backward] [--device cuda]
+    python -m rollbuf.bench --experiment call-overhead [--shape NxT] [--profile] [--backward] [--device cuda]
 
 The full call at 4096 × 128 (PERF.md P2: ≤ 8 µs) is our Python (validation, the problem, the
 strategy, argument marshalling) plus Triton's launcher plus the kernel. This measures the first part
 alone: every kernel launch (``rollbuf.kernels.host.Kernel.__call__``) is replaced by a no-op, the inputs are CPU tensors, and the call
 is timed over many repetitions (median of 7 batches). ``--profile`` prints the top functions.
+``--shape`` (default ``4096x128``): on the CPU the two output allocations of a large shape cost
+more than all of the Python (the allocator maps fresh pages); ``64x32`` measures the Python alone.
 
 ``--device cuda``: the same with CUDA inputs (our Python on the GPU machine's host; nothing is
 launched but the two output allocations).
@@ -45,6 +47,8 @@ def case(name, N=4096, T=128, device="cpu"):
                              backend="triton"),
         "gae (no truncations, [N] bootstrap)": lambda: F.gae(0.99, 0.95, rewards=r, values=v, terminated=k,
                                                               bootstrap_values=bv[:, -1], backend="triton"),
+        "advantages (no truncations, [N] bootstrap)": lambda: F.advantages(
+            0.99, 0.95, rewards=r, values=v, terminated=k, bootstrap_values=bv[:, -1], backend="triton"),
         "gae (mask)": lambda: F.gae(0.99, 0.95, rewards=r, values=v, terminated=k, truncated=tr,
                                     bootstrap_values=bv, mask=m, backend="triton"),
         "vtrace": lambda: F.vtrace(tlp, 0.99, log_probs=lp, rewards=r, values=v, terminated=k,
@@ -136,25 +140,28 @@ def main(argv=None):
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--backward", action="store_true")
     ap.add_argument("--device", default="cpu", help="where the inputs live (cuda: our Python on the GPU host)")
+    ap.add_argument("--shape", default="4096x128", help="N x T of the inputs (default 4096x128)")
     args = ap.parse_args(argv)
     if args.backward:
         print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; launch stubbed, CPU tensors 4 x 8\n")
         backward_table()
         return 0
     H.Kernel.__call__ = _stub
-    names = ["gae", "gae (no truncations, [N] bootstrap)", "gae (mask)", "vtrace"]
+    names = ["gae", "gae (no truncations, [N] bootstrap)", "advantages (no truncations, [N] bootstrap)",
+             "gae (mask)", "vtrace"]
+    N, T = (int(x) for x in args.shape.lower().split("x"))
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; launch stubbed, {args.device} tensors "
-          "4096 x 128\n")
+          f"{N} x {T}\n")
     print("| call | our Python per call |")
     print("|---|---|")
     for name in names:
-        fn = case(name, device=args.device)
+        fn = case(name, N, T, device=args.device)
         print(f"| {name} | {timeit(fn, 200 if 'mask' in name else 2000) * 1e6:.1f} µs |")
     if args.profile:
         import cProfile
         import pstats
 
-        fn = case("gae", device=args.device)
+        fn = case("gae", N, T, device=args.device)
         cProfile.runctx("for _ in range(5000): fn()", globals(), {"fn": fn}, "/tmp/rollbuf_call.prof")
         pstats.Stats("/tmp/rollbuf_call.prof").sort_stats("tottime").print_stats(18)
 
