@@ -229,9 +229,9 @@ def _launches():
     seen = []
     real = H.Launch.__call__
 
-    def spy(self, p, fields=None):
+    def spy(self, p, *args):  # args: the inputs a repeated call's fast path gathered itself
         seen.append(self)
-        return real(self, p, fields)
+        return real(self, p, *args)
 
     H.Launch.__call__ = spy
     try:
