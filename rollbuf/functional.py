@@ -184,8 +184,7 @@ class _Repeat:
         self.values[_FIELDS] = self.values[_CARRY] = None  # no tensor of this call is kept
         differentiable = backends.autograd.differentiable_fields(p)
         self.grads = tuple(src for src, fname, _ in take if fname in differentiable)
-        bv = p.fields.get("bootstrap_values")
-        self.column = bv is not None and bv.dim() == 1 and p.fields.get("truncated") is not None
+        self.column = validation.checks_column(p)
         self.launch = self.slots = self.scalars = self.carry_in = None
         self.fast = False
         if backend == "triton" and p.family != Family.GENERIC and p.num_rows and p.num_steps:
@@ -296,9 +295,7 @@ class Bound:
         self.problem, self.backend, self._again = p, backend, again
         self._run = backends.bind(p, backend) if again is None else None
         self._launch = getattr(self._run, "launch", None)  # a kernel plan's launch
-        bv = p.fields.get("bootstrap_values")
-        # a [*B] window-end column with truncations is checked against them on every call
-        self._column = bv is not None and bv.dim() == 1 and p.fields.get("truncated") is not None
+        self._column = validation.checks_column(p)  # a [*B] column against the truncations, every call
         # the outputs need no reshape, no cast and no carry: the result is built from them directly
         self._plain = (len(p.batch_shape) == 1 and not p.want_carry and p.out_dtype == p.compute_dtype
                        and "final" not in p.outputs)

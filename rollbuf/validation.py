@@ -352,15 +352,21 @@ def recheck(p: Problem) -> Problem:
     return _checked(p, data_only=True)
 
 
+def checks_column(p: Problem) -> bool:
+    """Whether a run of ``p`` on new contents checks a ``[*B]`` bootstrap column against the
+    truncations (:func:`recheck`): the one data check besides :func:`check_finite`."""
+    bv = p.fields.get("bootstrap_values")
+    return bv is not None and bv.dim() == 1 and p.fields.get("truncated") is not None
+
+
 def _checked(p: Problem, data_only: bool) -> Problem:
     """The checks that read the data: a ``[*B]`` bootstrap column against the truncations (on a
     rebound problem; a new one had it in :func:`_validate`) and, when on, :func:`check_finite`."""
     if torch.compiler.is_compiling():
         return p
     f = p.fields
-    bv = f.get("bootstrap_values")
-    if data_only and bv is not None and bv.dim() == 1 and f.get("truncated") is not None:
-        check_window_end_column(f.get("terminated"), f["truncated"], f.get("mask"), bv.device)
+    if data_only and checks_column(p):
+        check_window_end_column(f.get("terminated"), f["truncated"], f.get("mask"), f["bootstrap_values"].device)
     if _FINITE["on"]:
         hit = first_non_finite(p)
         if hit is not None:

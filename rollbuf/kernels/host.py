@@ -411,6 +411,8 @@ class Launch:
             conv.append((fam.fields.index("bootstrap_values"), "bootstrap_values", "expand"))
         self.conv = tuple(conv)
         self.carry_in = carry_in
+        # the field read in each slot of the kernel's fields tuple (the [N] column goes in as the carry)
+        self.slot_names = tuple(None if self.column and name == "bootstrap_values" else name for name in fam.fields)
         # a field laid out as the outputs are (dtype, shape, strides): they are allocated like it
         # (torch.empty_like costs about half of torch.empty with a shape, dtype and device)
         if tm:
@@ -481,10 +483,7 @@ class Launch:
     def field_slots(self) -> tuple:
         """The problem field read in each slot of the kernel's ``fields`` tuple (``None``: empty),
         as :meth:`fields` fills it on a :meth:`direct` launch."""
-        names = list(self.fam.fields)
-        if self.column:
-            names[names.index("bootstrap_values")] = None
-        return tuple(names)
+        return self.slot_names
 
     def scalar_values(self, p: Problem) -> tuple:
         """The scalar arguments of ``p`` (γ, λ, the clips) as the kernel takes them."""
@@ -502,7 +501,7 @@ class Launch:
     def fields(self, p: Problem) -> tuple:
         """The kernel's ``fields`` tuple for ``p``: its tensors, those in another layout made to match."""
         f = p.fields
-        ts = [None if name is None else f.get(name) for name in self.fam.fields]
+        ts = [None if name is None else f.get(name) for name in self.slot_names]
         for i, name, how in self.conv:
             t = ts[i]
             if how == "drop":
@@ -513,8 +512,6 @@ class Launch:
                 ts[i] = _match(t, self.s_n, self.s_t, self.F)
             else:
                 ts[i] = _match(t, self.s_n, self.s_t)
-        if self.column:
-            ts[self.fam.fields.index("bootstrap_values")] = None
         return tuple(ts)
 
     def __call__(self, p: Problem, fields: tuple | None = None, carry_in=None, scalars: tuple | None = None):
