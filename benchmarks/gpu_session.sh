@@ -3,7 +3,8 @@
 #   bash benchmarks/gpu_session.sh STEP...      (ROLLBUF_COMMIT names the commit; OUT the results folder)
 # Steps: kernels (gate + GAE/V-trace timings + host + V-trace tile sweep, benchmarks/kernels_h200.py), old (the same
 # timings of rollbuf's public calls from the tree in .gpu_stage_old/), peers[:i/k[:budget]] (the peers
-# grid, python -m rollbuf.bench --grid peers), tests (the CUDA kernel test matrix).
+# grid, python -m rollbuf.bench --grid peers), ab (benchmarks/family_ab.sh), tests (the CUDA kernel test
+# matrix, cut at $TESTS_TIMEOUT_S seconds so that the summary comes back).
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-out}
@@ -24,9 +25,10 @@ for step in "$@"; do
       python3 -m rollbuf.bench --grid peers ${PEERS_ARGS:-} ${budget:+--budget-s $budget} --out /tmp/peers \
         > /tmp/peers.log 2>&1; echo "peers rc=$?"; grep -v "it/s\]\|s/it\]" /tmp/peers.log | tail -40
       cp /tmp/peers/results.csv "$OUT/peers_${label}.csv" 2>/dev/null; cp /tmp/peers.log "$OUT/peers_${label}.log" ;;
-    tests) python3 -m pytest -q -n 14 -p no:cacheprovider tests/test_kernels.py tests/test_kernel_launch.py \
+    ab) bash benchmarks/family_ab.sh 2>&1 | tee "$OUT/ab.log" ;;
+    tests) timeout "${TESTS_TIMEOUT_S:-540}" python3 -m pytest -v -n 14 -p no:cacheprovider -rfE tests/test_kernels.py tests/test_kernel_launch.py \
              tests/test_compile.py tests/test_autograd.py tests/test_windows.py tests/test_edge_cases.py \
-             tests/test_new_estimator.py tests/test_lookback_order.py tests/test_rollout.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -25 ;;
+             tests/test_new_estimator.py tests/test_lookback_order.py tests/test_rollout.py tests/test_repeated_calls.py > "$OUT/gpu_tests.log" 2>&1; echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)| (FAILED|ERROR) " "$OUT/gpu_tests.log" | head -30; tail -3 "$OUT/gpu_tests.log" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
   echo "== step $step: $(( $(date +%s) - t0 )) s"

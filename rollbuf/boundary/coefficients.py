@@ -33,6 +33,7 @@ discounted, MC     ``G_t``                ``r``, ``γ·nd`` (boot ≡ 0)     ``G
 Retrace            ``V_t + c_t(Q_t−q_t)`` ``V + c(local − q)``, ``γ·nd·c``  ``Q = local + γ·nd·Z_{t+1}``
 V-trace (pair)     ``(u_t, V_t)``         see :func:`vtrace_step`      see :func:`vtrace_out`
 traces / sums      ``F_t = nd·e_t``       ``nd·x``, ``decay·nd``         ``e = x + decay·F_{t−1}``
+traces, no mask    ``e_t`` itself         ``x``, ``decay·nd_{t−1}``      ``e``; ``F = nd·e`` carries
 =================  =====================  ===========================  ===========================
 """
 
@@ -157,6 +158,18 @@ def trace_step(x, k, tr, decay):
 
 def trace_out(x, decay, f_prev):
     return x + decay * f_prev
+
+
+def trace_next_step(x, k_prev, tr_prev, decay):
+    """Own-step coefficients of the trace itself, ``e_t = x_t + decay·nd_{t−1}·e_{t−1}``, where the
+    step before is the one before in memory (no mask); at a row's first step ``k_prev = tr_prev =
+    0``: the carry in is ``F_{−1}``, already reset. ``F_t = nd_t·e_t`` (:func:`trace_state`)."""
+    return x, decay * (1.0 - k_prev) * (1.0 - tr_prev)
+
+
+def trace_state(e, k, tr):
+    """``F_t = nd_t·e_t``: what step t hands on (the row's ``final`` at its last step)."""
+    return (1.0 - k) * (1.0 - tr) * e
 
 
 # ----------------------------------------------------------------------------------------------
