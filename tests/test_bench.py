@@ -170,6 +170,10 @@ def test_experiments_dry_run(name, argv, tmp_path):
         rows = list(csv.DictReader(open(tmp_path / "ab.csv")))
         assert len(rows) == 4 and all(r["status"] == "ok" for r in rows), rows
         assert {r["variant"] for r in rows} == {"new", "general"} and "0 rows not ok" in res.stdout
+        # the forced choice reached the kernels of its variant, and only those
+        ran = [line.split(None, 1) for line in res.stdout.splitlines() if " launch " in line]
+        assert {v for v, _ in ran} == {"new", "general"}, res.stdout
+        assert all(("split=True" in what) == (v == "general") for v, what in ran), res.stdout
     if name == "memory":  # every case ran; outputs counted (3 x 37 fp32: 444 B, a 512-byte block)
         rows = list(csv.DictReader(open(tmp_path / "memory.csv")))
         assert len(rows) == 15 and all(int(r["output_bytes"]) > 0 for r in rows), rows

@@ -45,14 +45,28 @@ def child(args):
     import ast
 
     import rollbuf.kernels as K
-    from rollbuf.bench.suite import run_cases
 
     choices = {key[len("ROLLBUF_K_"):].lower(): ast.literal_eval(val) for key, val in os.environ.items()
                if key.startswith("ROLLBUF_K_")}  # ROLLBUF_K_SPLIT=True → kernels.forced(split=True)
+    force = K.forced(**choices)  # held for the whole run: one left unreferenced is closed at once, its choices reset
     try:
-        K.forced(**choices).__enter__()
+        force.__enter__()
     except TypeError as e:
         raise SystemExit(str(e))
+    try:
+        rows = _run(args)
+    finally:
+        force.__exit__(None, None, None)
+    from rollbuf.kernels import host
+
+    for line in launched(host.LAUNCHES) + compiled_kernels(host.LAUNCHES):  # what ran (registers: GPU only)
+        print(line, file=sys.stderr)
+    print(json.dumps(rows))
+
+
+def _run(args):
+    from rollbuf.bench.suite import run_cases
+
     cases = parse_cases(args.cases)
     if args.device == "cpu":  # tiny, interpreted: the gate only
         from rollbuf.bench.suite import Case
@@ -63,12 +77,14 @@ def child(args):
         from rollbuf.bench.experiments._common import copy_bandwidth
 
         copy_bw = copy_bandwidth()
-    rows = run_cases(cases, ["rollbuf-triton"], args.device, copy_bw=copy_bw)
-    from rollbuf.kernels import host
+    return run_cases(cases, ["rollbuf-triton"], args.device, copy_bw=copy_bw)
 
-    for line in compiled_kernels(host.LAUNCHES):  # registers and spills (GPU only)
-        print(line, file=sys.stderr)
-    print(json.dumps(rows))
+
+def launched(cache: dict) -> list[str]:
+    """One line per cached launch: family, rows x steps and the strategy it ran with (the check
+    that a variant's forced choices reached the kernels)."""
+    return sorted({f"launch {launch.family} {launch.R}x{launch.T} {launch.strategy}" for launch in cache.values()
+                   if getattr(launch, "strategy", None) is not None})
 
 
 def compiled_kernels(cache: dict) -> list[str]:
@@ -117,7 +133,7 @@ def main(argv=None):
             w.writeheader()
             w.writerows(rows)
         print(f"variant {name}: {len(rows)} rows", flush=True)
-        for line in sorted(set(x for x in res.stderr.splitlines() if x.startswith("kernel "))):
+        for line in sorted(set(x for x in res.stderr.splitlines() if x.startswith(("kernel ", "launch ")))):
             print(f"  {name} {line}")
     names = list(dict.fromkeys(r["variant"] for r in rows))
     bad = [r for r in rows if r.get("status") != "ok"]
