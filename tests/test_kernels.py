@@ -146,6 +146,26 @@ def test_matches_reference(name, mix, shape, split):
     assert_ref(call(name, f, "triton"), call(name, f, "reference"), 1e-5)
 
 
+@pytest.mark.parametrize("name,T", [("vtrace", 1030), ("vtrace", 2100), ("gae", 2100), ("discounted_returns", 2100),
+                                    ("eligibility_traces", 2100), ("episodic_sums", 2100)])
+@pytest.mark.parametrize("mix", ["term+trunc", "term+trunc+mask"])
+def test_rows_held_whole(name, T, mix):
+    """Rows of 1024-4096 steps (V-trace), or 2049-4096 (the TD(λ) family where the table would split
+    them, the traces), without a mask: one program holds a row whole in one chunk (the strategy
+    table's FAMILY_WHOLE_ROWS); with a mask, the table's chunks. NaN-poisoned outputs, against the
+    reference."""
+    f = make(3, T, mix, seed=zlib.crc32(f"whole-{name}-{T}-{mix}".encode()))
+    with K.forced(block_t=None), _launches() as seen:
+        got = call(name, f, "triton")
+    st = seen[-1].strategy
+    if "mask" in mix:
+        assert st.block_t <= 2048 and (st.block_t, st.split) != (1 << (T - 1).bit_length(), False), st
+    else:
+        assert (st.block_n, st.block_t, st.split, st.num_seg) == (1, 1 << (T - 1).bit_length(), False, 1), st
+        assert st.num_warps == (8 if name in ("eligibility_traces", "episodic_sums") or T <= 1024 else 16), st
+    assert_ref(got, call(name, f, "reference"), 1e-5)
+
+
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.bfloat16, 2e-2), (torch.float16, 5e-3)],
                          ids=["fp64", "bf16", "fp16"])
 @pytest.mark.parametrize("name", ESTIMATORS)

@@ -19,6 +19,7 @@ the kernels from the same source the torch backend runs.
 from rollbuf.kernels.host import (  # noqa: F401
     FAMILIES,
     FAMILY_MAX_CHUNK,
+    FAMILY_WHOLE_ROWS,
     GATHER_MAX_T,
     MAX_CHUNK,
     PRESOLVE_MAX_ROWS,

@@ -29,6 +29,7 @@ _OUTS = {"lambda": ("p_adv", "p_ret"), "retrace": ("p_q",), "vtrace": ("p_vs", "
 _MODES = {
     "single": (4, False, 4, 128, 4),
     "single-reload": (4, True, 1, 1024, 8),
+    "whole": (4, True, 1, 4096, 16),  # a row of up to 4096 steps held whole (host.FAMILY_WHOLE_ROWS)
     "tile": (0, False, 16, 128, 8),
     "walk-gather": (0, False, 2, 512, 4),
     "walk-reload": (0, True, 1, 2048, 8),
@@ -86,8 +87,8 @@ def variants() -> list[dict]:
             ones = ("T",) if mode != "walk-reload" else ("R",)
             out.append(dict(name=f"{name}/{mode}/fp32-{ones[0]}1", family=family, carry_in=ci, absent=absent,
                             mode=mode, ones=ones))
-    # no mask: TD(λ) scans its returns (the inclusive state), V-trace its scalar u
-    for name in ("gae", "vtrace"):
+    # no mask: TD(λ) scans its returns (the inclusive state), V-trace its scalar u, the traces e itself
+    for name in ("gae", "vtrace", "traces"):
         family, ci, absent = fams[name]
         for mode in _MODES:
             out.append(dict(name=f"{name}/{mode}/fp32-nomask", family=family, carry_in=ci, mode=mode,

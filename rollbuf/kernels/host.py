@@ -40,6 +40,7 @@ WARP_ELEMS = 128
 # V-trace's rows of 1024-step chunks: walked two to a program with 16 warps (2048x2048 48.4 µs, 8192x4096
 # 345, against 58.9 and 429 with 8 warps; 1 row with 16 warps: 68.6 and 500), split ones with 4 warps
 # (256x131072 465 µs; with 16: 643). Measured on the H200 at 1ec5553 and 51c957e.
+# With a mask, and for rows longer than 4096 steps (FAMILY_WHOLE_ROWS below holds the others whole).
 FAMILY_LONG_ROWS = {"vtrace": (2, 16, 4)}  # chunks >= 1024 steps: (rows per walking program, its warps, split warps)
 FILL_PER_SM = 8  # programs per SM below which long rows are split across programs
 CPU_SMS = 132  # the SM count assumed off the GPU (an H200's), so the interpreter takes the GPU's choices
@@ -55,6 +56,27 @@ MAX_CHUNK = 2048
 # 1024-step chunks 16384x4096 1672 -> 1134 µs; for GAE the same change was +5% at 16384x4096 and
 # +15% at 1x2^20, Retrace +18%.
 FAMILY_MAX_CHUNK = {"vtrace": 1024}
+# Rows of up to 4096 steps held whole by one program, one chunk, where the family reads no mask.
+# Measured on the H200 at 28e5dea (the ab experiment, one row per program with 8 or 16 warps
+# against the table, results/ab_whole_rows_28e5dea.csv, device time):
+# * V-trace (its scalar scan without a mask, the targets read back; a row of 1024 steps and more
+#   was walked two to a program in 1024-step chunks, or split): 16 warps from 2048 steps,
+#   2048x2048 81.5 -> 41.5 µs with truncations (49.7 -> 37.4 without), 8192x2048 306 -> 148,
+#   8192x4096 601 -> 381, 16384x4096 1248 -> 767, 128x2048 7.6 -> 3.8, 128x4096 12.1 -> 7.3;
+#   equal at 2048x4096 without truncations (95.2 -> 95.8); 8 warps at 1024 steps (2048x1024
+#   20.4 -> 18.0; 16 warps 18.9).
+# * TD(λ) rows of 2049-4096 steps that would be split (fewer rows than 8 programs per SM):
+#   16 warps, 128x4096 8.1 -> 4.8 µs, 512x4096 17.9 -> 13.5; rows of 1024 steps or fewer were
+#   slower held one per program (2048x512 7.1 -> 11.1 with 16 warps), and the walked long rows of
+#   many environments were not timed: both keep the table.
+# * The forward traces, rows of 2049-4096 steps: 8 warps, 8192x4096 122.5 -> 86.2 µs, 2048x4096
+#   34.1 -> 25.6, 512x4096 13.9 -> 8.1, 128x4096 6.5 -> 3.5.
+# (shortest row, longest row, only where the rows would be split, warps per chunk length)
+FAMILY_WHOLE_ROWS = {
+    "vtrace": (1024, 4096, False, ((1024, 8), (2048, 16), (4096, 16))),
+    "lambda": (2049, 4096, True, ((4096, 16),)),
+    "trace": (2049, 4096, False, ((4096, 8),)),
+}
 # Split rows of at most this many rows take the three passes instead of the look-back chain. Measured
 # on the H200 at aab284d (results/ab_presolve_*_aab284d.csv): one row, the three passes win everywhere
 # (GAE 1x2^20 37.6 -> 23.5 µs, 1x2^24 397 -> 270, V-trace 1x2^20 56.2 -> 44.1, Retrace 38.7 -> 35.7);
@@ -85,7 +107,8 @@ def _pow2(x: int) -> int:
 def strategy(R: int, T: int, time_contiguous: bool = True, block_t: int | None = None,
              split: bool | None = None, shift_load: bool | None = None, max_chunk: int | None = None,
              block_n: int | None = None, presolve: bool | None = None, *, sms: int = CPU_SMS,
-             num_warps: int | None = None, resolve_block_r: int = 0, long_rows: tuple | None = None) -> Strategy:
+             num_warps: int | None = None, resolve_block_r: int = 0, long_rows: tuple | None = None,
+             whole_rows: tuple | None = None) -> Strategy:
     """Tile sizes, split and warps for ``R`` rows of ``T`` steps on a GPU of ``sms`` SMs.
 
     ======================================  ===============================================================
@@ -102,11 +125,21 @@ def strategy(R: int, T: int, time_contiguous: bool = True, block_t: int | None =
     ``max_chunk``: 2048 steps (1024 for V-trace's pair state); the exclusive state by an in-register
     shift for chunks up to 512 steps, by re-loading the neighbouring step beyond. Warps: one per 128
     elements of a program's tile, 1 to 8 (one per 64 for rows of 8 steps or fewer). ``long_rows =
-    (rows, warps, split warps)`` for chunks of 1024 steps and more: V-trace's. Every other argument
-    forces that choice (tests, experiments).
+    (rows, warps, split warps)`` for chunks of 1024 steps and more: V-trace's. ``whole_rows =
+    (shortest, longest, only_split, ((chunk, warps), ...))``: env-major rows of that many steps held
+    whole, one per program in one chunk (the family's, without a mask: :data:`FAMILY_WHOLE_ROWS`);
+    ``only_split``: only where the table would split them. Every other argument forces that choice
+    (tests, experiments).
     """
     fill = FILL_PER_SM * sms
     mc = max_chunk or MAX_CHUNK
+    if whole_rows and time_contiguous and block_t is None and split is None and block_n is None:
+        lo, hi, only_split, by_chunk = whole_rows
+        bt = _pow2(T)
+        split_here = -(-T // min(bt, MAX_CHUNK)) > 1 and R < fill
+        if lo <= T <= hi and (split_here or not only_split):
+            return Strategy(1, bt, False, 1, num_warps or dict(by_chunk)[bt],
+                            bt > GATHER_MAX_T if shift_load is None else shift_load, resolve_block_r=resolve_block_r)
 
     def warps(elems, bt):
         if num_warps:
@@ -433,11 +466,15 @@ class Launch:
         from triton.language import float32, float64
 
         acc = float64 if p.compute_dtype == torch.float64 else float32
+        # a call with a mask, or with its tiling forced, keeps the table
+        whole = (FAMILY_WHOLE_ROWS.get(p.family) if f.get("mask") is None
+                 and not {"block_t", "split", "block_n", "max_chunk"} & fc.keys() else None)
         st = strategy(self.R, T, T == 1 or s_t == 1,
                       fc.pop("block_t", None), fc.pop("split", None), fc.pop("shift_load", None),
                       fc.pop("max_chunk", None) or FAMILY_MAX_CHUNK.get(p.family), fc.pop("block_n", None),
                       fc.pop("presolve", None), sms=device_sms(self.device), num_warps=fc.pop("num_warps", None),
-                      resolve_block_r=fc.pop("resolve_block_r", 0), long_rows=FAMILY_LONG_ROWS.get(p.family))
+                      resolve_block_r=fc.pop("resolve_block_r", 0), long_rows=FAMILY_LONG_ROWS.get(p.family),
+                      whole_rows=whole)
         self.strategy = st
         tiles = -(-self.R // st.block_n)
         self.grid = tiles * st.num_seg if st.split else tiles
