@@ -604,3 +604,28 @@ def test_device_drawn_inputs_pass_the_gate(mix):
             assert bv.shape == (5, 300) and bv.isnan().any()
         out = C.rollbuf_backend("torch")(est, f, suite.PARAMS[est])
         assert suite.gate_error(out, oracles.outputs(est, f, **suite.PARAMS[est])) < 1e-5
+
+
+@pytest.mark.parametrize("host,device", [(10e-6, 3e-6), (3e-6, 10e-6), (20e-6, 20e-6)])
+def test_the_full_call_clock_is_the_longer_of_host_and_device(host, device):
+    """The scoreboard's full call (``suite.wall_time``): calls back to back with one sync per batch
+    cost the host's time per call or the device's, whichever is longer. Simulated: each call spends
+    ``host`` on the clock and queues ``device`` of work; a sync waits for the queue."""
+    from rollbuf.bench import suite
+
+    state = {"t": 0.0, "free": 0.0, "calls": 0}
+
+    def clock():
+        return state["t"]
+
+    def call():
+        state["t"] += host
+        state["free"] = max(state["free"], state["t"]) + device
+        state["calls"] += 1
+
+    def sync():
+        state["t"] = max(state["t"], state["free"])
+
+    got = suite.wall_time([call, call, call], sync, budget_s=0.01, clock=clock)
+    assert got == pytest.approx(max(host, device), rel=0.02)
+    assert state["calls"] >= 5 * 3
