@@ -2,8 +2,10 @@
 # The A/B behind this round's strategy-table choices for the losing cases of the peers grid at e61272d
 # (docs/benchmarks.md, "Peers"): V-trace and GAE advantages with rows of 1024+ steps (one row per
 # program, the whole row in one chunk, 8 or 16 warps, against the table), and the forward traces
-# (the kernel that scans the trace itself without a mask, against the tree in .gpu_stage_old/).
-#   bash benchmarks/family_ab.sh            (after benchmarks/gpu_session.sh's wheel install; OUT = results;
+# (the kernel that scans the trace itself without a mask, against the tree in .gpu_stage_old/); and
+# the short rows of few environments still behind at f76f27e (rows per program and warps).
+#   bash benchmarks/family_ab.sh [PART...]  (vtrace advantages traces short; default all; after
+#                                            benchmarks/gpu_session.sh's wheel install; OUT = results;
 #                                            AB_OLD=1: also the traces with the tree in .gpu_stage_old/)
 set -u
 OUT=${OUT:-out}
@@ -13,10 +15,19 @@ s() { local e=$1 m=$2; shift 2; local out=""; for x in "$@"; do out="$out${out:+
 VT="$(s vtrace term-only 128x2048 128x4096 512x2048 2048x1024 2048x2048 8192x2048 2048x4096 8192x4096),$(s vtrace term+trunc 512x4096 2048x2048 8192x2048 8192x4096 16384x4096)"
 ADV="$(s advantages term-only 128x512 2048x512 128x1024 2048x1024 8192x1024 128x4096 512x4096)"
 TR="$(s eligibility_traces term-only 128x512 128x4096 512x4096 2048x4096 8192x4096)"
+# short rows of few environments (latency-bound, 0.79-0.96x rl-triton at f76f27e): rows per program x warps
+SHORT="$(s advantages term-only 128x128 128x512 512x128 512x512 2048x512 8192x512),$(s vtrace term-only 128x128 128x1024 512x1024 2048x512),$(s eligibility_traces term-only 128x512 512x512 128x1024)"
+VS="default=,w2=ROLLBUF_K_NUM_WARPS=2,w8=ROLLBUF_K_NUM_WARPS=8,bn1=ROLLBUF_K_BLOCK_N=1,bn1w2=ROLLBUF_K_BLOCK_N=1+ROLLBUF_K_NUM_WARPS=2"
 run() { local label=$1; shift; echo "== ab $label"; python3 -m rollbuf.bench --experiment ab --out "$OUT/$label" "$@" 2>&1 | tail -25; }
-run vtrace --cases "$VT" --variants "$V"
-run advantages --cases "$ADV" --variants "$V"
-run traces --cases "$TR" --variants "$V"
+for part in ${@:-vtrace advantages traces short}; do
+  case $part in
+    vtrace) run vtrace --cases "$VT" --variants "$V" ;;
+    advantages) run advantages --cases "$ADV" --variants "$V" ;;
+    traces) run traces --cases "$TR" --variants "$V" ;;
+    short) run short --cases "$SHORT" --variants "$VS" ;;
+    *) echo "unknown part $part"; exit 2 ;;
+  esac
+done
 if [ -d .gpu_stage_old ] && [ -n "${AB_OLD:-}" ]; then
   echo "== ab traces_old"
   (cd .gpu_stage_old && python3 -m rollbuf.bench --experiment ab --out "$OUT/traces_old" --cases "$TR" 2>&1 | tail -15)

@@ -25,7 +25,8 @@ for step in "$@"; do
       python3 -m rollbuf.bench --grid peers ${PEERS_ARGS:-} ${budget:+--budget-s $budget} --out /tmp/peers \
         > /tmp/peers.log 2>&1; echo "peers rc=$?"; grep -v "it/s\]\|s/it\]" /tmp/peers.log | tail -40
       cp /tmp/peers/results.csv "$OUT/peers_${label}.csv" 2>/dev/null; cp /tmp/peers.log "$OUT/peers_${label}.log" ;;
-    ab) bash benchmarks/family_ab.sh 2>&1 | tee "$OUT/ab.log" ;;
+    ab*) IFS=: read -r _ parts <<<"$step"  # ab or ab:PART,PART (benchmarks/family_ab.sh)
+      bash benchmarks/family_ab.sh ${parts//,/ } 2>&1 | tee "$OUT/ab.log" ;;
     tests) timeout "${TESTS_TIMEOUT_S:-540}" python3 -m pytest -v -n 14 -p no:cacheprovider -rfE tests/test_kernels.py tests/test_kernel_launch.py \
              tests/test_compile.py tests/test_autograd.py tests/test_windows.py tests/test_edge_cases.py \
              tests/test_new_estimator.py tests/test_lookback_order.py tests/test_rollout.py tests/test_repeated_calls.py > "$OUT/gpu_tests.log" 2>&1; echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)| (FAILED|ERROR) " "$OUT/gpu_tests.log" | head -30; tail -3 "$OUT/gpu_tests.log" ;;
