@@ -146,24 +146,49 @@ def test_matches_reference(name, mix, shape, split):
     assert_ref(call(name, f, "triton"), call(name, f, "reference"), 1e-5)
 
 
-@pytest.mark.parametrize("name,T", [("vtrace", 1030), ("vtrace", 2100), ("gae", 2100), ("discounted_returns", 2100),
-                                    ("eligibility_traces", 2100), ("episodic_sums", 2100)])
+@pytest.mark.parametrize("name,T", [("vtrace", 1030), ("vtrace", 2100), ("advantages", 2100), ("gae", 2100),
+                                    ("discounted_returns", 2100), ("eligibility_traces", 2100),
+                                    ("episodic_sums", 2100)])
 @pytest.mark.parametrize("mix", ["term+trunc", "term+trunc+mask"])
 def test_rows_held_whole(name, T, mix):
-    """Rows of 1024-4096 steps (V-trace), or 2049-4096 (the TD(λ) family where the table would split
-    them, the traces), without a mask: one program holds a row whole in one chunk (the strategy
-    table's FAMILY_WHOLE_ROWS); with a mask, the table's chunks. NaN-poisoned outputs, against the
-    reference."""
+    """Rows of 1024-4096 steps (V-trace), or 2049-4096 (the TD(λ) family's one-output calls where the
+    table would split them, the traces), without a mask: one program holds a row whole in one chunk
+    (the strategy table's FAMILY_WHOLE_ROWS); with a mask, or GAE's two outputs, the table's chunks.
+    NaN-poisoned outputs, against the reference."""
     f = make(3, T, mix, seed=zlib.crc32(f"whole-{name}-{T}-{mix}".encode()))
     with K.forced(block_t=None), _launches() as seen:
-        got = call(name, f, "triton")
+        if name == "advantages":
+            base = {k: f[k] for k in ("rewards", "values", "terminated", "truncated", "bootstrap_values", "mask")}
+            got = (F.advantages(0.97, 0.9, **base, backend="triton"),)
+        else:
+            got = call(name, f, "triton")
     st = seen[-1].strategy
-    if "mask" in mix:
-        assert st.block_t <= 2048 and (st.block_t, st.split) != (1 << (T - 1).bit_length(), False), st
+    held = (st.block_n, st.block_t, st.split, st.num_seg) == (1, 1 << (T - 1).bit_length(), False, 1)
+    if "mask" in mix or name == "gae":
+        assert not held and st.block_t <= 2048, st
     else:
-        assert (st.block_n, st.block_t, st.split, st.num_seg) == (1, 1 << (T - 1).bit_length(), False, 1), st
+        assert held, st
         assert st.num_warps == (8 if name in ("eligibility_traces", "episodic_sums") or T <= 1024 else 16), st
-    assert_ref(got, call(name, f, "reference"), 1e-5)
+    want = call("gae", f, "reference")[:1] if name == "advantages" else call(name, f, "reference")
+    assert_ref(got, want, 1e-5)
+
+
+def test_rows_held_whole_only_where_measured():
+    """The rule's edges, on the table itself: TD(λ) rows held whole only where the table would split
+    them (few rows), not time-major rows, not past 4096 steps, not when a tiling choice is forced."""
+    rule = H.FAMILY_WHOLE_ROWS
+    lam, vt = rule["lambda"], rule["vtrace"]
+    held = H.strategy(128, 4096, True, max_chunk=None, whole_rows=lam)
+    assert (held.block_n, held.block_t, held.split, held.num_warps) == (1, 4096, False, 16)
+    many = H.strategy(4096, 4096, True, whole_rows=lam)  # walked by the table: kept
+    assert (many.block_t, many.split) == (2048, False)
+    assert H.strategy(128, 2048, True, whole_rows=lam).num_warps == H.strategy(128, 2048, True).num_warps
+    assert H.strategy(128, 2048, False, whole_rows=vt) == H.strategy(128, 2048, False)  # time-major
+    assert H.strategy(128, 8192, True, max_chunk=1024, whole_rows=vt).block_t == 1024
+    assert H.strategy(128, 1000, True, max_chunk=1024, whole_rows=vt).block_t == 1024  # below 1024: the table
+    for forced in ({"block_t": 512}, {"split": True}, {"block_n": 2}, {"presolve": True}):
+        st = H.strategy(128, 4096, True, whole_rows=lam, **forced)
+        assert st.block_t != 4096, (forced, st)
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.bfloat16, 2e-2), (torch.float16, 5e-3)],

@@ -71,11 +71,14 @@ FAMILY_MAX_CHUNK = {"vtrace": 1024}
 #   many environments were not timed: both keep the table.
 # * The forward traces, rows of 2049-4096 steps: 8 warps, 8192x4096 122.5 -> 86.2 µs, 2048x4096
 #   34.1 -> 25.6, 512x4096 13.9 -> 8.1, 128x4096 6.5 -> 3.5.
-# (shortest row, longest row, only where the rows would be split, warps per chunk length)
+# TD(λ) only for calls writing one output (advantages were timed; the returns-only calls write the
+# same bytes and were not timed held whole; both outputs held whole lost at 5055e67, before the
+# returns were scanned themselves: 512x4096 20.8 µs with 16 warps against 19.1 split).
+# (shortest row, longest row, only where the rows would be split, warps per chunk length, most outputs)
 FAMILY_WHOLE_ROWS = {
-    "vtrace": (1024, 4096, False, ((1024, 8), (2048, 16), (4096, 16))),
-    "lambda": (2049, 4096, True, ((4096, 16),)),
-    "trace": (2049, 4096, False, ((4096, 8),)),
+    "vtrace": (1024, 4096, False, ((1024, 8), (2048, 16), (4096, 16)), 2),
+    "lambda": (2049, 4096, True, ((4096, 16),), 1),
+    "trace": (2049, 4096, False, ((4096, 8),), 1),
 }
 # Split rows of at most this many rows take the three passes instead of the look-back chain. Measured
 # on the H200 at aab284d (results/ab_presolve_*_aab284d.csv): one row, the three passes win everywhere
@@ -126,15 +129,15 @@ def strategy(R: int, T: int, time_contiguous: bool = True, block_t: int | None =
     shift for chunks up to 512 steps, by re-loading the neighbouring step beyond. Warps: one per 128
     elements of a program's tile, 1 to 8 (one per 64 for rows of 8 steps or fewer). ``long_rows =
     (rows, warps, split warps)`` for chunks of 1024 steps and more: V-trace's. ``whole_rows =
-    (shortest, longest, only_split, ((chunk, warps), ...))``: env-major rows of that many steps held
-    whole, one per program in one chunk (the family's, without a mask: :data:`FAMILY_WHOLE_ROWS`);
-    ``only_split``: only where the table would split them. Every other argument forces that choice
+    (shortest, longest, only_split, ((chunk, warps), ...)[, most outputs])``: env-major rows of that
+    many steps held whole, one per program in one chunk (the family's, without a mask:
+    :data:`FAMILY_WHOLE_ROWS`); ``only_split``: only where the table would split them. Every other argument forces that choice
     (tests, experiments).
     """
     fill = FILL_PER_SM * sms
     mc = max_chunk or MAX_CHUNK
-    if whole_rows and time_contiguous and block_t is None and split is None and block_n is None:
-        lo, hi, only_split, by_chunk = whole_rows
+    if whole_rows and time_contiguous and block_t is None and split is None and block_n is None and presolve is None:
+        lo, hi, only_split, by_chunk = whole_rows[:4]
         bt = _pow2(T)
         split_here = -(-T // min(bt, MAX_CHUNK)) > 1 and R < fill
         if lo <= T <= hi and (split_here or not only_split):
@@ -466,9 +469,11 @@ class Launch:
         from triton.language import float32, float64
 
         acc = float64 if p.compute_dtype == torch.float64 else float32
-        # a call with a mask, or with its tiling forced, keeps the table
-        whole = (FAMILY_WHOLE_ROWS.get(p.family) if f.get("mask") is None
-                 and not {"block_t", "split", "block_n", "max_chunk"} & fc.keys() else None)
+        # a call with a mask, with more outputs than were timed, or with its tiling forced keeps the table
+        whole = FAMILY_WHOLE_ROWS.get(p.family)
+        if (whole is None or f.get("mask") is not None or len(self.out_names) > whole[4]
+                or {"block_t", "split", "block_n", "max_chunk", "presolve"} & fc.keys()):
+            whole = None
         st = strategy(self.R, T, T == 1 or s_t == 1,
                       fc.pop("block_t", None), fc.pop("split", None), fc.pop("shift_load", None),
                       fc.pop("max_chunk", None) or FAMILY_MAX_CHUNK.get(p.family), fc.pop("block_n", None),
