@@ -629,3 +629,22 @@ def test_the_full_call_clock_is_the_longer_of_host_and_device(host, device):
     got = suite.wall_time([call, call, call], sync, budget_s=0.01, clock=clock)
     assert got == pytest.approx(max(host, device), rel=0.02)
     assert state["calls"] >= 5 * 3
+
+
+def test_the_full_call_clock_times_a_slow_call_a_few_times():
+    """A call slower than the clock's budget (an eager loop over time) is timed once per batch, the
+    input sets still rotated: a handful of calls, not the batches times the input sets."""
+    from rollbuf.bench import suite
+
+    state = {"t": 0.0}
+    used = []
+
+    def make(i):
+        def call():
+            state["t"] += 1.0  # one second per call
+            used.append(i)
+        return call
+
+    got = suite.wall_time([make(i) for i in range(8)], lambda: None, budget_s=0.025, clock=lambda: state["t"])
+    assert got == pytest.approx(1.0)
+    assert len(used) == 8 + 5 and set(used) == set(range(8))

@@ -328,18 +328,20 @@ def wall_time(fns, sync, budget_s=0.025, batches=5, clock=time.perf_counter):
     in it: its median is close to the device time for any call whose host part is that short.)"""
     sync()
     t0, k = clock(), 0
-    while k < 2 * len(fns) or clock() - t0 < budget_s / (4 * batches):  # the estimate, and warm-up
+    while k < len(fns) or clock() - t0 < budget_s / (4 * batches):  # the estimate, and warm-up
         fns[k % len(fns)]()
         k += 1
     sync()
     per = (clock() - t0) / k
-    n = max(len(fns), min(100_000, int(budget_s / batches / max(per, 1e-9))))
+    # a slow call (an eager loop over time) is timed one call per batch; the input sets keep rotating
+    n = max(1, min(100_000, int(budget_s / batches / max(per, 1e-9))))
     times = []
     for _ in range(batches):
         sync()
         t0 = clock()
-        for i in range(n):
-            fns[i % len(fns)]()
+        for _ in range(n):
+            fns[k % len(fns)]()
+            k += 1
         sync()
         times.append((clock() - t0) / n)
     return statistics.median(times)
