@@ -131,8 +131,9 @@ def strategy(R: int, T: int, time_contiguous: bool = True, block_t: int | None =
     (rows, warps, split warps)`` for chunks of 1024 steps and more: V-trace's. ``whole_rows =
     (shortest, longest, only_split, ((chunk, warps), ...)[, most outputs])``: env-major rows of that
     many steps held whole, one per program in one chunk (the family's, without a mask:
-    :data:`FAMILY_WHOLE_ROWS`); ``only_split``: only where the table would split them. Every other argument forces that choice
-    (tests, experiments).
+    :data:`FAMILY_WHOLE_ROWS`); ``only_split``: only where the table would split them; a forced
+    ``block_t``, ``split``, ``block_n`` or ``presolve`` skips it. Every other argument forces that
+    choice (tests, experiments).
     """
     fill = FILL_PER_SM * sms
     mc = max_chunk or MAX_CHUNK
@@ -469,10 +470,10 @@ class Launch:
         from triton.language import float32, float64
 
         acc = float64 if p.compute_dtype == torch.float64 else float32
-        # a call with a mask, with more outputs than were timed, or with its tiling forced keeps the table
+        # a call with a mask, with more outputs than were timed, or with a forced chunk length keeps the
+        # table (max_chunk reaches strategy() merged with the family's; it skips the rule for the others)
         whole = FAMILY_WHOLE_ROWS.get(p.family)
-        if (whole is None or f.get("mask") is not None or len(self.out_names) > whole[4]
-                or {"block_t", "split", "block_n", "max_chunk", "presolve"} & fc.keys()):
+        if whole is None or f.get("mask") is not None or len(self.out_names) > whole[4] or "max_chunk" in fc:
             whole = None
         st = strategy(self.R, T, T == 1 or s_t == 1,
                       fc.pop("block_t", None), fc.pop("split", None), fc.pop("shift_load", None),
