@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call on the lent GPU: install the carried wheels, then run the named steps in order.
 #   bash benchmarks/gpu_session.sh STEP...      (ROLLBUF_COMMIT names the commit; OUT the results folder)
-# Steps: kernels (gate + GAE/V-trace timings + host + V-trace tile sweep, benchmarks/kernels_h200.py), old (the same
+# Steps: kernels (gate + GAE/V-trace timings + host + V-trace tile sweep, benchmarks/kernels_h200.py), host (the
+# host time at 4096x128 and its parts), old (the same
 # timings of rollbuf's public calls from the tree in .gpu_stage_old/), peers[:i/k[:budget]] (the peers
 # grid, python -m rollbuf.bench --grid peers), ab (benchmarks/family_ab.sh), tests (the CUDA kernel test
 # matrix, cut at $TESTS_TIMEOUT_S seconds so that the summary comes back).
@@ -18,6 +19,7 @@ for step in "$@"; do
   t0=$(date +%s)
   case "$step" in
     kernels) python3 benchmarks/kernels_h200.py --out "$OUT" --part gate,time,vtrace,host,vsweep 2>&1 | tee "$OUT/kernels.log" ;;
+    host) python3 benchmarks/kernels_h200.py --out "$OUT" --part host,hostparts 2>&1 | grep -v "^ " | tail -40 ;;
     kernels-quick) python3 benchmarks/kernels_h200.py --out "$OUT" --part time,vtrace,host 2>&1 | tee "$OUT/kernels.log" ;;
     old) PYTHONPATH=/tmp/site:$PWD/.gpu_stage_old:$PWD/.peers/rl-triton-0.1.3/src python3 benchmarks/kernels_h200.py --out "$OUT" --impl old --quick \
            --part time,vtrace 2>&1 | tail -40 ;;

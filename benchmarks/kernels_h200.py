@@ -565,6 +565,67 @@ def host(impl):
         pstats.Stats(pr, stream=sys.stdout).sort_stats("tottime").print_stats(14)
 
 
+def host_parts():
+    """Where a warm plan's host time goes at 4096x128 (back to back, one sync at the end): the
+    allocations, the device and stream lookups, Triton's launcher on prepared arguments, an empty
+    kernel through the same launcher, and a CUDA-graph replay of the plan's launch."""
+    import rollbuf.kernels as K
+    from rollbuf.kernels import host as H
+    import triton
+    import triton.language as tl
+
+    f = inputs(4096, 128, 0)
+    plan = rb_plan_call(f, ("advantages",))
+    plan()
+    launch = plan.launch
+    fields, ci, sc = plan._inputs if plan._inputs is not None else launch.inputs(plan.problem)
+    args, outs, co, ws = launch.prepare(fields, ci, sc)
+    get_stream, rt = H._driver()
+
+    @triton.jit
+    def _empty_kernel(x):
+        pass
+
+    x = torch.empty(1, device="cuda")
+    ek = _empty_kernel[(1,)](x)
+    ek._init_handles()
+    stream = get_stream(0)
+    fns = {
+        "torch.empty 4096x128 fp32": lambda: torch.empty((4096, 128), device="cuda"),
+        "torch.empty_like": lambda: torch.empty_like(f["values"]),
+        "torch.cuda.current_device()": torch.cuda.current_device,
+        "driver get_current_stream(0)": lambda: get_stream(0),
+        "launch.prepare (adv)": lambda: launch.prepare(fields, ci, sc),
+        "launch.launch on prepared args": lambda: launch.launch(args, ws),
+        "empty kernel, compiled run": lambda: ek.run(1, 1, 1, stream, ek.function, ek.packed_metadata, None,
+                                                      None, None, x),
+        "empty kernel, jit launcher": lambda: _empty_kernel[(1,)](x),
+        "plan() (adv)": plan,
+    }
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        plan()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        plan()
+    fns["CUDA graph replay of plan() (adv)"] = g.replay
+    for name, fn in fns.items():
+        for _ in range(50):
+            fn()
+        torch.cuda.synchronize()
+        best = math.inf
+        for _ in range(3):
+            t0 = time.perf_counter()
+            for _ in range(2000):
+                fn()
+            t1 = time.perf_counter()
+            torch.cuda.synchronize()
+            best = min(best, (t1 - t0) / 2000 * 1e6)
+        record(part="hostparts", estimator="gae", n=4096, t=128, competitor=name, clock="host", us=best)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "out"))
@@ -588,6 +649,8 @@ def main():
             time_gae(args.impl, bw, args.quick)
         if "host" in parts:
             host(args.impl)
+        if "hostparts" in parts:
+            host_parts()
         if "vtrace" in parts:
             time_vtrace(args.impl, args.quick)
         if "sweep" in parts and args.impl == "new":
