@@ -151,10 +151,10 @@ def test_matches_reference(name, mix, shape, split):
                                     ("episodic_sums", 2100)])
 @pytest.mark.parametrize("mix", ["term+trunc", "term+trunc+mask"])
 def test_rows_held_whole(name, T, mix):
-    """Rows of 1024-4096 steps (V-trace), or 2049-4096 (the TD(λ) family's one-output calls where the
-    table would split them, the traces), without a mask: one program holds a row whole in one chunk
-    (the strategy table's FAMILY_WHOLE_ROWS); with a mask, or GAE's two outputs, the table's chunks.
-    NaN-poisoned outputs, against the reference."""
+    """Rows of 1024-4096 steps (V-trace), or 2049-4096 (the TD(λ) family where the table would split
+    them, one output or GAE's two; the traces), without a mask: one program holds a row whole in one
+    chunk (the strategy table's FAMILY_WHOLE_ROWS); with a mask, the table's chunks. NaN-poisoned
+    outputs, against the reference."""
     f = make(3, T, mix, seed=zlib.crc32(f"whole-{name}-{T}-{mix}".encode()))
     with K.forced(block_t=None), _launches() as seen:
         if name == "advantages":
@@ -164,7 +164,7 @@ def test_rows_held_whole(name, T, mix):
             got = call(name, f, "triton")
     st = seen[-1].strategy
     held = (st.block_n, st.block_t, st.split, st.num_seg) == (1, 1 << (T - 1).bit_length(), False, 1)
-    if "mask" in mix or name == "gae":
+    if "mask" in mix:
         assert not held and st.block_t <= 2048, st
     else:
         assert held, st

@@ -71,13 +71,15 @@ FAMILY_MAX_CHUNK = {"vtrace": 1024}
 #   many environments were not timed: both keep the table.
 # * The forward traces, rows of 2049-4096 steps: 8 warps, 8192x4096 122.5 -> 86.2 µs, 2048x4096
 #   34.1 -> 25.6, 512x4096 13.9 -> 8.1, 128x4096 6.5 -> 3.5.
-# TD(λ) only for calls writing one output (advantages were timed; the returns-only calls write the
-# same bytes and were not timed held whole; both outputs held whole lost at 5055e67, before the
-# returns were scanned themselves: 512x4096 20.8 µs with 16 warps against 19.1 split).
+# TD(λ) calls writing one output or both. Measured on the H200 at 1bcfbfe (results/ab_family_1bcfbfe/,
+# device µs, the table -> held whole with 16 warps): GAE's two outputs 128x4096 8.5 -> 5.5, 512x4096
+# 19.2 -> 15.1 (held whole they had lost at 5055e67, before the returns were scanned themselves:
+# 512x4096 20.8 against 19.1 split); the returns-only calls equal (lambda returns 512x4096 13.4 -> 13.5,
+# discounted 10.9 -> 10.9, Monte Carlo 10.7 -> 10.8; at 128x4096 4.9 -> 5.0, 4.1 -> 4.2, 4.0 -> 4.1).
 # (shortest row, longest row, only where the rows would be split, warps per chunk length, most outputs)
 FAMILY_WHOLE_ROWS = {
     "vtrace": (1024, 4096, False, ((1024, 8), (2048, 16), (4096, 16)), 2),
-    "lambda": (2049, 4096, True, ((4096, 16),), 1),
+    "lambda": (2049, 4096, True, ((4096, 16),), 2),
     "trace": (2049, 4096, False, ((4096, 8),), 1),
 }
 # Split rows of at most this many rows take the three passes instead of the look-back chain. Measured
