@@ -87,6 +87,25 @@ def test_budget_skips_and_scoreboard_from_csv_parts(tmp_path):
     assert f"| rollbuf-torch | {n_a} | {n_a} | 100% |" in board  # skipped cases are not counted as attempted
 
 
+def test_a_part_run_again_without_some_shapes_stays_within_the_part(tmp_path):
+    """``--part i/k`` is cut from the whole grid before ``--skip-shapes`` / ``--only-shapes`` narrow
+    it: re-running a part without a shape it holds runs the rest of that same part (cut after the
+    filter, the parts were re-dealt and the re-run measured cases of the other part)."""
+    def keys(out, *extra):
+        assert cli.main(["--grid", "peers", "--competitors", "rollbuf-torch", "--budget-s", "0", "--out", str(out),
+                         *extra]) == 0
+        return {(r["estimator"], r["n"], r["t"], r["mix"]) for r in csv.DictReader(open(out / "results.csv"))}
+
+    whole = keys(tmp_path / "w", "--part", "1/2")
+    other = keys(tmp_path / "o", "--part", "0/2")
+    assert whole and not whole & other
+    big = max({(n, t) for _, n, t, _ in whole}, key=lambda s: int(s[0]) * int(s[1]))
+    rest = keys(tmp_path / "r", "--part", "1/2", "--skip-shapes", f"{big[0]}x{big[1]}")
+    assert rest == {k for k in whole if (k[1], k[2]) != big}
+    only = keys(tmp_path / "s", "--part", "1/2", "--only-shapes", f"{big[0]}x{big[1]}")
+    assert only == whole - rest
+
+
 def test_time_major_cases_are_views_and_pass_the_gate():
     """``layout="time"``: the fields are [T, N] buffers passed as [N, T] views (time stride N), and
     both the competitors and rollbuf read them in place and pass the float64 gate."""

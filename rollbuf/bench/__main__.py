@@ -298,13 +298,13 @@ def main(argv=None):
         if args.estimators:
             keep = set(args.estimators.split(","))
             cases = [c for c in cases if c.estimator in keep]
+        if args.part:  # before the shape filters: a part run again without some shapes stays within it
+            i, k = (int(x) for x in args.part.split("/"))
+            cases = part(cases, i, k)
         for opt, keep in ((args.skip_shapes, False), (args.only_shapes, True)):
             if opt:
                 shapes = {tuple(int(x) for x in item.lower().split("x")) for item in opt.split(",")}
                 cases = [c for c in cases if ((c.n, c.t) in shapes) == keep]
-        if args.part:
-            i, k = (int(x) for x in args.part.split("/"))
-            cases = part(cases, i, k)
         if args.redo:
             again = {row_key(r) for r in read_csv(args.redo) if r.get("status") in ("wrong", "error")}
             cases = [c for c in cases if c.key in again]
