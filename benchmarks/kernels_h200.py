@@ -602,6 +602,23 @@ def host_parts():
         "empty kernel, jit launcher": lambda: _empty_kernel[(1,)](x),
         "plan() (adv)": plan,
     }
+    # the compiled launcher on the same prepared arguments: Triton's hooks and metadata (as its own
+    # launch passes them), none, and the pointers passed as ints (no data_ptr call, no pointer
+    # attribute query per tensor in the launcher)
+    kern = launch.passes[0]
+    run, function, meta, ck = kern.compiled
+    grid = launch.grid
+    full = (*args, *kern.const)
+    ints = tuple(a.data_ptr() if type(a) is torch.Tensor else a for a in args) + tuple(kern.const)
+
+    def with_hooks():
+        lm = ck.launch_metadata((grid, 1, 1), stream, *full)
+        run(grid, 1, 1, stream, function, meta, lm, rt.launch_enter_hook, rt.launch_exit_hook, *full)
+
+    fns["compiled run, Triton's hooks and metadata"] = with_hooks
+    fns["compiled run, no hooks"] = lambda: run(grid, 1, 1, stream, function, meta, None, None, None, *full)
+    fns["compiled run, no hooks, int pointers"] = lambda: run(grid, 1, 1, stream, function, meta, None, None,
+                                                               None, *ints)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):

@@ -238,3 +238,50 @@ def test_overlapping_fields_are_made_to_match():
         torch.testing.assert_close(a, b)
     la = K.launch_for(Problem(family="lambda_adjoint", outputs=("rewards",), fields=fields, gamma=0.9, lam=0.8))
     assert (la.s_n, la.s_t) == (29, 1) and {n for _, n, _ in la.conv} == {"grad_returns"}
+
+
+class _Chain:
+    """A stand-in of Triton 3.6's ``HookChain`` (``calls``: the hooks it would call)."""
+
+    def __init__(self, *calls):
+        self.calls = list(calls)
+
+    def __call__(self, metadata):
+        for c in self.calls:
+            c(metadata)
+
+
+@pytest.mark.parametrize("hooks", ["empty-chains", "none", "enter-chain", "exit-function"])
+def test_compiled_launch_passes_hooks_only_when_they_call_something(monkeypatch, hooks):
+    """A warm launch goes straight to the compiled kernel's launcher: with no hook to call (Triton
+    3.6's empty hook chains, or ``None``) it builds no launch metadata and passes no hook; a
+    profiler's hook (a chain with a call, or a plain function) gets the metadata, as Triton's own
+    launch gives it. The launcher is a stand-in here, so this runs without a GPU."""
+    from rollbuf.kernels import host as H
+
+    enter, leave = {"empty-chains": (_Chain(), _Chain()), "none": (None, None),
+                    "enter-chain": (_Chain(print), _Chain()), "exit-function": (None, print)}[hooks]
+    rt = type("Runtime", (), {"launch_enter_hook": enter, "launch_exit_hook": leave})()
+    monkeypatch.setattr(H, "_DRIVER", [(lambda device: f"stream{device}", rt)])
+    seen = {}
+
+    class Compiled:
+        def launch_metadata(self, grid, stream, *args):
+            seen["metadata"] = (grid, stream, args)
+            return "metadata"
+
+    def launcher(*a):
+        seen["run"] = a
+
+    k = H.Kernel(jit=None, const=(7, 8), warps=4)
+    k.compiled = (launcher, "function", "packed", Compiled())
+    args = (torch.zeros(3), None, 5, 0.5)
+    k(12, args, 0)
+    head, tail = seen["run"][:9], seen["run"][9:]
+    assert tail == (*args, 7, 8)
+    if hooks in ("empty-chains", "none"):
+        assert head == (12, 1, 1, "stream0", "function", "packed", None, None, None)
+        assert "metadata" not in seen
+    else:
+        assert head == (12, 1, 1, "stream0", "function", "packed", "metadata", enter, leave)
+        assert seen["metadata"] == ((12, 1, 1), "stream0", (*args, 7, 8))

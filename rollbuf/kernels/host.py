@@ -363,9 +363,18 @@ class Kernel:
         run, function, meta, k = c
         get_stream, rt = _driver()
         stream = get_stream(device)
-        enter = rt.launch_enter_hook
-        lm = None if enter is None else k.launch_metadata((grid, 1, 1), stream, *args, *self.const)
-        run(grid, 1, 1, stream, function, meta, lm, enter, rt.launch_exit_hook, *args, *self.const)
+        enter, leave = rt.launch_enter_hook, rt.launch_exit_hook
+        if _hooked(enter) or _hooked(leave):  # a profiler's hooks: called with the launch's metadata
+            lm = k.launch_metadata((grid, 1, 1), stream, *args, *self.const)
+            run(grid, 1, 1, stream, function, meta, lm, enter, leave, *args, *self.const)
+        else:  # no hook: no metadata built, no empty hook chain called before and after the launch
+            run(grid, 1, 1, stream, function, meta, None, None, None, *args, *self.const)
+
+
+def _hooked(hook) -> bool:
+    """Whether a Triton launch hook would call anything: Triton 3.6 always holds a ``HookChain``
+    (empty unless a profiler added to it), where older versions hold ``None`` or a function."""
+    return hook is not None and bool(getattr(hook, "calls", True))
 
 
 def _nan_fill(outs):
