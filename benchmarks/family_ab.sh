@@ -4,7 +4,7 @@
 # program, the whole row in one chunk, 8 or 16 warps, against the table), and the forward traces
 # (the kernel that scans the trace itself without a mask, against the tree in .gpu_stage_old/); and
 # the short rows of few environments still behind at f76f27e (rows per program and warps).
-#   bash benchmarks/family_ab.sh [PART...]  (vtrace advantages traces short; default all; after
+#   bash benchmarks/family_ab.sh [PART...]  (vtrace advantages traces short many; default all; after
 #                                            benchmarks/gpu_session.sh's wheel install; OUT = results;
 #                                            AB_OLD=1: also the traces with the tree in .gpu_stage_old/)
 set -u
@@ -17,14 +17,18 @@ ADV="$(s advantages term-only 128x512 2048x512 128x1024 2048x1024 8192x1024 128x
 TR="$(s eligibility_traces term-only 128x512 128x4096 512x4096 2048x4096 8192x4096)"
 # short rows of few environments (latency-bound, 0.79-0.96x rl-triton at f76f27e): rows per program x warps
 SHORT="$(s advantages term-only 128x128 128x512 512x128 512x512 2048x512 8192x512),$(s vtrace term-only 128x128 128x1024 512x1024 2048x512),$(s eligibility_traces term-only 128x512 512x512 128x1024)"
+# rows of 2049-4096 steps with many environments (walked by the table; the naive kernel holding them whole with
+# 16 warps ran 8192x4096 at 151 µs for advantages against rollbuf's 179.5 at 6f21364): held whole against the table
+MANY="$(s advantages term-only 2048x4096 8192x4096 16384x4096),$(s advantages term+trunc 8192x4096 16384x4096),$(s gae term-only 2048x4096 8192x4096),$(s lambda_returns term-only 8192x4096)"
 VS="default=,w2=ROLLBUF_K_NUM_WARPS=2,w8=ROLLBUF_K_NUM_WARPS=8,bn1=ROLLBUF_K_BLOCK_N=1,bn1w2=ROLLBUF_K_BLOCK_N=1+ROLLBUF_K_NUM_WARPS=2"
 run() { local label=$1; shift; echo "== ab $label"; python3 -m rollbuf.bench --experiment ab --out "$OUT/$label" "$@" 2>&1 | tail -25; }
-for part in ${@:-vtrace advantages traces short}; do
+for part in ${@:-vtrace advantages traces short many}; do
   case $part in
     vtrace) run vtrace --cases "$VT" --variants "$V" ;;
     advantages) run advantages --cases "$ADV" --variants "$V" ;;
     traces) run traces --cases "$TR" --variants "$V" ;;
     short) run short --cases "$SHORT" --variants "$VS" ;;
+    many) run many --cases "$MANY" --variants "$V" ;;
     *) echo "unknown part $part"; exit 2 ;;
   esac
 done
