@@ -609,7 +609,12 @@ def host_parts():
     run, function, meta, ck = kern.compiled
     grid = launch.grid
     full = (*args, *kern.const)
-    ints = tuple(a.data_ptr() if type(a) is torch.Tensor else a for a in args) + tuple(kern.const)
+    def as_int(a):  # the fields travel as one tuple argument
+        if type(a) is tuple:
+            return tuple(map(as_int, a))
+        return a.data_ptr() if type(a) is torch.Tensor else a
+
+    ints = tuple(map(as_int, args)) + tuple(kern.const)
 
     def with_hooks():
         lm = ck.launch_metadata((grid, 1, 1), stream, *full)

@@ -289,10 +289,15 @@ class Bound:
     ``[E, A, T]`` buffer, say) is not bound: each ``bound()`` is then the full call, so that writes
     into the caller's tensors are always seen."""
 
-    __slots__ = ("problem", "backend", "_run", "_launch", "_column", "_plain", "_again")
+    __slots__ = ("problem", "backend", "_run", "_launch", "_column", "_plain", "_again", "_grads")
 
     def __init__(self, p: Problem, backend: str, again=None):
         self.problem, self.backend, self._again = p, backend, again
+        # the bound tensors that can carry gradients (as backends.autograd.needs_grad reads them):
+        # whether one requires grad is read on every call, the tensors are fixed
+        f = p.fields
+        self._grads = tuple(t for t in (p.carry, *map(f.get, backends.autograd.differentiable_fields(p)))
+                            if t is not None)
         self._run = backends.bind(p, backend) if again is None else None
         self._launch = getattr(self._run, "launch", None)  # a kernel plan's launch
         self._column = validation.checks_column(p)  # a [*B] column against the truncations, every call
@@ -306,7 +311,7 @@ class Bound:
         p = self.problem
         if self._column or validation.checking_finite():
             validation.recheck(p)
-        if (torch.compiler.is_compiling() or backends.autograd.needs_grad(p)
+        if (torch.compiler.is_compiling() or (torch.is_grad_enabled() and _any_requires_grad(self._grads))
                 or (self._launch is not None and not self._launch.current())):
             outs, cout = backends.run(p, self.backend)
         else:
@@ -315,6 +320,13 @@ class Bound:
                 est = p.estimator
                 return est.result(*outs) if est.result is not None else outs[0]
         return result(p, outs, cout)
+
+
+def _any_requires_grad(tensors) -> bool:
+    for t in tensors:
+        if t.requires_grad:
+            return True
+    return False
 
 
 def bind(function: str, arguments: dict) -> Bound:

@@ -31,8 +31,8 @@ _OWN = ("rewards", "values", "terminated", "truncated", "bootstrap_values", "mas
 _PLAIN = (int, float, bool, str, type(None), torch.dtype)  # arguments a bound call may be keyed on
 
 
-def _addresses(tensors) -> tuple:
-    return tuple(None if t is None else t.data_ptr() for t in tensors)
+def _addresses(tensors) -> list:
+    return [None if t is None else t.data_ptr() for t in tensors]
 
 
 class _BoundCalls(dict):
@@ -208,7 +208,9 @@ class Rollout:
                 k in _OWN for k in args):  # a field given twice: the functional call raises the TypeError
             return getattr(F, function)(**args, **(fields or self._fields()))
         try:
-            key = (function, *sorted((k, type(v).__name__, v) for k, v in args.items()))
+            # by name, value and type (1, 1.0 and True are three keys); in the order given, so the same
+            # arguments spelled in another order are bound once more (MAX entries at most)
+            key = (function, *args.items(), *map(type, args.values()))
             entries = self._tensordict._tensordict
             bound = self.__dict__.get("_bound")
             hit = None if bound is None else bound.get(key)
