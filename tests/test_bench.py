@@ -88,12 +88,13 @@ def test_budget_skips_and_scoreboard_from_csv_parts(tmp_path):
 
 
 def test_a_part_run_again_without_some_shapes_stays_within_the_part(tmp_path):
-    """``--part i/k`` is cut from the whole grid before ``--skip-shapes`` / ``--only-shapes`` narrow
-    it: re-running a part without a shape it holds runs the rest of that same part (cut after the
-    filter, the parts were re-dealt and the re-run measured cases of the other part)."""
+    """``--part i/k`` is cut from the whole grid before ``--skip-shapes`` / ``--only-shapes`` /
+    ``--estimators`` / ``--mixes`` narrow it: re-running a part without a shape it holds runs the rest
+    of that same part (cut after the filter, the parts were re-dealt and the re-run measured cases of
+    the other part)."""
     def keys(out, *extra):
-        assert cli.main(["--grid", "peers", "--competitors", "rollbuf-torch", "--budget-s", "0", "--out", str(out),
-                         *extra]) == 0
+        grid = [] if "--grid" in extra else ["--grid", "peers"]
+        assert cli.main([*grid, "--competitors", "rollbuf-torch", "--budget-s", "0", "--out", str(out), *extra]) == 0
         return {(r["estimator"], r["n"], r["t"], r["mix"]) for r in csv.DictReader(open(out / "results.csv"))}
 
     whole = keys(tmp_path / "w", "--part", "1/2")
@@ -104,6 +105,10 @@ def test_a_part_run_again_without_some_shapes_stays_within_the_part(tmp_path):
     assert rest == {k for k in whole if (k[1], k[2]) != big}
     only = keys(tmp_path / "s", "--part", "1/2", "--only-shapes", f"{big[0]}x{big[1]}")
     assert only == whole - rest
+    # in the CPU smoke grid the masked cases cover fewer shapes: dealt alone, they would split otherwise
+    smoke = keys(tmp_path / "sw", "--grid", "cpu-smoke", "--part", "1/2")
+    masked = keys(tmp_path / "sm", "--grid", "cpu-smoke", "--part", "1/2", "--mixes", "mask")
+    assert masked and masked == {k for k in smoke if k[3] == "mask"}
 
 
 def test_time_major_cases_are_views_and_pass_the_gate():

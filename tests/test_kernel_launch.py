@@ -251,7 +251,19 @@ class _Chain:
             c(metadata)
 
 
-@pytest.mark.parametrize("hooks", ["empty-chains", "none", "enter-chain", "exit-function"])
+def _triton_chains(add: bool):
+    """Triton's own hook chains (``triton.knobs.HookChain``, Triton 3.6), one with a hook added."""
+    knobs = pytest.importorskip("triton.knobs")
+    if not hasattr(knobs, "HookChain"):
+        pytest.skip("this Triton holds its launch hooks as None or functions")
+    enter, leave = knobs.HookChain(), knobs.HookChain(reversed=True)
+    if add:
+        enter.add(print)
+    return enter, leave
+
+
+@pytest.mark.parametrize("hooks", ["empty-chains", "none", "enter-chain", "exit-function", "triton-empty",
+                                   "triton-added"])
 def test_compiled_launch_passes_hooks_only_when_they_call_something(monkeypatch, hooks):
     """A warm launch goes straight to the compiled kernel's launcher: with no hook to call (Triton
     3.6's empty hook chains, or ``None``) it builds no launch metadata and passes no hook; a
@@ -259,8 +271,11 @@ def test_compiled_launch_passes_hooks_only_when_they_call_something(monkeypatch,
     launch gives it. The launcher is a stand-in here, so this runs without a GPU."""
     from rollbuf.kernels import host as H
 
-    enter, leave = {"empty-chains": (_Chain(), _Chain()), "none": (None, None),
-                    "enter-chain": (_Chain(print), _Chain()), "exit-function": (None, print)}[hooks]
+    if hooks.startswith("triton"):
+        enter, leave = _triton_chains(hooks == "triton-added")
+    else:
+        enter, leave = {"empty-chains": (_Chain(), _Chain()), "none": (None, None),
+                        "enter-chain": (_Chain(print), _Chain()), "exit-function": (None, print)}[hooks]
     rt = type("Runtime", (), {"launch_enter_hook": enter, "launch_exit_hook": leave})()
     monkeypatch.setattr(H, "_DRIVER", [(lambda device: f"stream{device}", rt)])
     seen = {}
@@ -279,7 +294,7 @@ def test_compiled_launch_passes_hooks_only_when_they_call_something(monkeypatch,
     k(12, args, 0)
     head, tail = seen["run"][:9], seen["run"][9:]
     assert tail == (*args, 7, 8)
-    if hooks in ("empty-chains", "none"):
+    if hooks in ("empty-chains", "none", "triton-empty"):
         assert head == (12, 1, 1, "stream0", "function", "packed", None, None, None)
         assert "metadata" not in seen
     else:

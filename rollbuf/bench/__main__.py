@@ -289,6 +289,9 @@ def main(argv=None):
         else:
             names = [n for n in COMPETITORS if gpu or not getattr(COMPETITORS[n], "cuda_only", False)]
         cases = parse_cases(args.cases) if args.cases else GRIDS[args.grid]
+        if args.part:  # before every filter: a part run again with fewer cases stays within that part
+            i, k = (int(x) for x in args.part.split("/"))
+            cases = part(cases, i, k)
         if args.mixes:
             keep = set(args.mixes.split(","))
             cases = [c for c in cases if c.mix in keep]
@@ -298,9 +301,6 @@ def main(argv=None):
         if args.estimators:
             keep = set(args.estimators.split(","))
             cases = [c for c in cases if c.estimator in keep]
-        if args.part:  # before the shape filters: a part run again without some shapes stays within it
-            i, k = (int(x) for x in args.part.split("/"))
-            cases = part(cases, i, k)
         for opt, keep in ((args.skip_shapes, False), (args.only_shapes, True)):
             if opt:
                 shapes = {tuple(int(x) for x in item.lower().split("x")) for item in opt.split(",")}

@@ -74,8 +74,8 @@ FAMILY_MAX_CHUNK = {"vtrace": 1024}
 # TD(λ) calls writing one output or both. Measured on the H200 at 1bcfbfe (results/ab_family_1bcfbfe/,
 # device µs, the table -> held whole with 16 warps): GAE's two outputs 128x4096 8.5 -> 5.5, 512x4096
 # 19.2 -> 15.1 (held whole they had lost at 5055e67, before the returns were scanned themselves:
-# 512x4096 20.8 against 19.1 split); the returns-only calls equal (lambda returns 512x4096 13.4 -> 13.5,
-# discounted 10.9 -> 10.9, Monte Carlo 10.7 -> 10.8; at 128x4096 4.9 -> 5.0, 4.1 -> 4.2, 4.0 -> 4.1).
+# 512x4096 20.8 against 19.1 split). The returns-only calls are held whole as advantages are (same
+# bytes), never timed against the table: in that A/B both sides of them already ran held whole.
 # (shortest row, longest row, only where the rows would be split, warps per chunk length, most outputs)
 FAMILY_WHOLE_ROWS = {
     "vtrace": (1024, 4096, False, ((1024, 8), (2048, 16), (4096, 16)), 2),
