@@ -655,6 +655,69 @@ def test_the_full_call_clock_is_the_longer_of_host_and_device(host, device):
     assert state["calls"] >= 5 * 3
 
 
+def test_the_full_call_clocks_of_a_case_are_interleaved():
+    """``suite.wall_times``: the competitors' batches alternate (batch b of each before batch b + 1 of
+    any), so a host that slows down half-way slows both alike: two identical competitors come out
+    equal, where timing one after the other would make the second twice as slow."""
+    from rollbuf.bench import suite
+
+    state = {"t": 0.0}
+    order = []
+
+    def make(name):
+        def call():
+            state["t"] += 1e-6 if state["t"] < 0.05 else 2e-6  # the host slows down after 50 ms
+            if not order or order[-1] != name:
+                order.append(name)
+        return call
+
+    got = suite.wall_times({"a": [make("a")], "b": [make("b")]}, lambda: None, budget_s=0.02, batches=5,
+                           clock=lambda: state["t"])
+    assert got["a"] == pytest.approx(got["b"], rel=0.05)
+    assert order[2:] == ["a", "b"] * 5  # after each one's estimate, the batches alternate
+    state["t"] = 0.0
+    one = suite.wall_time([make("a")], lambda: None, budget_s=0.04, batches=5, clock=lambda: state["t"])
+    two = suite.wall_time([make("b")], lambda: None, budget_s=0.04, batches=5, clock=lambda: state["t"])
+    assert two > 1.5 * one  # what one after the other would report
+
+
+def test_a_cuda_case_times_every_competitors_full_call_together(monkeypatch):
+    """``run_cases`` on the GPU path (the device simulated on the CPU: fields made on the CPU, a
+    no-op sync, a stand-in graph replay): every competitor that passed the gate gets its device
+    time and a full call from one interleaved ``wall_times``; no bound call is left in the rows."""
+    from rollbuf.bench import suite
+
+    real_make = suite.make_fields
+    monkeypatch.setattr(suite, "make_fields", lambda case, device, seed=0: real_make(case, "cpu", seed))
+    monkeypatch.setattr(suite, "provenance", lambda device: {"device": "simulated"})
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(suite, "graph_time", lambda fns, reps=10: (1e-6, 0.0))
+    seen = []
+    real_walls = suite.wall_times
+
+    def walls(timed, sync, *a, **kw):
+        seen.append(sorted(timed))
+        return real_walls(timed, sync, *a, **kw)
+
+    monkeypatch.setattr(suite, "wall_times", walls)
+
+    def broken(name, f, params):  # forgets truncations: bootstraps nothing, cuts nothing
+        return C.rollbuf_backend("torch")(name, dict(f, truncated=None), params)
+
+    monkeypatch.setitem(C.COMPETITORS, "broken", broken)
+    rows = run_cases([Case("gae", 4, 200, mix="term+trunc")], ["rollbuf-torch", "loop", "broken"], "cuda")
+    by = {r["impl"]: r for r in rows}
+    assert by["broken"]["status"] == "wrong" and "call_us" not in by["broken"]
+    for name in ("rollbuf-torch", "loop"):
+        assert by[name]["status"] == "ok" and by[name]["call_us"] > 0
+        assert "_calls" not in by[name]
+    assert by["rollbuf-torch"]["device_us"] == pytest.approx(1.0)
+    # one interleaved clock for the case's two timed competitors (besides the quick single-competitor
+    # estimate that sizes a graph's replays)
+    assert [k for k in seen if k != [None]] == [[0, 1]]
+
+
 def test_the_full_call_clock_times_a_slow_call_a_few_times():
     """A call slower than the clock's budget (an eager loop over time) is timed once per batch, the
     input sets still rotated: a handful of calls, not the batches times the input sets."""

@@ -29,6 +29,12 @@ from rollbuf.bench.competitors import COMPETITORS, Unsupported, bind
 from rollbuf.testing import make_rollout, window_end_index
 
 L2_BYTES = 60 * 2**20  # H200
+# The full call of a case (wall_times): each competitor's calls back to back in this many batches
+# over this many seconds, the competitors' batches interleaved. The 6f21364 run took 5 batches in
+# 25 ms, one competitor after the other: 30 of 180 full-call verdicts flipped between two
+# measurements of the same case on one machine (device time: 3).
+FULL_CALL_BUDGET_S = 0.045
+FULL_CALL_BATCHES = 9
 
 #: The parameter values every case runs with: γ = 0.99 and λ = 0.95 wherever the estimator has
 #: them, except V-trace's λ, which stays 1 (IMPALA's V-trace, as the peers implement it); the other
@@ -326,25 +332,57 @@ def wall_time(fns, sync, budget_s=0.025, batches=5, clock=time.perf_counter):
     longer. (``triton.testing.do_bench`` records its events around each call after a 256 MB memset
     that clears the L2, so a host cost shorter than that memset, about 60–80 µs on an H200, is hidden
     in it: its median is close to the device time for any call whose host part is that short.)"""
-    sync()
-    t0, k = clock(), 0
-    while k < len(fns) or clock() - t0 < budget_s / (4 * batches):  # the estimate, and warm-up
-        fns[k % len(fns)]()
-        k += 1
-    sync()
-    per = (clock() - t0) / k
-    # a slow call (an eager loop over time) is timed one call per batch; the input sets keep rotating
-    n = max(1, min(100_000, int(budget_s / batches / max(per, 1e-9))))
-    times = []
-    for _ in range(batches):
+    return wall_times({None: fns}, sync, budget_s, batches, clock)[None]
+
+
+def wall_times(timed: dict, sync, budget_s=0.025, batches=5, clock=time.perf_counter) -> dict:
+    """:func:`wall_time` of several competitors' calls (``timed``: name -> the calls over rotated
+    input sets), their batches interleaved: batch ``b`` of every competitor runs before batch
+    ``b + 1`` of any, so that a host that slows down for a while slows each of them alike, and the
+    comparison of two medians is one of the same moments. Seconds per call by name."""
+    state = {}
+    for name, fns in timed.items():
         sync()
-        t0 = clock()
-        for _ in range(n):
+        t0, k = clock(), 0
+        while k < len(fns) or clock() - t0 < budget_s / (4 * batches):  # the estimate, and warm-up
             fns[k % len(fns)]()
             k += 1
         sync()
-        times.append((clock() - t0) / n)
-    return statistics.median(times)
+        per = (clock() - t0) / k
+        # a slow call (an eager loop over time) is timed one call per batch; the input sets keep rotating
+        n = max(1, min(100_000, int(budget_s / batches / max(per, 1e-9))))
+        state[name] = [k, n, []]
+    for _ in range(batches):
+        for name, fns in timed.items():
+            st = state[name]
+            k, n = st[0], st[1]
+            sync()
+            t0 = clock()
+            for _ in range(n):
+                fns[k % len(fns)]()
+                k += 1
+            sync()
+            st[2].append((clock() - t0) / n)
+            st[0] = k
+    return {name: statistics.median(st[2]) for name, st in state.items()}
+
+
+def _device_time(fns, graph: bool):
+    """(device s, spread) of :func:`graph_time`, NaN where the calls are not captured (``graph``
+    false: launch-bound competitors such as the eager loop) or cannot be."""
+    if not graph:
+        return math.nan, math.nan
+    reps = max(1, min(10, int(2e-3 / max(_quick_call(fns) * len(fns), 1e-7))))
+    try:
+        return graph_time(fns, reps)
+    except Exception:  # a competitor that cannot be captured: no device time
+        torch.cuda.synchronize()
+        return math.nan, math.nan
+
+
+def _quick_call(fns) -> float:
+    """A rough seconds per call (a few calls back to back), to size the graph replays."""
+    return wall_time(fns, torch.cuda.synchronize, budget_s=0.005, batches=1)
 
 
 def time_cuda(fns, graph=True):
@@ -424,12 +462,18 @@ def run_cases(cases: Iterable[Case], competitors: Iterable[str], device: str, *,
             cached_key = key
         f = sets[0]
         ref = oracle(case, f)
-        for name in competitors:
-            row = _run_one(case, name, f, ref, device, sets, copy_bw, reps, prov)
+        done = [_run_one(case, name, f, ref, device, sets, copy_bw, reps, prov) for name in competitors]
+        timed = {i: row.pop("_calls") for i, row in enumerate(done) if "_calls" in row}
+        if timed:  # the full calls of the case's competitors, batches interleaved (wall_times)
+            for i, sec in wall_times(timed, torch.cuda.synchronize, budget_s=FULL_CALL_BUDGET_S,
+                                     batches=FULL_CALL_BATCHES).items():
+                done[i]["call_us"] = sec * 1e6
+        del timed
+        for row in done:
             rows.append(row)
             if on_row:
                 on_row(row)
-        del ref
+        del ref, done
         if progress is not None:
             progress.update(1)
     return rows
@@ -496,10 +540,11 @@ def _run_one(case, name, f, ref, device, sets, copy_bw, reps, prov):
         while len(sets) < n_sets:  # input sets rotated past the L2, made once per shape
             sets.append(make_fields(case, device, seed=len(sets)))
         calls = [call] + [bind(fn, case.estimator, s, params) for s in sets[1:n_sets]]
-        call_s, dev, spread = time_cuda(calls, graph=getattr(fn, "graph", True))
-        row.update(call_us=call_s * 1e6, device_us=dev * 1e6, spread=spread)
+        dev, spread = _device_time(calls, getattr(fn, "graph", True))
+        row.update(device_us=dev * 1e6, spread=spread)
         if copy_bw and dev == dev:
             row["pct_copy"] = 100 * nbytes / dev / copy_bw
+        row["_calls"] = calls  # the full call: timed with the case's other competitors (run_cases)
     else:
         call_s, spread = _time_cpu(call, reps)
         row.update(call_us=call_s * 1e6, spread=spread)
