@@ -406,13 +406,14 @@ def _finish(fam, geo, e, cu, cv, end, start, rows, row_ok, p_co, LOAD: tl.conste
             edge = o == 0
         else:
             edge = o == T - 1
-        has = (tl.max(edge.to(tl.int32), axis=1) > 0) & row_ok
+        # stored by the one lane of each row that holds its edge step: no reduction across the chunk
+        at = edge & row_ok[:, None]
+        r = rows[:, None] + 0 * lanes
         if CARRY2:
-            tl.store(p_co + rows * 2, tl.sum(tl.where(edge, ou, 0.0), axis=1).to(p_co.dtype.element_ty), mask=has)
-            tl.store(p_co + rows * 2 + 1, tl.sum(tl.where(edge, ov, 0.0), axis=1).to(p_co.dtype.element_ty),
-                     mask=has)
+            tl.store(p_co + r * 2, ou.to(p_co.dtype.element_ty), mask=at)
+            tl.store(p_co + r * 2 + 1, ov.to(p_co.dtype.element_ty), mask=at)
         else:
-            tl.store(p_co + rows, tl.sum(tl.where(edge, ou, 0.0), axis=1).to(p_co.dtype.element_ty), mask=has)
+            tl.store(p_co + r, ou.to(p_co.dtype.element_ty), mask=at)
     return iu, iv
 
 
