@@ -14,7 +14,7 @@ V="default=,whole8=$W+ROLLBUF_K_NUM_WARPS=8,whole16=$W+ROLLBUF_K_NUM_WARPS=16"
 s() { local e=$1 m=$2; shift 2; local out=""; for x in "$@"; do out="$out${out:+,}$e:$x:$m"; done; echo "$out"; }
 VT="$(s vtrace term-only 128x1024 512x1024 2048x1536 128x2048 128x4096 512x2048 2048x1024 2048x2048 8192x2048 2048x4096 8192x4096),$(s vtrace term+trunc 512x4096 2048x2048 8192x2048 8192x4096 16384x4096)"
 ADV="$(s advantages term-only 128x512 2048x512 128x1024 2048x1024 8192x1024 128x4096 512x4096),$(s gae term-only 128x4096 512x4096),$(s lambda_returns term-only 128x4096 512x4096),$(s discounted_returns term-only 128x4096 512x4096),$(s monte_carlo_returns term-only 128x4096 512x4096)"
-TR="$(s eligibility_traces term-only 128x512 128x4096 512x4096 2048x4096 8192x4096)"
+TR="$(s eligibility_traces term-only 128x512 512x512 128x1024 128x4096 512x4096 2048x4096 8192x4096),$(s episodic_sums term-only 128x512 512x512)"
 # short rows of few environments (latency-bound, 0.79-0.96x rl-triton at f76f27e): rows per program x warps
 SHORT="$(s advantages term-only 128x128 128x512 512x128 512x512 2048x512 8192x512),$(s vtrace term-only 128x128 128x1024 512x1024 2048x512),$(s eligibility_traces term-only 128x512 512x512 128x1024)"
 # rows of 2049-4096 steps with many environments (walked by the table; the naive kernel holding them whole with
