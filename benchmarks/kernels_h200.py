@@ -543,15 +543,7 @@ def host(impl):
             fns["rl-triton compute_gae (adv)"] = rlt_gae(f, mod)
         fns["naive kernel (adv), Triton's launcher"] = naive_kernel()(f, 16, 8, False)
     for name, fn in fns.items():
-        for _ in range(50):
-            fn()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(2000):
-            fn()
-        t1 = time.perf_counter()
-        torch.cuda.synchronize()
-        record(part="host", estimator="gae", n=4096, t=128, competitor=name, clock="host", us=(t1 - t0) / 2000 * 1e6)
+        record(part="host", estimator="gae", n=4096, t=128, competitor=name, clock="host", us=host_us(fn))
     for name in ("F.gae", "Rollout.advantages (adv)"):
         if name not in fns:
             continue
@@ -565,21 +557,37 @@ def host(impl):
         pstats.Stats(pr, stream=sys.stdout).sort_stats("tottime").print_stats(14)
 
 
+def host_us(fn, passes=1, calls=2000):
+    """Host µs per call: ``calls`` calls back to back after 50 warm-up calls, the clock read before
+    the sync that ends them (best of ``passes``)."""
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    best = math.inf
+    for _ in range(passes):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        best = min(best, (t1 - t0) / calls * 1e6)
+    return best
+
+
 def host_parts():
     """Where a warm plan's host time goes at 4096x128 (back to back, one sync at the end): the
     allocations, the device and stream lookups, Triton's launcher on prepared arguments, an empty
     kernel through the same launcher, and a CUDA-graph replay of the plan's launch."""
-    import rollbuf.kernels as K
-    from rollbuf.kernels import host as H
     import triton
-    import triton.language as tl
+
+    from rollbuf.kernels import host as H
 
     f = inputs(4096, 128, 0)
     plan = rb_plan_call(f, ("advantages",))
     plan()
     launch = plan.launch
     fields, ci, sc = plan._inputs if plan._inputs is not None else launch.inputs(plan.problem)
-    args, outs, co, ws = launch.prepare(fields, ci, sc)
+    args, _, _, ws = launch.prepare(fields, ci, sc)
     get_stream, rt = H._driver()
 
     @triton.jit
@@ -609,6 +617,7 @@ def host_parts():
     run, function, meta, ck = kern.compiled
     grid = launch.grid
     full = (*args, *kern.const)
+
     def as_int(a):  # the fields travel as one tuple argument
         if type(a) is tuple:
             return tuple(map(as_int, a))
@@ -634,18 +643,8 @@ def host_parts():
         plan()
     fns["CUDA graph replay of plan() (adv)"] = g.replay
     for name, fn in fns.items():
-        for _ in range(50):
-            fn()
-        torch.cuda.synchronize()
-        best = math.inf
-        for _ in range(3):
-            t0 = time.perf_counter()
-            for _ in range(2000):
-                fn()
-            t1 = time.perf_counter()
-            torch.cuda.synchronize()
-            best = min(best, (t1 - t0) / 2000 * 1e6)
-        record(part="hostparts", estimator="gae", n=4096, t=128, competitor=name, clock="host", us=best)
+        record(part="hostparts", estimator="gae", n=4096, t=128, competitor=name, clock="host",
+               us=host_us(fn, passes=3))
 
 
 def main():

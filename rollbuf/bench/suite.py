@@ -367,12 +367,14 @@ def wall_times(timed: dict, sync, budget_s=0.025, batches=5, clock=time.perf_cou
     return {name: statistics.median(st[2]) for name, st in state.items()}
 
 
-def _device_time(fns, graph: bool):
+def _device_time(fns, graph: bool, per_call: float | None = None):
     """(device s, spread) of :func:`graph_time`, NaN where the calls are not captured (``graph``
-    false: launch-bound competitors such as the eager loop) or cannot be."""
+    false: launch-bound competitors such as the eager loop) or cannot be; ``per_call``: seconds per
+    call already measured (else a quick estimate), to size the replays."""
     if not graph:
         return math.nan, math.nan
-    reps = max(1, min(10, int(2e-3 / max(_quick_call(fns) * len(fns), 1e-7))))
+    per_call = _quick_call(fns) if per_call is None else per_call
+    reps = max(1, min(10, int(2e-3 / max(per_call * len(fns), 1e-7))))
     try:
         return graph_time(fns, reps)
     except Exception:  # a competitor that cannot be captured: no device time
@@ -390,15 +392,7 @@ def time_cuda(fns, graph=True):
     rotated inputs (``graph=False``: launch-bound competitors such as the eager loop, device time not
     taken)."""
     call = wall_time(fns, torch.cuda.synchronize)
-    if not graph:
-        return call, math.nan, math.nan
-    reps = max(1, min(10, int(2e-3 / max(call * len(fns), 1e-7))))
-    try:
-        dev, spread = graph_time(fns, reps)
-    except Exception:  # a competitor that cannot be captured: no device time
-        torch.cuda.synchronize()
-        dev, spread = math.nan, math.nan
-    return call, dev, spread
+    return (call, *_device_time(fns, graph, call))
 
 
 def graph_time(fns, reps=10):
