@@ -146,6 +146,41 @@ def test_matches_reference(name, mix, shape, split):
     assert_ref(call(name, f, "triton"), call(name, f, "reference"), 1e-5)
 
 
+FLIP_PASSES = {"one-chunk": dict(block_t=64), "walk-gather": dict(block_t=16, split=False, shift_load=False),
+               "walk-reload": dict(block_t=16, split=False, shift_load=True),
+               "lookback-gather": dict(block_t=16, split=True, shift_load=False),
+               "presolve-reload": dict(block_t=16, split=True, shift_load=True, presolve=True, resolve_block_r=2)}
+
+
+@pytest.mark.parametrize("layout", ["env", "time"])
+@pytest.mark.parametrize("pass_", list(FLIP_PASSES))
+@pytest.mark.parametrize("mix", ["none", "term+trunc", "term+trunc+mask"])
+@pytest.mark.parametrize("name", ESTIMATORS)
+def test_flipped_chunks_match_reference(name, mix, pass_, layout):
+    """Backward scans with each chunk held in reverse (``flip``: lane j at the chunk's step
+    BLOCK_T−1−j, the scan in lane order) in every pass, env- and time-major, against the
+    reference; the forward estimators ignore the choice (their strategy says so)."""
+    f = make(3, 37 if pass_ == "one-chunk" or not CUDA else 1000, mix, seed=zlib.crc32(f"flip-{name}-{mix}".encode()))
+    if layout == "time":
+        f = {k: (None if v is None else v.mT.contiguous().mT) for k, v in f.items()}
+    with K.forced(flip=True, **FLIP_PASSES[pass_]), _launches() as seen:
+        got = call(name, f, "triton")
+    forward = name in ("eligibility_traces", "episodic_sums")
+    assert seen and all(la.strategy.flip is not forward for la in seen), [la.strategy for la in seen]
+    assert_ref(got, call(name, f, "reference"), 1e-5)
+
+
+@pytest.mark.parametrize("force", [dict(block_t=1024), dict(block_t=256, split=True)], ids=["one-chunk", "lookback"])
+@pytest.mark.parametrize("flip", [False, True])
+def test_vtrace_read_back_in_either_lane_order(flip, force):
+    """V-trace without a mask over chunks longer than 128 steps reads its own targets back for
+    ``vs_{t+1}``: within the chunk, and past its edge from the carry, in either lane order."""
+    f = make(2, 601, "term+trunc", seed=5)
+    with K.forced(flip=flip, **force):
+        got = call("vtrace", f, "triton")
+    assert_ref(got, call("vtrace", f, "reference"), 1e-5)
+
+
 @pytest.mark.parametrize("name,T", [("vtrace", 1030), ("vtrace", 2100), ("advantages", 2100), ("gae", 2100),
                                     ("discounted_returns", 2100), ("eligibility_traces", 2100),
                                     ("episodic_sums", 2100)])
@@ -402,14 +437,16 @@ def test_chained_windows_equal_the_unsplit_row(name, cut, split):
 
 
 @pytest.mark.parametrize("T", [1, 2, 63, 64, 65, 127, 128, 129, 4097] + ([131072] if CUDA else []))
-@pytest.mark.parametrize("reverse", [True, False], ids=["backward", "forward"])
-def test_affine_scan_is_exact_near_powers_of_two(T, reverse, split):
-    """β far from 0 and 1 so that a misordered (non-commutative) combine shows up."""
+@pytest.mark.parametrize("reverse,flip", [(True, False), (True, True), (False, False)],
+                         ids=["backward", "backward-flipped", "forward"])
+def test_affine_scan_is_exact_near_powers_of_two(T, reverse, flip, split):
+    """β far from 0 and 1 so that a misordered (non-commutative) combine shows up; backward also
+    with each chunk held in reverse."""
     g = torch.Generator().manual_seed(T)
     a = torch.randn(2, T, generator=g, dtype=torch.float64).to(DEV)
     b = (0.4 + 0.6 * torch.rand(2, T, generator=g, dtype=torch.float64)).to(DEV)
     init = torch.randn(2, generator=g, dtype=torch.float64).to(DEV)
-    with K.forced(block_t=None):  # the kernel's own chunk length: whole rows in one scan up to 1024
+    with K.forced(block_t=None, flip=flip):  # the kernel's own chunk length: whole rows in one scan up to 1024
         got = F.affine_scan(a, b, reverse, init, backend="triton")
     ref = F.affine_scan(a.cpu(), b.cpu(), reverse, init.cpu(), backend="reference")
     assert rel_err(got, ref) < 1e-12

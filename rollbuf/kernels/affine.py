@@ -38,9 +38,10 @@ def affine_kernel(
     p_out, p_ci, p_co, p_ws,  # y [N, T]; initial / final [N]; look-back scratch
     R, T, s_n, s_t, s_on, s_ot,
     REVERSE: tl.constexpr, CARRY_IN: tl.constexpr, ACC: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_T: tl.constexpr, PASS: tl.constexpr, SHIFT_LOAD: tl.constexpr,
+    BLOCK_T: tl.constexpr, PASS: tl.constexpr, SHIFT_LOAD: tl.constexpr, FLIP: tl.constexpr,
 ):
     """``y`` of the affine scan, backward (``REVERSE``) or forward in time."""
     fam = ((fields[0], fields[1], None, None, None, None), (p_out,), ())
     core.drive(fam, R, T, 1, (s_n, s_t, s_on, s_ot), p_ci, p_co, p_ws, _load, _step, _emit, (False, False, False), REVERSE,
-               CARRY_IN, ACC, BLOCK_N, BLOCK_T, PASS, SHIFT_LOAD)
+               CARRY_IN, ACC, BLOCK_N, BLOCK_T, PASS, SHIFT_LOAD,
+               FLIP)

@@ -25,7 +25,7 @@ from concurrent.futures import ProcessPoolExecutor
 _FLAGS = ("terminated", "truncated", "mask")
 _OUTS = {"lambda": ("p_adv", "p_ret"), "retrace": ("p_q",), "vtrace": ("p_vs", "p_pg"), "trace": ("p_out",),
          "affine": ("p_out",), "lambda_adjoint": ("p_gr", "p_gv")}
-# PASS, SHIFT_LOAD, BLOCK_N, BLOCK_T, warps
+# PASS, SHIFT_LOAD, BLOCK_N, BLOCK_T, warps[, FLIP]
 _MODES = {
     "single": (4, False, 4, 128, 4),
     "single-reload": (4, True, 1, 1024, 8),
@@ -38,6 +38,10 @@ _MODES = {
     "aggregates": (2, True, 1, 2048, 8),
     "outputs": (3, True, 1, 2048, 8),
     "time-split": (1, False, 32, 128, 8),
+    "single-flip": (4, False, 4, 128, 4, True),  # chunks held in reverse (backward scans in lane order)
+    "whole-flip": (4, True, 1, 4096, 16, True),
+    "walk-gather-flip": (0, False, 2, 512, 4, True),
+    "lookback-gather-flip": (1, False, 1, 512, 2, True),
 }
 
 
@@ -120,7 +124,7 @@ def _signature(v: dict):
     fam = FAMILIES[v["family"]]
     jit = jit_kernel(fam.kernel)
     params = list(inspect.signature(jit.fn).parameters)
-    pass_, shift, bn, bt, warps = _MODES[v["mode"]]
+    pass_, shift, bn, bt, warps, *flip = _MODES[v["mode"]]
     dt = v.get("dtype", "fp32")
     absent = set(v.get("absent", ()))
     sig, cx = {}, {}
@@ -144,10 +148,10 @@ def _signature(v: dict):
         ann = jit.fn.__annotations__.get(name)
         if name == "fields":
             sig[name] = tuple(ftypes)
-        elif name in ("CARRY_IN", "ACC", "BLOCK_N", "BLOCK_T", "PASS", "SHIFT_LOAD", "REVERSE"):
+        elif name in ("CARRY_IN", "ACC", "BLOCK_N", "BLOCK_T", "PASS", "SHIFT_LOAD", "FLIP", "REVERSE"):
             sig[name] = "constexpr"
             cx[(params.index(name),)] = dict(CARRY_IN=ci, ACC=float32, BLOCK_N=bn, BLOCK_T=bt, PASS=pass_,
-                                             SHIFT_LOAD=shift, REVERSE=backward)[name]
+                                             SHIFT_LOAD=shift, FLIP=bool(flip and flip[0]), REVERSE=backward)[name]
         elif name in _OUTS[v["family"]]:
             if name in outs:
                 sig[name] = "*fp32"

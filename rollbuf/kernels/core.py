@@ -361,8 +361,19 @@ def carry_in(fields, p_ci, rows, row_ok, first, T, geo, PAIR: tl.constexpr, CARR
 
 
 @triton.jit
+def steps(start, lanes, REVERSE: tl.constexpr, FLIP: tl.constexpr, BLOCK_T: tl.constexpr):
+    """The steps a chunk's lanes hold: ``start + lane``, or with ``FLIP`` (backward scans) the chunk in
+    reverse, lane ``j`` at ``start + BLOCK_T − 1 − j``, so that the backward scan runs in lane order."""
+    if REVERSE and FLIP:
+        return start + (BLOCK_T - 1) - lanes
+    else:
+        return start + lanes
+
+
+@triton.jit
 def _scan(fam, x, STEP: tl.constexpr, PAIR: tl.constexpr, REVERSE: tl.constexpr, ACC: tl.constexpr):
-    """Inclusive scan over the chunk (axis 1) of the maps of the steps whose values are ``x``."""
+    """Inclusive scan over the chunk (axis 1) of the maps of the steps whose values are ``x``, in lane
+    order or (``REVERSE``) against it."""
     e = STEP(fam, x, ACC)
     if PAIR:
         return tl.associative_scan(e, 1, combine_pair_lanes, reverse=REVERSE)
@@ -372,7 +383,7 @@ def _scan(fam, x, STEP: tl.constexpr, PAIR: tl.constexpr, REVERSE: tl.constexpr,
 
 @triton.jit
 def _finish(fam, geo, e, cu, cv, end, start, rows, row_ok, p_co, LOAD: tl.constexpr, EMIT: tl.constexpr,
-            MODE: tl.constexpr, REVERSE: tl.constexpr, ACC: tl.constexpr, BLOCK_T: tl.constexpr,
+            MODE: tl.constexpr, REVERSE: tl.constexpr, FLIP: tl.constexpr, ACC: tl.constexpr, BLOCK_T: tl.constexpr,
             SHIFT_LOAD: tl.constexpr):
     """A chunk's scan ``e`` applied to the carry into it; the state ``EMIT`` reads at every lane (the
     inclusive one if the family's scan is its output; else the exclusive one: the scan of the
@@ -385,16 +396,16 @@ def _finish(fam, geo, e, cu, cv, end, start, rows, row_ok, p_co, LOAD: tl.conste
     INCLUSIVE: tl.constexpr = MODE[2]
     T = geo[7]
     lanes = tl.arange(0, BLOCK_T)[None, :]
-    o = start + lanes
+    o = steps(start, lanes, REVERSE, FLIP, BLOCK_T)
     ok = row_ok[:, None] & (o < T)
     iu, iv = apply(e, cu[:, None], cv[:, None], PAIR)
     if INCLUSIVE or SHIFT_LOAD:
         zu = iu
         zv = iv
     else:
-        zu = _shift(iu, cu[:, None], lanes, REVERSE, BLOCK_T)
+        zu = _shift(iu, cu[:, None], lanes, REVERSE and not FLIP, BLOCK_T)
         if PAIR:
-            zv = _shift(iv, cv[:, None], lanes, REVERSE, BLOCK_T)
+            zv = _shift(iv, cv[:, None], lanes, REVERSE and not FLIP, BLOCK_T)
         else:
             zv = zu
     ou, ov = EMIT(fam, geo, o, ok, LOAD(fam, geo, o, ok, end, ACC), (zu, zv, cu[:, None]), ACC)
@@ -444,7 +455,8 @@ def _program(R, T, p_ws, PAIR: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.
 @triton.jit
 def drive(fam, R, T, F, strides, p_ci, p_co, p_ws, LOAD: tl.constexpr, STEP: tl.constexpr, EMIT: tl.constexpr,
           MODE: tl.constexpr, REVERSE: tl.constexpr, CARRY_IN: tl.constexpr, ACC: tl.constexpr,
-          BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, PASS: tl.constexpr, SHIFT_LOAD: tl.constexpr):
+          BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, PASS: tl.constexpr, SHIFT_LOAD: tl.constexpr,
+          FLIP: tl.constexpr):
     """One program of a family kernel: ``R`` rows (``R = N·F``) of ``T`` steps; ``strides =
     (s_n, s_t, s_on, s_ot)``: the fields' pair and the outputs' pair.
 
@@ -471,7 +483,8 @@ def drive(fam, R, T, F, strides, p_ci, p_co, p_ws, LOAD: tl.constexpr, STEP: tl.
     row_ok = rows < R
     s_n, s_t, s_on, s_ot = strides
     geo = ((rows // F)[:, None], (rows % F)[:, None], F, s_n, s_t, s_on, s_ot, T)
-    if REVERSE:
+    SCAN_REV: tl.constexpr = REVERSE and not FLIP  # the scan runs against lane order
+    if SCAN_REV:
         EDGE: tl.constexpr = 0
     else:
         EDGE: tl.constexpr = BLOCK_T - 1
@@ -487,13 +500,13 @@ def drive(fam, R, T, F, strides, p_ci, p_co, p_ws, LOAD: tl.constexpr, STEP: tl.
     cu, cv = carry_in(fam[0], p_ci, rows, row_ok, rank == 0, T, geo, CARRY2, CARRY_IN, ACC, BLOCK_N, BLOCK_T)
     end = (cu[:, None], cv[:, None])
     if PASS == ONE_CHUNK:
-        o_s = lanes + D
+        o_s = steps(0, lanes, REVERSE, FLIP, BLOCK_T) + D
         ok_s = row_ok[:, None] & (o_s < T)
         if D < 0:
             ok_s = ok_s & (o_s >= 0)
         x = LOAD(fam, geo, o_s, ok_s, end, ACC)
-        e = _scan(fam, x, STEP, PAIR, REVERSE, ACC)
-        _finish(fam, geo, e, cu, cv, end, 0, rows, row_ok, p_co, LOAD, EMIT, MODE, REVERSE, ACC, BLOCK_T,
+        e = _scan(fam, x, STEP, PAIR, SCAN_REV, ACC)
+        _finish(fam, geo, e, cu, cv, end, 0, rows, row_ok, p_co, LOAD, EMIT, MODE, REVERSE, FLIP, ACC, BLOCK_T,
                 SHIFT_LOAD)
     elif PASS == WALK:
         for i in range(0, NUM_SEG):
@@ -501,14 +514,14 @@ def drive(fam, R, T, F, strides, p_ci, p_co, p_ws, LOAD: tl.constexpr, STEP: tl.
                 start = (NUM_SEG - 1 - i) * BLOCK_T
             else:
                 start = i * BLOCK_T
-            o_s = start + lanes + D
+            o_s = steps(start, lanes, REVERSE, FLIP, BLOCK_T) + D
             ok_s = row_ok[:, None] & (o_s < T)
             if D < 0:  # the neighbour before the row's first step
                 ok_s = ok_s & (o_s >= 0)
             x = LOAD(fam, geo, o_s, ok_s, end, ACC)
-            e = _scan(fam, x, STEP, PAIR, REVERSE, ACC)
+            e = _scan(fam, x, STEP, PAIR, SCAN_REV, ACC)
             iu, iv = _finish(fam, geo, e, cu, cv, end, start, rows, row_ok, p_co, LOAD, EMIT, MODE, REVERSE,
-                             ACC, BLOCK_T, SHIFT_LOAD)
+                             FLIP, ACC, BLOCK_T, SHIFT_LOAD)
             if i + 1 < NUM_SEG:  # the state at the chunk's edge carries into the next chunk
                 cu = _edge(iu, lanes, EDGE)
                 if PAIR:
@@ -522,12 +535,12 @@ def drive(fam, R, T, F, strides, p_ci, p_co, p_ws, LOAD: tl.constexpr, STEP: tl.
         o_b = tl.arange(0, BLOCK_N)
         slot = tile * NUM_SEG + rank
         p_slot = p_ws + slot * (W * BLOCK_N)
-        o_s = start + lanes + D
+        o_s = steps(start, lanes, REVERSE, FLIP, BLOCK_T) + D
         ok_s = row_ok[:, None] & (o_s < T)
         if D < 0:
             ok_s = ok_s & (o_s >= 0)
         x = LOAD(fam, geo, o_s, ok_s, end, ACC)
-        e = _scan(fam, x, STEP, PAIR, REVERSE, ACC)
+        e = _scan(fam, x, STEP, PAIR, SCAN_REV, ACC)
         if PASS == OUTPUTS:  # the carry resolved by the earlier passes: the predecessor's inclusive state
             if rank > 0:
                 cu, cv = _load_state(p_ws + (slot - 1) * (W * BLOCK_N), o_b, BLOCK_N, PAIR)
@@ -543,5 +556,5 @@ def drive(fam, R, T, F, strides, p_ci, p_co, p_ws, LOAD: tl.constexpr, STEP: tl.
                 p_flag = (p_ws + tl.cdiv(R, BLOCK_N) * NUM_SEG * (W * BLOCK_N)).to(tl.pointer_type(tl.int32))
                 cu, cv = _look_back(p_ws, p_flag, tile, rank, NUM_SEG, g, cu, cv, BLOCK_N, PAIR, ACC)
         if PASS != AGGREGATES:
-            _finish(fam, geo, e, cu, cv, end, start, rows, row_ok, p_co, LOAD, EMIT, MODE, REVERSE, ACC, BLOCK_T,
+            _finish(fam, geo, e, cu, cv, end, start, rows, row_ok, p_co, LOAD, EMIT, MODE, REVERSE, FLIP, ACC, BLOCK_T,
                     SHIFT_LOAD)

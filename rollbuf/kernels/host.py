@@ -102,6 +102,7 @@ class Strategy:
     shift_load: bool  # the exclusive state by re-loading the neighbouring step (else an in-register shift)
     presolve: bool = False  # split rows: three passes instead of the look-back chain
     resolve_block_r: int = 0  # chunks per block of the three passes' middle kernel (0: the rule)
+    flip: bool = False  # backward scans: each chunk held in reverse, lane j at its step BLOCK_T−1−j
 
 
 def _pow2(x: int) -> int:
@@ -113,7 +114,7 @@ def strategy(R: int, T: int, time_contiguous: bool = True, block_t: int | None =
              split: bool | None = None, shift_load: bool | None = None, max_chunk: int | None = None,
              block_n: int | None = None, presolve: bool | None = None, *, sms: int = CPU_SMS,
              num_warps: int | None = None, resolve_block_r: int = 0, long_rows: tuple | None = None,
-             whole_rows: tuple | None = None) -> Strategy:
+             whole_rows: tuple | None = None, flip: bool | None = None) -> Strategy:
     """Tile sizes, split and warps for ``R`` rows of ``T`` steps on a GPU of ``sms`` SMs.
 
     ======================================  ===============================================================
@@ -136,7 +137,22 @@ def strategy(R: int, T: int, time_contiguous: bool = True, block_t: int | None =
     :data:`FAMILY_WHOLE_ROWS`); ``only_split``: only where the table would split them; a forced
     ``block_t``, ``split``, ``block_n`` or ``presolve`` skips it. Every other argument forces that
     choice (tests, experiments).
+
+    ``flip`` (backward families only): hold each chunk in reverse, so that the backward scan runs in
+    lane order; the default is :func:`flip_rule`.
     """
+    st = _table(R, T, time_contiguous, block_t, split, shift_load, max_chunk, block_n, presolve, sms, num_warps,
+                resolve_block_r, long_rows, whole_rows)
+    return attrs.evolve(st, flip=flip_rule(st) if flip is None else bool(flip))
+
+
+def flip_rule(st: Strategy) -> bool:
+    """Whether a backward call with strategy ``st`` holds its chunks in reverse (by default: no)."""
+    return False
+
+
+def _table(R, T, time_contiguous, block_t, split, shift_load, max_chunk, block_n, presolve, sms, num_warps,
+           resolve_block_r, long_rows, whole_rows) -> Strategy:
     fill = FILL_PER_SM * sms
     mc = max_chunk or MAX_CHUNK
     if whole_rows and time_contiguous and block_t is None and split is None and block_n is None and presolve is None:
@@ -208,14 +224,14 @@ def device_sms(device: torch.device) -> int:
 
 _FORCE: contextvars.ContextVar = contextvars.ContextVar("rollbuf_kernels_force", default=())
 _FORCE_KEYS = ("block_t", "split", "shift_load", "max_chunk", "block_n", "presolve", "num_warps",
-               "resolve_block_r", "poison", "layout")
+               "resolve_block_r", "flip", "poison", "layout")
 
 
 @contextlib.contextmanager
 def forced(**choices):
     """Inside the block, every kernel call takes these choices instead of the strategy table's
     (``block_t``, ``split``, ``shift_load``, ``max_chunk``, ``block_n``, ``presolve``, ``num_warps``,
-    ``resolve_block_r``), and with ``poison=True`` fills its outputs with NaN before the launch (an
+    ``resolve_block_r``, ``flip``), and with ``poison=True`` fills its outputs with NaN before the launch (an
     element the kernel does not write then fails a comparison); ``layout="env"`` makes a time-major
     call env-major (its fields copied first). For tests and A/B experiments; nested blocks merge."""
     bad = set(choices) - set(_FORCE_KEYS)
@@ -486,12 +502,14 @@ class Launch:
         whole = FAMILY_WHOLE_ROWS.get(p.family)
         if whole is None or f.get("mask") is not None or len(self.out_names) > whole[4] or "max_chunk" in fc:
             whole = None
+        flip = fc.pop("flip", None)  # lane order only matters to a backward scan
+        backward_scan = fam.backward or (p.family == "affine" and p.reverse)
         st = strategy(self.R, T, T == 1 or s_t == 1,
                       fc.pop("block_t", None), fc.pop("split", None), fc.pop("shift_load", None),
                       fc.pop("max_chunk", None) or FAMILY_MAX_CHUNK.get(p.family), fc.pop("block_n", None),
                       fc.pop("presolve", None), sms=device_sms(self.device), num_warps=fc.pop("num_warps", None),
                       resolve_block_r=fc.pop("resolve_block_r", 0), long_rows=FAMILY_LONG_ROWS.get(p.family),
-                      whole_rows=whole)
+                      whole_rows=whole, flip=flip if backward_scan else False)
         self.strategy = st
         tiles = -(-self.R // st.block_n)
         self.grid = tiles * st.num_seg if st.split else tiles
@@ -500,7 +518,7 @@ class Launch:
         pre = (p.reverse,) if p.family == "affine" else ()
 
         def const(pass_):
-            return (*pre, carry_in, acc, st.block_n, st.block_t, pass_, st.shift_load)
+            return (*pre, carry_in, acc, st.block_n, st.block_t, pass_, st.shift_load, st.flip)
 
         self.pair_maps = pair_maps = fam.pair and f.get("mask") is not None  # V-trace: pair maps with a mask only
         W = 7 if pair_maps else 3

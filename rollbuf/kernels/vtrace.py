@@ -71,8 +71,8 @@ def _emit(fam, geo, o, ok, x, z, ACC: tl.constexpr):
         u = z[0]
         tl.store(p_vs + o_out, (v + u).to(p_vs.dtype.element_ty), mask=ok)
         tl.debug_barrier()  # the chunk's targets, visible to every thread of the program
-        BT: tl.constexpr = o.shape[1]
-        here = (tl.arange(0, BT)[None, :] < BT - 1) & (o + 1 < geo[7])  # the next step is in this chunk
+        BT: tl.constexpr = o.shape[1]  # chunks start at multiples of BT, in either lane order
+        here = ((o + 1) % BT != 0) & (o + 1 < geo[7])  # the next step is in this chunk
         vs_next = tl.load(p_vs + core.out_offsets(geo, o + 1), mask=ok & here, other=0).to(ACC)
         vs_next = tl.where(here, vs_next, v_next + z[2])
         pg = vtrace_pg(r, v, k, tr, boot, rho_pg, gamma, vs_next)
@@ -97,7 +97,7 @@ def vtrace_kernel(
     R, T, s_n, s_t, s_on, s_ot,
     gamma: "fp64", lam: "fp64", rho_bar: "fp64", c_bar: "fp64", pg_rho_bar: "fp64",
     CARRY_IN: tl.constexpr, ACC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
-    PASS: tl.constexpr, SHIFT_LOAD: tl.constexpr,
+    PASS: tl.constexpr, SHIFT_LOAD: tl.constexpr, FLIP: tl.constexpr,
 ):
     """V-trace targets and policy-gradient advantages, backward in time."""
     scal = (tl.full((), gamma, ACC), tl.full((), lam, ACC), tl.full((), rho_bar, ACC), tl.full((), c_bar, ACC),
@@ -119,4 +119,5 @@ def vtrace_kernel(
     READBACK: tl.constexpr = (fields[5] is None and PASS != core.WALK and p_vs.dtype.element_ty == ACC
                               and BLOCK_T > 128)
     core.drive((fields, (p_vs, p_pg), scal, READBACK), R, T, 1, (s_n, s_t, s_on, s_ot), p_ci, p_co, p_ws, _load,
-               _step, _emit, (fields[5] is not None, True, READBACK), True, CARRY_IN, ACC, BLOCK_N, BLOCK_T, PASS, SHIFT_LOAD)
+               _step, _emit, (fields[5] is not None, True, READBACK), True, CARRY_IN, ACC, BLOCK_N, BLOCK_T, PASS, SHIFT_LOAD,
+               FLIP)
