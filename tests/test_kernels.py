@@ -226,6 +226,34 @@ def test_rows_held_whole_only_where_measured():
         assert st.block_t != 4096, (forced, st)
 
 
+def test_flip_rule_edges():
+    """Chunks are flipped by default only for one row per program in one chunk of 512-1024 steps
+    (where it was timed to win); not for tiles of several rows, walked, split or held-whole longer
+    rows, time-major rows, or when forced off."""
+    assert H.strategy(128, 512, True).flip and H.strategy(2048, 300, True).flip
+    assert H.strategy(128, 1024, True).flip and H.strategy(8192, 1024, True).flip
+    for st in (H.strategy(4096, 128, True), H.strategy(128, 4096, True), H.strategy(8192, 2048, True),
+               H.strategy(128, 512, False), H.strategy(128, 512, True, flip=False), H.strategy(1, 1 << 20, True),
+               H.strategy(128, 4096, True, whole_rows=H.FAMILY_WHOLE_ROWS["lambda"])):
+        assert not st.flip, st
+    assert H.strategy(4096, 128, True, flip=True).flip
+
+
+@pytest.mark.parametrize("name,mix,flipped", [("gae", "term+trunc", True), ("vtrace", "none", True),
+                                             ("gae", "term+trunc+mask", False), ("eligibility_traces", "term", False)])
+def test_calls_flip_by_the_rule(name, mix, flipped):
+    """A call takes the rule (a backward scan without a mask, rows of 512-1024 steps one per program),
+    never flips a masked or forward call unless forced, and matches the reference either way."""
+    f = make(2, 500, mix, seed=9)
+    with K.forced(block_t=None), _launches() as seen:
+        got = call(name, f, "triton")
+    assert seen and all(la.strategy.flip is flipped for la in seen), [la.strategy for la in seen]
+    assert_ref(got, call(name, f, "reference"), 1e-5)
+    with K.forced(block_t=None, flip=True), _launches() as seen:
+        call(name, f, "triton")
+    assert all(la.strategy.flip is (name != "eligibility_traces") for la in seen)
+
+
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.bfloat16, 2e-2), (torch.float16, 5e-3)],
                          ids=["fp64", "bf16", "fp16"])
 @pytest.mark.parametrize("name", ESTIMATORS)

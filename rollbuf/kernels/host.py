@@ -138,17 +138,31 @@ def strategy(R: int, T: int, time_contiguous: bool = True, block_t: int | None =
     ``block_t``, ``split``, ``block_n`` or ``presolve`` skips it. Every other argument forces that
     choice (tests, experiments).
 
-    ``flip`` (backward families only): hold each chunk in reverse, so that the backward scan runs in
-    lane order; the default is :func:`flip_rule`.
+    ``flip`` (backward scans only; the caller passes ``False`` for the others): hold each chunk in
+    reverse, so that the scan runs in lane order; the default is :func:`flip_rule`.
     """
     st = _table(R, T, time_contiguous, block_t, split, shift_load, max_chunk, block_n, presolve, sms, num_warps,
                 resolve_block_r, long_rows, whole_rows)
-    return attrs.evolve(st, flip=flip_rule(st) if flip is None else bool(flip))
+    return attrs.evolve(st, flip=flip_rule(st, T) if flip is None else bool(flip))
 
 
-def flip_rule(st: Strategy) -> bool:
-    """Whether a backward call with strategy ``st`` holds its chunks in reverse (by default: no)."""
-    return False
+# Backward scans with each chunk held in reverse, lane j at step BLOCK_T−1−j (the scan in lane order),
+# against Triton's reverse scan (which flips every element across the warp with five chained butterfly
+# shuffles on the way in and out, but keeps the loads vectorised). Measured on the H200 at 8d35192
+# (results/ab_flip_8d35192.csv, device µs, table -> flipped, without a mask): one row of 512-1024
+# steps per program, one chunk, wins: advantages 2048x512 7.2 -> 6.3, 512x512 2.8 -> 2.5, 128x512
+# 2.1 -> 1.9, 128x1024 2.5 -> 2.3; GAE 2048x512 7.0 -> 6.6; V-trace 2048x512 9.6 -> 9.2, 128x512
+# 2.4 -> 2.4; advantages 8192x1024 41.4 -> 42.0. Everywhere else the scalar loads lose, up to
+# 2-3.6x: tiles of several rows (4096x128 1.07-1.70x, 32768x32 1.90x), walked or split rows and rows
+# held whole (512x4096 2.31x, 8192x4096 1.40x, 256x131072 1.91x, V-trace 256x131072 3.64x).
+FLIP_CHUNKS = (512, 1024)  # the chunk lengths of one-row, one-chunk programs that are flipped
+
+
+def flip_rule(st: Strategy, T: int) -> bool:
+    """Whether a backward call of ``T`` steps with strategy ``st`` holds its chunks in reverse: one row
+    per program in one chunk of :data:`FLIP_CHUNKS` steps (a call with a mask never: not timed)."""
+    lo, hi = FLIP_CHUNKS
+    return st.block_n == 1 and not st.split and T <= st.block_t and lo <= st.block_t <= hi
 
 
 def _table(R, T, time_contiguous, block_t, split, shift_load, max_chunk, block_n, presolve, sms, num_warps,
@@ -502,14 +516,15 @@ class Launch:
         whole = FAMILY_WHOLE_ROWS.get(p.family)
         if whole is None or f.get("mask") is not None or len(self.out_names) > whole[4] or "max_chunk" in fc:
             whole = None
-        flip = fc.pop("flip", None)  # lane order only matters to a backward scan
-        backward_scan = fam.backward or (p.family == "affine" and p.reverse)
+        flip = fc.pop("flip", None)  # lane order only matters to a backward scan; flipped with a mask only if forced
+        if not (fam.backward or (p.family == "affine" and p.reverse)) or (flip is None and f.get("mask") is not None):
+            flip = False
         st = strategy(self.R, T, T == 1 or s_t == 1,
                       fc.pop("block_t", None), fc.pop("split", None), fc.pop("shift_load", None),
                       fc.pop("max_chunk", None) or FAMILY_MAX_CHUNK.get(p.family), fc.pop("block_n", None),
                       fc.pop("presolve", None), sms=device_sms(self.device), num_warps=fc.pop("num_warps", None),
                       resolve_block_r=fc.pop("resolve_block_r", 0), long_rows=FAMILY_LONG_ROWS.get(p.family),
-                      whole_rows=whole, flip=flip if backward_scan else False)
+                      whole_rows=whole, flip=flip)
         self.strategy = st
         tiles = -(-self.R // st.block_n)
         self.grid = tiles * st.num_seg if st.split else tiles
