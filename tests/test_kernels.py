@@ -227,23 +227,27 @@ def test_rows_held_whole_only_where_measured():
 
 
 def test_flip_rule_edges():
-    """Chunks are flipped by default only for one row per program in one chunk of 512-1024 steps
-    (where it was timed to win); not for tiles of several rows, walked, split or held-whole longer
-    rows, time-major rows, or when forced off."""
-    assert H.strategy(128, 512, True).flip and H.strategy(2048, 300, True).flip
-    assert H.strategy(128, 1024, True).flip and H.strategy(8192, 1024, True).flip
-    for st in (H.strategy(4096, 128, True), H.strategy(128, 4096, True), H.strategy(8192, 2048, True),
-               H.strategy(128, 512, False), H.strategy(128, 512, True, flip=False), H.strategy(1, 1 << 20, True),
-               H.strategy(128, 4096, True, whole_rows=H.FAMILY_WHOLE_ROWS["lambda"])):
+    """Chunks are flipped by default only for one row per program in one chunk of a length the family
+    lists (512 steps for TD(λ) and V-trace, where it was timed to win); not for tiles of several rows,
+    walked, split or held-whole rows, time-major rows, other lengths, or when forced off."""
+    c = H.FAMILY_FLIP_CHUNKS["lambda"]
+    assert c == (512,) and H.FAMILY_FLIP_CHUNKS["vtrace"] == (512,) and "retrace" not in H.FAMILY_FLIP_CHUNKS
+    assert H.strategy(128, 512, True, flip_chunks=c).flip and H.strategy(2048, 300, True, flip_chunks=c).flip
+    for st in (H.strategy(128, 512, True), H.strategy(4096, 128, True, flip_chunks=c),
+               H.strategy(128, 1024, True, flip_chunks=c), H.strategy(128, 4096, True, flip_chunks=c),
+               H.strategy(8192, 2048, True, flip_chunks=c), H.strategy(128, 512, False, flip_chunks=c),
+               H.strategy(128, 512, True, flip=False, flip_chunks=c), H.strategy(1, 1 << 20, True, flip_chunks=c),
+               H.strategy(128, 4096, True, whole_rows=H.FAMILY_WHOLE_ROWS["lambda"], flip_chunks=c)):
         assert not st.flip, st
     assert H.strategy(4096, 128, True, flip=True).flip
 
 
-@pytest.mark.parametrize("name,mix,flipped", [("gae", "term+trunc", True), ("vtrace", "none", True),
-                                             ("gae", "term+trunc+mask", False), ("eligibility_traces", "term", False)])
+@pytest.mark.parametrize("name,mix,flipped", [("gae", "term", True), ("vtrace", "none", True), ("gae", "term+trunc", False),
+                                             ("vtrace", "term+trunc+mask", False), ("retrace", "term", False),
+                                             ("eligibility_traces", "term", False)])
 def test_calls_flip_by_the_rule(name, mix, flipped):
-    """A call takes the rule (a backward scan without a mask, rows of 512-1024 steps one per program),
-    never flips a masked or forward call unless forced, and matches the reference either way."""
+    """A call takes the rule (TD(λ) and V-trace without truncations or a mask, rows of 257-512 steps
+    one per program), and matches the reference either way; forced, every backward call flips."""
     f = make(2, 500, mix, seed=9)
     with K.forced(block_t=None), _launches() as seen:
         got = call(name, f, "triton")

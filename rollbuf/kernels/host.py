@@ -114,7 +114,7 @@ def strategy(R: int, T: int, time_contiguous: bool = True, block_t: int | None =
              split: bool | None = None, shift_load: bool | None = None, max_chunk: int | None = None,
              block_n: int | None = None, presolve: bool | None = None, *, sms: int = CPU_SMS,
              num_warps: int | None = None, resolve_block_r: int = 0, long_rows: tuple | None = None,
-             whole_rows: tuple | None = None, flip: bool | None = None) -> Strategy:
+             whole_rows: tuple | None = None, flip: bool | None = None, flip_chunks: tuple = ()) -> Strategy:
     """Tile sizes, split and warps for ``R`` rows of ``T`` steps on a GPU of ``sms`` SMs.
 
     ======================================  ===============================================================
@@ -139,30 +139,36 @@ def strategy(R: int, T: int, time_contiguous: bool = True, block_t: int | None =
     choice (tests, experiments).
 
     ``flip`` (backward scans only; the caller passes ``False`` for the others): hold each chunk in
-    reverse, so that the scan runs in lane order; the default is :func:`flip_rule`.
+    reverse, so that the scan runs in lane order; by default :func:`flip_rule` with ``flip_chunks``,
+    the chunk lengths flipped for this call (:data:`FAMILY_FLIP_CHUNKS`).
     """
     st = _table(R, T, time_contiguous, block_t, split, shift_load, max_chunk, block_n, presolve, sms, num_warps,
                 resolve_block_r, long_rows, whole_rows)
-    return attrs.evolve(st, flip=flip_rule(st, T) if flip is None else bool(flip))
+    return attrs.evolve(st, flip=flip_rule(st, T, flip_chunks) if flip is None else bool(flip))
 
 
 # Backward scans with each chunk held in reverse, lane j at step BLOCK_T−1−j (the scan in lane order),
 # against Triton's reverse scan (which flips every element across the warp with five chained butterfly
-# shuffles on the way in and out, but keeps the loads vectorised). Measured on the H200 at 8d35192
-# (results/ab_flip_8d35192.csv, device µs, table -> flipped, without a mask): one row of 512-1024
-# steps per program, one chunk, wins: advantages 2048x512 7.2 -> 6.3, 512x512 2.8 -> 2.5, 128x512
-# 2.1 -> 1.9, 128x1024 2.5 -> 2.3; GAE 2048x512 7.0 -> 6.6; V-trace 2048x512 9.6 -> 9.2, 128x512
-# 2.4 -> 2.4; advantages 8192x1024 41.4 -> 42.0. Everywhere else the scalar loads lose, up to
-# 2-3.6x: tiles of several rows (4096x128 1.07-1.70x, 32768x32 1.90x), walked or split rows and rows
-# held whole (512x4096 2.31x, 8192x4096 1.40x, 256x131072 1.91x, V-trace 256x131072 3.64x).
-FLIP_CHUNKS = (512, 1024)  # the chunk lengths of one-row, one-chunk programs that are flipped
+# shuffles on the way in and out, but keeps the loads vectorised; flipped, the loads are scalar).
+# Measured on the H200 (device µs, table -> flipped, no mask). The A/B at 8d35192
+# (results/ab_flip_8d35192.csv), without truncations: one row of 512 steps per program in one chunk
+# wins (advantages 2048x512 7.2 -> 6.3, 512x512 2.8 -> 2.5, 128x512 2.1 -> 1.9; GAE 2048x512 0.94x;
+# V-trace 2048x512 0.96x, 128x512 1.00x); everything else loses, up to 3.6x (tiles of several rows:
+# 4096x128 1.07-1.70x, 32768x32 1.90x; walked, split and held-whole rows: 512x4096 2.31x, 8192x4096
+# 1.40x, 256x131072 1.91x, V-trace 1.70-3.64x), or is even at 1024 steps (advantages 128x1024 0.93x,
+# 8192x1024 1.01x). The peers grid at e73a589 (results/peers_p0/p1_e73a589.csv), which flipped
+# 512-1024-step chunks in every backward call, against the same cases at 6f21364: 512 steps without
+# truncations 0.88-0.97x (advantages, λ-returns, discounted and Monte-Carlo returns, V-trace);
+# with truncations 1.06-1.30x (advantages 128x512 1.16x, V-trace 512x512 1.30x); Retrace 1.00-1.06x;
+# 1024 steps 0.91-1.06x for the TD(λ) family and 1.05-1.30x for V-trace. Hence 512-step chunks of
+# the TD(λ) family and V-trace, without truncations or a mask.
+FAMILY_FLIP_CHUNKS = {"lambda": (512,), "vtrace": (512,)}
 
 
-def flip_rule(st: Strategy, T: int) -> bool:
+def flip_rule(st: Strategy, T: int, chunks: tuple) -> bool:
     """Whether a backward call of ``T`` steps with strategy ``st`` holds its chunks in reverse: one row
-    per program in one chunk of :data:`FLIP_CHUNKS` steps (a call with a mask never: not timed)."""
-    lo, hi = FLIP_CHUNKS
-    return st.block_n == 1 and not st.split and T <= st.block_t and lo <= st.block_t <= hi
+    per program in one chunk whose length is in ``chunks``."""
+    return st.block_n == 1 and not st.split and T <= st.block_t and st.block_t in chunks
 
 
 def _table(R, T, time_contiguous, block_t, split, shift_load, max_chunk, block_n, presolve, sms, num_warps,
@@ -516,15 +522,18 @@ class Launch:
         whole = FAMILY_WHOLE_ROWS.get(p.family)
         if whole is None or f.get("mask") is not None or len(self.out_names) > whole[4] or "max_chunk" in fc:
             whole = None
-        flip = fc.pop("flip", None)  # lane order only matters to a backward scan; flipped with a mask only if forced
-        if not (fam.backward or (p.family == "affine" and p.reverse)) or (flip is None and f.get("mask") is not None):
+        flip = fc.pop("flip", None)  # lane order only matters to a backward scan
+        if not (fam.backward or (p.family == "affine" and p.reverse)):
             flip = False
+        # the rule's chunk lengths, only where timed: no mask, no truncations
+        flip_chunks = () if f.get("mask") is not None or f.get("truncated") is not None else \
+            FAMILY_FLIP_CHUNKS.get(p.family, ())
         st = strategy(self.R, T, T == 1 or s_t == 1,
                       fc.pop("block_t", None), fc.pop("split", None), fc.pop("shift_load", None),
                       fc.pop("max_chunk", None) or FAMILY_MAX_CHUNK.get(p.family), fc.pop("block_n", None),
                       fc.pop("presolve", None), sms=device_sms(self.device), num_warps=fc.pop("num_warps", None),
                       resolve_block_r=fc.pop("resolve_block_r", 0), long_rows=FAMILY_LONG_ROWS.get(p.family),
-                      whole_rows=whole, flip=flip)
+                      whole_rows=whole, flip=flip, flip_chunks=flip_chunks)
         self.strategy = st
         tiles = -(-self.R // st.block_n)
         self.grid = tiles * st.num_seg if st.split else tiles
