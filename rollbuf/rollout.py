@@ -28,7 +28,8 @@ def _sizes(name, v) -> tuple[int, ...]:
 
 _STEP_FIELDS = ("rewards", "values", "terminated", "truncated", "log_probs", "bootstrap_values", "mask")
 _OWN = ("rewards", "values", "terminated", "truncated", "bootstrap_values", "mask")  # what _fields() passes
-_PLAIN = (int, float, bool, str, type(None), torch.dtype)  # arguments a bound call may be keyed on
+_PLAIN = frozenset((int, float, bool, str, type(None), torch.dtype))  # arguments a bound call may be keyed on
+_OWN_SET = frozenset(_OWN)
 
 
 def _addresses(tensors) -> list:
@@ -204,13 +205,14 @@ class Rollout:
         and by storage address (a field given new storage in place, ``x.data = y``, is a new field):
         a rollout whose storage is laid out otherwise (a lazy stack) finds no entries and is never
         bound."""
-        if torch.compiler.is_compiling() or not all(type(v) in _PLAIN for v in args.values()) or any(
-                k in _OWN for k in args):  # a field given twice: the functional call raises the TypeError
+        types = tuple(map(type, args.values()))
+        if torch.compiler.is_compiling() or not _PLAIN.issuperset(types) or not _OWN_SET.isdisjoint(args):
+            # (a field given twice: the functional call raises the TypeError)
             return getattr(F, function)(**args, **(fields or self._fields()))
         try:
             # by name, value and type (1, 1.0 and True are three keys); in the order given, so the same
             # arguments spelled in another order are bound once more (MAX entries at most)
-            key = (function, *args.items(), *map(type, args.values()))
+            key = (function, *args.items(), *types)
             entries = self._tensordict._tensordict
             bound = self.__dict__.get("_bound")
             hit = None if bound is None else bound.get(key)

@@ -21,3 +21,20 @@ def test_every_kernel_variant_compiles_for_sm90():
     from rollbuf.kernels.aot import variants
 
     assert f"{len(variants())} of {len(variants())} variants compiled for sm_90" in res.stdout
+
+
+def test_ptx_counts_of_a_flipped_chunk():
+    """``--counts`` on the one-row 512-step GAE kernel, in lane order and flipped (compiled with the
+    JIT's alignment assumptions): flipping removes the reverse scan's cross-warp shuffles and, with
+    descending offsets, the vector loads."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-m", "rollbuf.kernels.aot", "--counts", "--only", "row512"],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+    counts = {}
+    for line in res.stdout.splitlines():
+        _, name, *kv = line.split()
+        counts[name] = {k: int(v) for k, v in (x.split("=") for x in kv)}
+    plain, flipped = counts["gae/row512/fp32-adv-endcol"], counts["gae/row512-flip/fp32-adv-endcol"]
+    assert flipped["shuffles"] < plain["shuffles"], (plain, flipped)
+    assert plain["vector_loads"] > 0 and flipped["vector_loads"] == 0, (plain, flipped)

@@ -1,6 +1,6 @@
 """Compile the family kernels ahead of time for a GPU target, on any machine (no GPU needed).
 
-    python -m rollbuf.kernels.aot [--arch 90] [--jobs 2] [--only NAME]
+    python -m rollbuf.kernels.aot [--arch 90] [--jobs 2] [--only NAME] [--counts]
 
 Triton lowers a kernel to PTX and assembles it with the ``ptxas`` shipped in its wheel, without a
 driver. This compiles a matrix of the kernels' specialisations (every family — the TD(λ) adjoint of
@@ -10,6 +10,11 @@ neighbour reload; every carry in; fields present and absent; env-major, time-maj
 strides; fp32 and bf16 inputs) for an NVIDIA target, so that code the Triton interpreter accepts but
 the GPU compiler would reject is caught on a CPU machine (CI runs it through ``tests/test_aot.py``).
 It checks compilation only: numerics are tested under the interpreter and on the GPU.
+
+``--counts`` compiles the selected variants as the JIT specialises a call with aligned tensors
+(pointer and integer arguments divisible by 16, which lets it vectorise loads) and prints their PTX
+instruction, shuffle, barrier, global load (vector loads) and store counts: a static look at a
+kernel, not a timing.
 
 Must run without ``TRITON_INTERPRET`` (the interpreter replaces ``triton.jit`` functions).
 """
@@ -102,6 +107,12 @@ def variants() -> list[dict]:
         family, ci, absent = fams[name]
         for mode in ("single", "single-reload"):
             out.append(dict(name=f"{name}/{mode}/fp32", family=family, carry_in=ci, absent=absent, mode=mode))
+    # one row of 512 steps per program, 4 warps, as the table runs GAE advantages at 128-2048 x 512 with
+    # `[N]` window-end values (no truncations, no mask), in lane order and flipped (docs/benchmarks.md)
+    for flip in (False, True):
+        out.append(dict(name=f"gae/row512{'-flip' if flip else ''}/fp32-adv-endcol", family="lambda",
+                        carry_in=END_COLUMN, absent=("truncated", "bootstrap_values", "mask"), mode="row512",
+                        cfg=(4, False, 1, 512, 4, flip), outs=("p_adv",)))
     # bf16 inputs, no flags, no mask
     for name in ("gae", "vtrace", "lambda_adjoint"):
         family, ci, absent = fams[name]
@@ -124,7 +135,7 @@ def _signature(v: dict):
     fam = FAMILIES[v["family"]]
     jit = jit_kernel(fam.kernel)
     params = list(inspect.signature(jit.fn).parameters)
-    pass_, shift, bn, bt, warps, *flip = _MODES[v["mode"]]
+    pass_, shift, bn, bt, warps, *flip = v.get("cfg") or _MODES[v["mode"]]
     dt = v.get("dtype", "fp32")
     absent = set(v.get("absent", ()))
     sig, cx = {}, {}
@@ -181,6 +192,47 @@ def _signature(v: dict):
     return jit, sig, cx, warps
 
 
+def _aligned(sig: dict) -> dict:
+    """Divisibility-by-16 attributes for every pointer and integer argument of ``sig`` (what the JIT
+    assumes of aligned tensors and sizes)."""
+    attrs = {}
+    for i, t in enumerate(sig.values()):
+        if isinstance(t, tuple):
+            attrs.update({(i, j): [["tt.divisibility", 16]] for j, tj in enumerate(t) if tj.startswith("*")})
+        elif t.startswith("*") or t == "i32":
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    return attrs
+
+
+def ptx_counts(ptx: str) -> dict:
+    """Instruction counts of a PTX listing (predicates stripped; labels and directives not counted)."""
+    import re
+
+    ins = [re.sub(r"^@!?%p\d+\s+", "", line.strip()) for line in ptx.splitlines()]
+    ins = [x for x in ins if x and not x.startswith(("//", ".", "{", "}", "$")) and not x.endswith(":")]
+
+    def n(prefix):
+        return sum(1 for x in ins if x.startswith(prefix))
+
+    return dict(instructions=len(ins), shuffles=n("shfl"), barriers=n("bar"), loads=n("ld.global"),
+                vector_loads=sum(1 for x in ins if x.startswith("ld.global") and ".v" in x), stores=n("st.global"))
+
+
+def count_one(v: dict, arch: int = 90) -> tuple[str, dict, str]:
+    """Compile one family variant with aligned arguments; returns (name, PTX counts, error or '')."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    jit, sig, cx, warps = _signature(v)
+    try:
+        k = triton.compile(ASTSource(jit, sig, constexprs=cx, attrs=_aligned(sig)),
+                           target=GPUTarget("cuda", arch, 32), options=dict(num_warps=warps))
+    except Exception as e:  # reported per variant
+        return v["name"], {}, f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"[:300]
+    return v["name"], ptx_counts(k.asm["ptx"]), ""
+
+
 def compile_one(v: dict, arch: int = 90) -> tuple[str, float, str]:
     """Compile one variant; returns (name, seconds, error or '')."""
     import triton
@@ -215,8 +267,16 @@ def main(argv=None) -> int:
     ap.add_argument("--arch", type=int, default=90, help="compute capability (90: H100/H200)")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--only", default=None, help="substring of the variant names to compile")
+    ap.add_argument("--counts", action="store_true", help="PTX counts of the family variants, arguments aligned")
     args = ap.parse_args(argv)
     vs = [v for v in variants() if args.only is None or args.only in v["name"]]
+    if args.counts:
+        vs = [v for v in vs if v.get("kernel") != "resolve"]
+        with ProcessPoolExecutor(args.jobs) as ex:
+            results = list(ex.map(count_one, vs, [args.arch] * len(vs)))
+        for name, c, err in results:
+            print(f"sm_{args.arch} {name:44s} " + (err or " ".join(f"{k}={val}" for k, val in c.items())))
+        return 1 if any(err for _, _, err in results) else 0
     with ProcessPoolExecutor(args.jobs) as ex:
         results = list(ex.map(compile_one, vs, [args.arch] * len(vs)))
     bad = 0
