@@ -32,7 +32,7 @@ for part in ${@:-vtrace advantages traces short many flip}; do
     traces) run traces --cases "$TR" --variants "$V" ;;
     short) run short --cases "$SHORT" --variants "$VS" ;;
     many) run many --cases "$MANY" --variants "$V" ;;
-    flip) run flip --cases "$FLIP" --variants "default=,flip=ROLLBUF_K_FLIP=True" ;;
+    flip) run flip --cases "$FLIP" --variants "table=ROLLBUF_K_FLIP=False,flip=ROLLBUF_K_FLIP=True,default=" ;;
     *) echo "unknown part $part"; exit 2 ;;
   esac
 done

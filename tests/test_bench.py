@@ -218,7 +218,7 @@ def test_ab_lists_the_compiled_kernels():
     launch = types.SimpleNamespace(family="lambda", strategy=Strategy(1, 2048, True, 8, 8, True, True),
                                    passes=(compiled, never))
     lines = ab.compiled_kernels({"key": launch})
-    assert lines == ["kernel lambda BLOCK_N=1 BLOCK_T=2048 SPLIT=True PRESOLVE=True SHIFT_LOAD=True pass=0 "
+    assert lines == ["kernel lambda BLOCK_N=1 BLOCK_T=2048 SPLIT=True PRESOLVE=True SHIFT_LOAD=True FLIP=False pass=0 "
                      "warps=8: 80 registers, 0 spills"]
 
 

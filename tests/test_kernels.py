@@ -146,9 +146,12 @@ def test_matches_reference(name, mix, shape, split):
     assert_ref(call(name, f, "triton"), call(name, f, "reference"), 1e-5)
 
 
-FLIP_PASSES = {"one-chunk": dict(block_t=64), "walk-gather": dict(block_t=16, split=False, shift_load=False),
+FLIP_PASSES = {"one-chunk": dict(block_t=64), "one-chunk-reload": dict(block_t=64, shift_load=True),
+               "walk-gather": dict(block_t=16, split=False, shift_load=False),
                "walk-reload": dict(block_t=16, split=False, shift_load=True),
                "lookback-gather": dict(block_t=16, split=True, shift_load=False),
+               "lookback-reload": dict(block_t=16, split=True, shift_load=True),
+               "presolve-gather": dict(block_t=16, split=True, shift_load=False, presolve=True, resolve_block_r=2),
                "presolve-reload": dict(block_t=16, split=True, shift_load=True, presolve=True, resolve_block_r=2)}
 
 
@@ -160,7 +163,8 @@ def test_flipped_chunks_match_reference(name, mix, pass_, layout):
     """Backward scans with each chunk held in reverse (``flip``: lane j at the chunk's step
     BLOCK_T−1−j, the scan in lane order) in every pass, env- and time-major, against the
     reference; the forward estimators ignore the choice (their strategy says so)."""
-    f = make(3, 37 if pass_ == "one-chunk" or not CUDA else 1000, mix, seed=zlib.crc32(f"flip-{name}-{mix}".encode()))
+    f = make(3, 37 if pass_.startswith("one-chunk") or not CUDA else 1000, mix,
+             seed=zlib.crc32(f"flip-{name}-{mix}".encode()))
     if layout == "time":
         f = {k: (None if v is None else v.mT.contiguous().mT) for k, v in f.items()}
     with K.forced(flip=True, **FLIP_PASSES[pass_]), _launches() as seen:
@@ -170,7 +174,8 @@ def test_flipped_chunks_match_reference(name, mix, pass_, layout):
     assert_ref(got, call(name, f, "reference"), 1e-5)
 
 
-@pytest.mark.parametrize("force", [dict(block_t=1024), dict(block_t=256, split=True)], ids=["one-chunk", "lookback"])
+@pytest.mark.parametrize("force", [dict(block_t=1024), dict(block_t=256, split=True),
+                                   dict(block_t=256, split=True, presolve=True)], ids=["one-chunk", "lookback", "presolve"])
 @pytest.mark.parametrize("flip", [False, True])
 def test_vtrace_read_back_in_either_lane_order(flip, force):
     """V-trace without a mask over chunks longer than 128 steps reads its own targets back for
@@ -242,20 +247,27 @@ def test_flip_rule_edges():
     assert H.strategy(4096, 128, True, flip=True).flip
 
 
-@pytest.mark.parametrize("name,mix,flipped", [("gae", "term", True), ("vtrace", "none", True), ("gae", "term+trunc", False),
-                                             ("vtrace", "term+trunc+mask", False), ("retrace", "term", False),
-                                             ("eligibility_traces", "term", False)])
-def test_calls_flip_by_the_rule(name, mix, flipped):
-    """A call takes the rule (TD(λ) and V-trace without truncations or a mask, rows of 257-512 steps
-    one per program), and matches the reference either way; forced, every backward call flips."""
-    f = make(2, 500, mix, seed=9)
+@pytest.mark.parametrize("name,mix,dtype,flipped", [
+    ("gae", "term", torch.float32, True), ("vtrace", "none", torch.float32, True),
+    ("gae", "term+trunc", torch.float32, False), ("gae", "mask", torch.float32, False),
+    ("vtrace", "term+trunc+mask", torch.float32, False), ("retrace", "term", torch.float32, False),
+    ("gae", "term", torch.bfloat16, False), ("gae", "term", torch.float64, False),
+    ("eligibility_traces", "term", torch.float32, False)])
+def test_calls_flip_by_the_rule(name, mix, dtype, flipped):
+    """A call takes the rule (TD(λ) and V-trace, fp32, without truncations or a mask, rows of
+    257-512 steps one per program), and matches the reference either way; forced, every backward
+    call flips and still matches."""
+    f = make(2, 500, mix, seed=9, dtype=dtype)
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-5
+    want = call(name, f, "reference")
     with K.forced(block_t=None), _launches() as seen:
         got = call(name, f, "triton")
     assert seen and all(la.strategy.flip is flipped for la in seen), [la.strategy for la in seen]
-    assert_ref(got, call(name, f, "reference"), 1e-5)
+    assert_ref(got, want, tol)
     with K.forced(block_t=None, flip=True), _launches() as seen:
-        call(name, f, "triton")
+        got = call(name, f, "triton")
     assert all(la.strategy.flip is (name != "eligibility_traces") for la in seen)
+    assert_ref(got, want, tol)
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.bfloat16, 2e-2), (torch.float16, 5e-3)],
@@ -482,6 +494,16 @@ def test_affine_scan_is_exact_near_powers_of_two(T, reverse, flip, split):
         got = F.affine_scan(a, b, reverse, init, backend="triton")
     ref = F.affine_scan(a.cpu(), b.cpu(), reverse, init.cpu(), backend="reference")
     assert rel_err(got, ref) < 1e-12
+
+
+@pytest.mark.parametrize("pass_", list(FLIP_PASSES))
+@pytest.mark.parametrize("cut", [16, 17])
+@pytest.mark.parametrize("name", [n for n in ESTIMATORS if n not in ("eligibility_traces", "episodic_sums")])
+def test_chained_windows_flipped(name, cut, pass_):
+    """Chained windows (the later window's carry out, the earlier's carry in) with flipped chunks
+    in every pass equal the unsplit row."""
+    with K.forced(flip=True, **FLIP_PASSES[pass_]):
+        test_chained_windows_equal_the_unsplit_row(name, cut, None)
 
 
 def test_empty_rollouts():

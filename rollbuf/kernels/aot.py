@@ -64,9 +64,16 @@ def variants() -> list[dict]:
         "lambda_adjoint": ("lambda_adjoint", STATE, ()),
     }
     out = []
+    backward = {"gae", "mc_returns", "retrace", "vtrace"}  # the families a flipped chunk changes
     for name, (family, ci, absent) in fams.items():
         for mode in _MODES:
+            if mode.endswith("-flip") and name not in backward:
+                continue
             out.append(dict(name=f"{name}/{mode}/fp32", family=family, carry_in=ci, absent=absent, mode=mode))
+    # the affine scan backward (REVERSE), in lane order and flipped
+    for mode in ("single", "single-flip", "walk-gather", "walk-gather-flip", "lookback-gather-flip"):
+        out.append(dict(name=f"affine/{mode}/fp32-reverse", family="affine", carry_in=STATE, absent=(), mode=mode,
+                        reverse=True))
     # general strides and time-major unit row stride
     for name in ("gae", "vtrace", "traces"):
         family, ci, absent = fams[name]
@@ -100,6 +107,8 @@ def variants() -> list[dict]:
     for name in ("gae", "vtrace", "traces"):
         family, ci, absent = fams[name]
         for mode in _MODES:
+            if mode.endswith("-flip") and name == "traces":
+                continue
             out.append(dict(name=f"{name}/{mode}/fp32-nomask", family=family, carry_in=ci, mode=mode,
                             absent=(*absent, "mask"), carry_out=True))
     # rows of one chunk (no loop), every family
@@ -154,7 +163,7 @@ def _signature(v: dict):
     elif unit == "time":
         ones |= {"s_n", "s_on"}
     ci = v["carry_in"]
-    backward = fam.backward
+    backward = v.get("reverse", fam.backward)
     for name in params:
         ann = jit.fn.__annotations__.get(name)
         if name == "fields":

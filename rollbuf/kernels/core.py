@@ -201,8 +201,9 @@ def _edge_map(e, lanes, EDGE: tl.constexpr, PAIR: tl.constexpr):
 
 @triton.jit
 def _shift(x, c, lanes, REVERSE: tl.constexpr, BLOCK_T: tl.constexpr):
-    """The state one step further along the scan: lane t takes lane t+1 (backward) or t−1
-    (forward) of ``x``; the lane at the chunk's far edge takes the carry ``c`` ([BLOCK_N, 1])."""
+    """The state one step further along the scan: lane t takes lane t+1 (``REVERSE``: the scan runs
+    against lane order) or t−1 (in lane order) of ``x``; the lane at the chunk's far edge takes the
+    carry ``c`` ([BLOCK_N, 1])."""
     if REVERSE:
         idx = tl.minimum(lanes + 1, BLOCK_T - 1)
         far = lanes == BLOCK_T - 1
@@ -470,6 +471,11 @@ def drive(fam, R, T, F, strides, p_ci, p_co, p_ws, LOAD: tl.constexpr, STEP: tl.
 
     ``SHIFT_LOAD``: scan the neighbouring step's maps (``t + 1`` backward, ``t − 1`` forward; the
     scan *is* the exclusive state); otherwise scan the steps' own maps and shift by a lane.
+
+    ``FLIP`` (backward scans only): each chunk is held in reverse, lane j at step
+    ``start + BLOCK_T − 1 − j`` (:func:`steps`), and the backward scan runs in lane order, so that
+    Triton does not reverse every element across the warp; the chunk's edge lane, the lane shift and
+    the aggregate follow the scan's direction in lanes (``SCAN_REV``), the row's edges stay in time.
 
     ``MODE = (PAIR, CARRY2, INCLUSIVE)``, the family's: the scan's maps are pair maps (five
     components) or scalar ones; the carry in and out is a pair per row (V-trace's ``(u, V)``) or one

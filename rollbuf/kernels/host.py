@@ -150,18 +150,21 @@ def strategy(R: int, T: int, time_contiguous: bool = True, block_t: int | None =
 # Backward scans with each chunk held in reverse, lane j at step BLOCK_T−1−j (the scan in lane order),
 # against Triton's reverse scan (which flips every element across the warp with five chained butterfly
 # shuffles on the way in and out, but keeps the loads vectorised; flipped, the loads are scalar).
-# Measured on the H200 (device µs, table -> flipped, no mask). The A/B at 8d35192
-# (results/ab_flip_8d35192.csv), without truncations: one row of 512 steps per program in one chunk
-# wins (advantages 2048x512 7.2 -> 6.3, 512x512 2.8 -> 2.5, 128x512 2.1 -> 1.9; GAE 2048x512 0.94x;
-# V-trace 2048x512 0.96x, 128x512 1.00x); everything else loses, up to 3.6x (tiles of several rows:
-# 4096x128 1.07-1.70x, 32768x32 1.90x; walked, split and held-whole rows: 512x4096 2.31x, 8192x4096
-# 1.40x, 256x131072 1.91x, V-trace 1.70-3.64x), or is even at 1024 steps (advantages 128x1024 0.93x,
-# 8192x1024 1.01x). The peers grid at e73a589 (results/peers_p0/p1_e73a589.csv), which flipped
-# 512-1024-step chunks in every backward call, against the same cases at 6f21364: 512 steps without
-# truncations 0.88-0.97x (advantages, λ-returns, discounted and Monte-Carlo returns, V-trace);
-# with truncations 1.06-1.30x (advantages 128x512 1.16x, V-trace 512x512 1.30x); Retrace 1.00-1.06x;
-# 1024 steps 0.91-1.06x for the TD(λ) family and 1.05-1.30x for V-trace. Hence 512-step chunks of
-# the TD(λ) family and V-trace, without truncations or a mask.
+# Measured on the H200, fp32, device µs, table -> flipped. The A/B at 8d35192
+# (results/ab_flip_8d35192.csv), without truncations or a mask unless said: one row of 512 steps per
+# program in one chunk wins (advantages 2048x512 7.2 -> 6.3, 512x512 2.8 -> 2.5, 128x512 2.1 -> 1.9;
+# GAE 2048x512 0.94x; V-trace 2048x512 0.96x, 128x512 1.00x); at 1024 steps advantages 128x1024
+# 0.93x, 8192x1024 1.01x; tiles of several rows lose (4096x128 1.06-1.70x, 16384x128 1.14x, 32768x8-32
+# 1.08-1.90x, with a mask 4096x128 1.45x), and so do walked, split and held-whole rows (2048x2048
+# 1.20-1.48x, with a mask 1.23x; 512x4096 2.31x, 8192x4096 1.40-1.70x, 256x131072 1.91x, V-trace with
+# truncations 3.64x, 1x2^20 1.47x) except Retrace 2048x2048 (0.95x). The peers grid at e73a589
+# (results/peers_p0/p1_e73a589.csv), which flipped 512-1024-step one-row chunks in every backward call,
+# against the same cases at 6f21364: 512 steps without truncations 0.88-0.97x (advantages,
+# λ-returns, discounted and Monte-Carlo returns, V-trace); with truncations 1.06-1.30x (advantages
+# 128x512 1.16x, V-trace 512x512 1.30x); Retrace 1.00-1.06x; 1024 steps without truncations
+# 0.91-1.06x for the TD(λ) family and 1.01-1.16x for V-trace, with truncations 0.97-1.30x. Hence
+# 512-step chunks of the TD(λ) family and V-trace, fp32, without truncations or a mask (bf16/fp16
+# inputs and float64 calls were not timed flipped and are not flipped by default).
 FAMILY_FLIP_CHUNKS = {"lambda": (512,), "vtrace": (512,)}
 
 
@@ -525,9 +528,10 @@ class Launch:
         flip = fc.pop("flip", None)  # lane order only matters to a backward scan
         if not (fam.backward or (p.family == "affine" and p.reverse)):
             flip = False
-        # the rule's chunk lengths, only where timed: no mask, no truncations
-        flip_chunks = () if f.get("mask") is not None or f.get("truncated") is not None else \
-            FAMILY_FLIP_CHUNKS.get(p.family, ())
+        # the rule's chunk lengths only for the calls it was timed on: fp32, no mask, no truncations
+        timed = (f.get("mask") is None and f.get("truncated") is None and p.compute_dtype == torch.float32
+                 and p.out_dtype == torch.float32)
+        flip_chunks = FAMILY_FLIP_CHUNKS.get(p.family, ()) if timed else ()
         st = strategy(self.R, T, T == 1 or s_t == 1,
                       fc.pop("block_t", None), fc.pop("split", None), fc.pop("shift_load", None),
                       fc.pop("max_chunk", None) or FAMILY_MAX_CHUNK.get(p.family), fc.pop("block_n", None),

@@ -98,7 +98,7 @@ def compiled_kernels(cache: dict) -> list[str]:
                 continue
             compiled = k.compiled[3]
             what = (f"{launch.family} BLOCK_N={st.block_n} BLOCK_T={st.block_t} SPLIT={st.split} "
-                    f"PRESOLVE={st.presolve} SHIFT_LOAD={st.shift_load} pass={i}")
+                    f"PRESOLVE={st.presolve} SHIFT_LOAD={st.shift_load} FLIP={st.flip} pass={i}")
             out.append(f"kernel {what} warps={k.warps}: {compiled.n_regs} registers, {compiled.n_spills} spills")
     return out
 
