@@ -20,6 +20,10 @@ functions of its own:
 scan's ``x`` in registers across the scan instead was measured on the H200 at 5055e67
 (benchmarks/results/kernels_h200_5055e67.csv) and lost: GAE −6% to +4%, V-trace's short
 rows 12–16% slower (4096x128 7.80 vs 6.71 µs, 16384x128 21.8 vs 19.4, 32768x16 8.19 vs 7.14).
+In the one-chunk pass the compiler merges the second reads with the scan's (nothing is stored in
+between): compiled for sm_90 at 826f19e, a variant that handed the scan's ``x`` to ``EMIT`` gave the
+same PTX counts as this one for V-trace (1024 steps, 8 warps), GAE (512) and the traces (4 x 128),
+with and without a mask, so there is nothing to hold there.
 
 ``fields = (main, values, terminated, truncated, bootstrap_values, mask, *extras)``: the driver
 reads positions 2, 4 and 5 for the window end; ``None`` = absent (a compile-time constant: absent
