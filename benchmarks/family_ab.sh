@@ -4,7 +4,7 @@
 # program, the whole row in one chunk, 8 or 16 warps, against the table), and the forward traces
 # (the kernel that scans the trace itself without a mask, against the tree in .gpu_stage_old/); and
 # the short rows of few environments still behind at f76f27e (rows per program and warps).
-#   bash benchmarks/family_ab.sh [PART...]  (vtrace advantages traces short many flip; default all; after
+#   bash benchmarks/family_ab.sh [PART...]  (vtrace advantages traces short many flip vwarps; default all; after
 #                                            benchmarks/gpu_session.sh's wheel install; OUT = results;
 #                                            AB_OLD=1: also the traces with the tree in .gpu_stage_old/)
 set -u
@@ -22,16 +22,20 @@ SHORT="$(s advantages term-only 128x128 128x512 512x128 512x512 2048x512 8192x51
 MANY="$(s advantages term-only 2048x4096 8192x4096 16384x4096),$(s advantages term+trunc 8192x4096 16384x4096),$(s gae term-only 2048x4096 8192x4096),$(s lambda_returns term-only 8192x4096)"
 # the backward scans with each chunk held in reverse (the scan in lane order: Triton's reverse scan
 # flips every element across the warp with five chained shuffles each way), short rows and long
-FLIP="$(s advantages term-only 128x128 128x512 512x512 2048x512 4096x128 16384x128 32768x8 32768x32 128x1024 512x4096 2048x2048 8192x1024 8192x4096 256x131072 1x1048576),$(s advantages mask 4096x128 2048x2048),$(s gae term-only 4096x128 2048x512 8192x4096),$(s lambda_returns term-only 4096x128 2048x2048),$(s vtrace term-only 128x512 4096x128 2048x512 2048x2048 8192x4096 32768x16),$(s vtrace term+trunc 4096x128 2048x2048 256x131072),$(s retrace term-only 4096x128 2048x2048)"
+FLIP="$(s advantages term-only 128x128 128x512 512x512 2048x512 4096x128 16384x128 32768x8 32768x32 128x1024 512x4096 2048x2048 8192x1024 8192x4096 256x131072 1x1048576),$(s advantages mask 4096x128 2048x2048),$(s gae term-only 4096x128 2048x512 8192x4096),$(s lambda_returns term-only 4096x128 2048x2048),$(s vtrace term-only 128x512 4096x128 2048x512 8192x512 512x1024 2048x2048 8192x4096 32768x16),$(s advantages term-only 512x1024 8192x512),$(s vtrace term+trunc 4096x128 2048x2048 256x131072),$(s retrace term-only 4096x128 2048x2048)"
+# V-trace without truncations where it trails rl-triton at e73a589 (0.88-0.95x; rows held whole with 8
+# warps at 1024 steps, 16 from 2048; rl-triton runs 8 at 1024 and 16 at 2048): warps against the table
+VW="$(s vtrace term-only 2048x512 8192x512 2048x1024 8192x1024 2048x2048 8192x2048)"
 VS="default=,w2=ROLLBUF_K_NUM_WARPS=2,w8=ROLLBUF_K_NUM_WARPS=8,bn1=ROLLBUF_K_BLOCK_N=1,bn1w2=ROLLBUF_K_BLOCK_N=1+ROLLBUF_K_NUM_WARPS=2"
 run() { local label=$1; shift; echo "== ab $label"; python3 -m rollbuf.bench --experiment ab --out "$OUT/$label" "$@" 2>&1 | tail -25; }
-for part in ${@:-vtrace advantages traces short many flip}; do
+for part in ${@:-vtrace advantages traces short many flip vwarps}; do
   case $part in
     vtrace) run vtrace --cases "$VT" --variants "$V" ;;
     advantages) run advantages --cases "$ADV" --variants "$V" ;;
     traces) run traces --cases "$TR" --variants "$V" ;;
     short) run short --cases "$SHORT" --variants "$VS" ;;
     many) run many --cases "$MANY" --variants "$V" ;;
+    vwarps) run vwarps --cases "$VW" --variants "default=,w4=ROLLBUF_K_NUM_WARPS=4,w8=ROLLBUF_K_NUM_WARPS=8,w16=ROLLBUF_K_NUM_WARPS=16" ;;
     flip) run flip --cases "$FLIP" --variants "table=ROLLBUF_K_FLIP=False,flip=ROLLBUF_K_FLIP=True,default=" ;;
     *) echo "unknown part $part"; exit 2 ;;
   esac
