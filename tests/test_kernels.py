@@ -270,6 +270,16 @@ def test_calls_flip_by_the_rule(name, mix, dtype, flipped):
     assert_ref(got, want, tol)
 
 
+def test_bf16_inputs_with_fp32_outputs_are_not_flipped():
+    """The rule looks at the inputs' dtype too: bf16 rewards and values written out in fp32 were
+    never timed flipped."""
+    f = make(2, 500, "term", seed=9, dtype=torch.bfloat16)
+    with K.forced(block_t=None), _launches() as seen:
+        got = call("gae", f, "triton", out_dtype=torch.float32)
+    assert seen and not any(la.strategy.flip for la in seen) and got[0].dtype == torch.float32
+    assert_ref(got, call("gae", f, "reference"), 2e-2)
+
+
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.bfloat16, 2e-2), (torch.float16, 5e-3)],
                          ids=["fp64", "bf16", "fp16"])
 @pytest.mark.parametrize("name", ESTIMATORS)

@@ -530,7 +530,8 @@ class Launch:
             flip = False
         # the rule's chunk lengths only for the calls it was timed on: fp32, no mask, no truncations
         timed = (f.get("mask") is None and f.get("truncated") is None and p.compute_dtype == torch.float32
-                 and p.out_dtype == torch.float32)
+                 and p.out_dtype == torch.float32
+                 and all(f[n].dtype == torch.float32 for n in ("rewards", "values") if f.get(n) is not None))
         flip_chunks = FAMILY_FLIP_CHUNKS.get(p.family, ()) if timed else ()
         st = strategy(self.R, T, T == 1 or s_t == 1,
                       fc.pop("block_t", None), fc.pop("split", None), fc.pop("shift_load", None),
