@@ -163,14 +163,18 @@ def test_flipped_chunks_match_reference(name, mix, pass_, layout):
     """Backward scans with each chunk held in reverse (``flip``: lane j at the chunk's step
     BLOCK_T−1−j, the scan in lane order) in every pass, env- and time-major, against the
     reference; the forward estimators ignore the choice (their strategy says so)."""
-    f = make(3, 37 if pass_.startswith("one-chunk") or not CUDA else 1000, mix,
-             seed=zlib.crc32(f"flip-{name}-{mix}".encode()))
+    T = 37 if pass_.startswith("one-chunk") or not CUDA else 1000
+    f = make(3, T, mix, seed=zlib.crc32(f"flip-{name}-{mix}".encode()))
     if layout == "time":
         f = {k: (None if v is None else v.mT.contiguous().mT) for k, v in f.items()}
     with K.forced(flip=True, **FLIP_PASSES[pass_]), _launches() as seen:
         got = call(name, f, "triton")
     forward = name in ("eligibility_traces", "episodic_sums")
     assert seen and all(la.strategy.flip is not forward for la in seen), [la.strategy for la in seen]
+    want = FLIP_PASSES[pass_]
+    if "split" in want and T > 16:  # the pass asked for ran (a row of one chunk is never split)
+        assert all(la.strategy.split is want["split"] and la.strategy.presolve is want.get("presolve", False)
+                   for la in seen), [la.strategy for la in seen]
     assert_ref(got, call(name, f, "reference"), 1e-5)
 
 
@@ -271,13 +275,19 @@ def test_calls_flip_by_the_rule(name, mix, dtype, flipped):
 
 
 def test_bf16_inputs_with_fp32_outputs_are_not_flipped():
-    """The rule looks at the inputs' dtype too: bf16 rewards and values written out in fp32 were
-    never timed flipped."""
+    """The rule looks at every floating input's dtype too: bf16 rewards and values written out in
+    fp32, or fp32 fields with bf16 window-end values, were never timed flipped."""
     f = make(2, 500, "term", seed=9, dtype=torch.bfloat16)
     with K.forced(block_t=None), _launches() as seen:
         got = call("gae", f, "triton", out_dtype=torch.float32)
     assert seen and not any(la.strategy.flip for la in seen) and got[0].dtype == torch.float32
     assert_ref(got, call("gae", f, "reference"), 2e-2)
+    f = make(2, 500, "term", seed=9)  # fp32, but bf16 window-end values
+    f["bootstrap_values"] = f["bootstrap_values"].to(torch.bfloat16)
+    with K.forced(block_t=None), _launches() as seen:
+        got = call("gae", f, "triton")
+    assert seen and not any(la.strategy.flip for la in seen) and got[0].dtype == torch.float32
+    assert_ref(got, call("gae", f, "reference"), 1e-5)
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.bfloat16, 2e-2), (torch.float16, 5e-3)],

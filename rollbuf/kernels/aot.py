@@ -71,7 +71,7 @@ def variants() -> list[dict]:
                 continue
             out.append(dict(name=f"{name}/{mode}/fp32", family=family, carry_in=ci, absent=absent, mode=mode))
     # the affine scan backward (REVERSE), in lane order and flipped
-    for mode in ("single", "single-flip", "walk-gather", "walk-gather-flip", "lookback-gather-flip"):
+    for mode in ("single", "single-flip", "walk-gather", "walk-gather-flip", "lookback-gather", "lookback-gather-flip"):
         out.append(dict(name=f"affine/{mode}/fp32-reverse", family="affine", carry_in=STATE, absent=(), mode=mode,
                         reverse=True))
     # general strides and time-major unit row stride
@@ -233,6 +233,10 @@ def count_one(v: dict, arch: int = 90) -> tuple[str, dict, str]:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    from rollbuf.kernels.resolve import resolve_kernel
+
+    if type(resolve_kernel).__name__ == "InterpretedFunction":
+        return v["name"], {}, "TRITON_INTERPRET is set: nothing to compile"
     jit, sig, cx, warps = _signature(v)
     try:
         k = triton.compile(ASTSource(jit, sig, constexprs=cx, attrs=_aligned(sig)),

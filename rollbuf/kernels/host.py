@@ -154,9 +154,9 @@ def strategy(R: int, T: int, time_contiguous: bool = True, block_t: int | None =
 # (results/ab_flip_8d35192.csv), without truncations or a mask unless said: one row of 512 steps per
 # program in one chunk wins (advantages 2048x512 7.2 -> 6.3, 512x512 2.8 -> 2.5, 128x512 2.1 -> 1.9;
 # GAE 2048x512 0.94x; V-trace 2048x512 0.96x, 128x512 1.00x); at 1024 steps advantages 128x1024
-# 0.93x, 8192x1024 1.01x; tiles of several rows lose (4096x128 1.06-1.70x, 16384x128 1.14x, 32768x8-32
-# 1.08-1.90x, with a mask 4096x128 1.45x), and so do walked, split and held-whole rows (2048x2048
-# 1.20-1.48x, with a mask 1.23x; 512x4096 2.31x, 8192x4096 1.40-1.70x, 256x131072 1.91x, V-trace with
+# 0.93x, 8192x1024 1.01x; tiles of several rows lose (4096x128 1.06-1.64x, with truncations 1.70x,
+# 16384x128 1.14x, 32768x8-32 1.08-1.90x, with a mask 4096x128 1.45x), and so do walked, split and
+# held-whole rows (2048x2048 1.20-1.37x, with truncations 1.48x, with a mask 1.23x; 512x4096 2.31x, 8192x4096 1.40-1.70x, 256x131072 1.91x, V-trace with
 # truncations 3.64x, 1x2^20 1.47x) except Retrace 2048x2048 (0.95x). The peers grid at e73a589
 # (results/peers_p0/p1_e73a589.csv), which flipped 512-1024-step one-row chunks in every backward call,
 # against the same cases at 6f21364: 512 steps without truncations 0.88-0.97x (advantages,
@@ -531,7 +531,7 @@ class Launch:
         # the rule's chunk lengths only for the calls it was timed on: fp32, no mask, no truncations
         timed = (f.get("mask") is None and f.get("truncated") is None and p.compute_dtype == torch.float32
                  and p.out_dtype == torch.float32
-                 and all(f[n].dtype == torch.float32 for n in ("rewards", "values") if f.get(n) is not None))
+                 and all(t.dtype == torch.float32 for t in f.values() if t is not None and t.is_floating_point()))
         flip_chunks = FAMILY_FLIP_CHUNKS.get(p.family, ()) if timed else ()
         st = strategy(self.R, T, T == 1 or s_t == 1,
                       fc.pop("block_t", None), fc.pop("split", None), fc.pop("shift_load", None),
