@@ -125,6 +125,11 @@ MIXES = ["none", "term", "term+trunc", "mask", "term+trunc+mask"]
 SHAPES = [(3, 1), (2, 13), (2, 37), (2, 65)] if not CUDA else [(3, 1), (64, 1000), (4, 4097)]  # 13: one chunk
 
 
+def time_major(f):
+    """The fields of ``f`` as ``[N, T]`` views of ``[T, N]`` buffers (as CleanRL and SB3 hold them)."""
+    return {k: (None if v is None else v.mT.contiguous().mT) for k, v in f.items()}
+
+
 def rel_err(a, b):
     a, b = a.double().cpu(), b.double().cpu()
     assert a.shape == b.shape, (a.shape, b.shape)
@@ -166,7 +171,7 @@ def test_flipped_chunks_match_reference(name, mix, pass_, layout):
     T = 37 if pass_.startswith("one-chunk") or not CUDA else 1000
     f = make(3, T, mix, seed=zlib.crc32(f"flip-{name}-{mix}".encode()))
     if layout == "time":
-        f = {k: (None if v is None else v.mT.contiguous().mT) for k, v in f.items()}
+        f = time_major(f)
     with K.forced(flip=True, **FLIP_PASSES[pass_]), _launches() as seen:
         got = call(name, f, "triton")
     forward = name in ("eligibility_traces", "episodic_sums")
@@ -317,7 +322,7 @@ def test_time_major_views_are_read_in_place(name, split, block_n):
     """CleanRL/SB3 buffers are [T, N]; their transposed views go in without a copy, and the outputs
     come back time-major too ([T, N] buffers seen as [N, T]), in every strategy, with row tiles."""
     f = make(5, 29, "term+trunc+mask", seed=11)
-    tm = {k: (None if v is None else v.mT.contiguous().mT) for k, v in f.items()}  # [N, T] views of [T, N]
+    tm = time_major(f)  # [N, T] views of [T, N]
     assert not tm["rewards"].is_contiguous()
     with K.forced(block_n=block_n), _launches() as seen:
         got = call(name, tm, "triton")
@@ -336,7 +341,7 @@ def test_time_major_default_strategy(name, T):
     st = K.strategy(5, T, False)
     assert st.split == (T > 128) and st.block_n == (32 if T > 128 else 16)
     f = make(5, T, "term+trunc+mask", seed=T)
-    tm = {k: (None if v is None else v.mT.contiguous().mT) for k, v in f.items()}
+    tm = time_major(f)
     with K.forced(block_t=None):
         got = call(name, tm, "triton")
     assert_ref(got, call(name, f, "reference"), 1e-5)
@@ -432,7 +437,7 @@ def test_stride_kinds(name, layout, split):
 
 def test_output_layout_override():
     f = make(5, 29, "term+trunc", seed=12)
-    tm = {k: (None if v is None else v.mT.contiguous().mT) for k, v in f.items()}
+    tm = time_major(f)
     with K.forced(layout="env"):
         got = call("gae", tm, "triton")
     assert got[0].is_contiguous()

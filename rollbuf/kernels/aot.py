@@ -227,22 +227,34 @@ def ptx_counts(ptx: str) -> dict:
                 vector_loads=sum(1 for x in ins if x.startswith("ld.global") and ".v" in x), stores=n("st.global"))
 
 
+def _interpreted() -> bool:
+    from rollbuf.kernels.resolve import resolve_kernel
+
+    return type(resolve_kernel).__name__ == "InterpretedFunction"
+
+
+_INTERPRETED = "TRITON_INTERPRET is set: nothing to compile"
+
+
+def _error(e: Exception) -> str:
+    msg = str(e).strip()
+    return f"{type(e).__name__}: {msg.splitlines()[-1] if msg else ''}"[:300]
+
+
 def count_one(v: dict, arch: int = 90) -> tuple[str, dict, str]:
     """Compile one family variant with aligned arguments; returns (name, PTX counts, error or '')."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from rollbuf.kernels.resolve import resolve_kernel
-
-    if type(resolve_kernel).__name__ == "InterpretedFunction":
-        return v["name"], {}, "TRITON_INTERPRET is set: nothing to compile"
+    if _interpreted():
+        return v["name"], {}, _INTERPRETED
     jit, sig, cx, warps = _signature(v)
     try:
         k = triton.compile(ASTSource(jit, sig, constexprs=cx, attrs=_aligned(sig)),
                            target=GPUTarget("cuda", arch, 32), options=dict(num_warps=warps))
     except Exception as e:  # reported per variant
-        return v["name"], {}, f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"[:300]
+        return v["name"], {}, _error(e)
     return v["name"], ptx_counts(k.asm["ptx"]), ""
 
 
@@ -254,8 +266,8 @@ def compile_one(v: dict, arch: int = 90) -> tuple[str, float, str]:
 
     from rollbuf.kernels.resolve import resolve_kernel
 
-    if type(resolve_kernel).__name__ == "InterpretedFunction":
-        return v["name"], 0.0, "TRITON_INTERPRET is set: nothing to compile"
+    if _interpreted():
+        return v["name"], 0.0, _INTERPRETED
     if v.get("kernel") == "resolve":
         jit = resolve_kernel
         params = list(inspect.signature(jit.fn).parameters)
@@ -271,7 +283,7 @@ def compile_one(v: dict, arch: int = 90) -> tuple[str, float, str]:
                            options=dict(num_warps=warps))
         err = "" if k.asm.get("cubin") else "no cubin produced"
     except Exception as e:  # reported per variant
-        err = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"[:300]
+        err = _error(e)
     return v["name"], time.perf_counter() - t0, err
 
 

@@ -376,6 +376,18 @@ def steps(start, lanes, REVERSE: tl.constexpr, FLIP: tl.constexpr, BLOCK_T: tl.c
 
 
 @triton.jit
+def _scan_steps(start, lanes, row_ok, T, REVERSE: tl.constexpr, FLIP: tl.constexpr, BLOCK_T: tl.constexpr,
+                D: tl.constexpr):
+    """``(o, ok)``: the steps whose maps a chunk starting at ``start`` scans (its own, or with
+    ``D = ±1`` each lane's neighbour along the scan) and which of them are inside the row."""
+    o = steps(start, lanes, REVERSE, FLIP, BLOCK_T) + D
+    ok = row_ok[:, None] & (o < T)
+    if D < 0:  # the neighbour before the row's first step
+        ok = ok & (o >= 0)
+    return o, ok
+
+
+@triton.jit
 def _scan(fam, x, STEP: tl.constexpr, PAIR: tl.constexpr, REVERSE: tl.constexpr, ACC: tl.constexpr):
     """Inclusive scan over the chunk (axis 1) of the maps of the steps whose values are ``x``, in lane
     order or (``REVERSE``) against it."""
@@ -510,10 +522,7 @@ def drive(fam, R, T, F, strides, p_ci, p_co, p_ws, LOAD: tl.constexpr, STEP: tl.
     cu, cv = carry_in(fam[0], p_ci, rows, row_ok, rank == 0, T, geo, CARRY2, CARRY_IN, ACC, BLOCK_N, BLOCK_T)
     end = (cu[:, None], cv[:, None])
     if PASS == ONE_CHUNK:
-        o_s = steps(0, lanes, REVERSE, FLIP, BLOCK_T) + D
-        ok_s = row_ok[:, None] & (o_s < T)
-        if D < 0:
-            ok_s = ok_s & (o_s >= 0)
+        o_s, ok_s = _scan_steps(0, lanes, row_ok, T, REVERSE, FLIP, BLOCK_T, D)
         x = LOAD(fam, geo, o_s, ok_s, end, ACC)
         e = _scan(fam, x, STEP, PAIR, SCAN_REV, ACC)
         _finish(fam, geo, e, cu, cv, end, 0, rows, row_ok, p_co, LOAD, EMIT, MODE, REVERSE, FLIP, ACC, BLOCK_T,
@@ -524,10 +533,7 @@ def drive(fam, R, T, F, strides, p_ci, p_co, p_ws, LOAD: tl.constexpr, STEP: tl.
                 start = (NUM_SEG - 1 - i) * BLOCK_T
             else:
                 start = i * BLOCK_T
-            o_s = steps(start, lanes, REVERSE, FLIP, BLOCK_T) + D
-            ok_s = row_ok[:, None] & (o_s < T)
-            if D < 0:  # the neighbour before the row's first step
-                ok_s = ok_s & (o_s >= 0)
+            o_s, ok_s = _scan_steps(start, lanes, row_ok, T, REVERSE, FLIP, BLOCK_T, D)
             x = LOAD(fam, geo, o_s, ok_s, end, ACC)
             e = _scan(fam, x, STEP, PAIR, SCAN_REV, ACC)
             iu, iv = _finish(fam, geo, e, cu, cv, end, start, rows, row_ok, p_co, LOAD, EMIT, MODE, REVERSE,
@@ -545,10 +551,7 @@ def drive(fam, R, T, F, strides, p_ci, p_co, p_ws, LOAD: tl.constexpr, STEP: tl.
         o_b = tl.arange(0, BLOCK_N)
         slot = tile * NUM_SEG + rank
         p_slot = p_ws + slot * (W * BLOCK_N)
-        o_s = steps(start, lanes, REVERSE, FLIP, BLOCK_T) + D
-        ok_s = row_ok[:, None] & (o_s < T)
-        if D < 0:
-            ok_s = ok_s & (o_s >= 0)
+        o_s, ok_s = _scan_steps(start, lanes, row_ok, T, REVERSE, FLIP, BLOCK_T, D)
         x = LOAD(fam, geo, o_s, ok_s, end, ACC)
         e = _scan(fam, x, STEP, PAIR, SCAN_REV, ACC)
         if PASS == OUTPUTS:  # the carry resolved by the earlier passes: the predecessor's inclusive state
