@@ -4,9 +4,10 @@
 # program, the whole row in one chunk, 8 or 16 warps, against the table), and the forward traces
 # (the kernel that scans the trace itself without a mask, against the tree in .gpu_stage_old/); and
 # the short rows of few environments still behind at f76f27e (rows per program and warps).
-#   bash benchmarks/family_ab.sh [PART...]  (vtrace advantages traces short many flip vwarps; default all; after
+#   bash benchmarks/family_ab.sh [PART...]  (vtrace advantages traces short many flip vwarps fold; default all; after
 #                                            benchmarks/gpu_session.sh's wheel install; OUT = results;
-#                                            AB_OLD=1: also the traces with the tree in .gpu_stage_old/)
+#                                            AB_OLD=1: also the traces, and with fold its cases, with the tree
+#                                            in .gpu_stage_old/)
 set -u
 OUT=${OUT:-out}
 W="ROLLBUF_K_MAX_CHUNK=4096+ROLLBUF_K_BLOCK_N=1"
@@ -27,6 +28,12 @@ FLIP="$(s advantages term-only 128x128 128x512 512x512 2048x512 8192x512 4096x12
 # warps at 1024 steps, 16 from 2048; rl-triton runs 8 at 1024 and 16 at 2048): warps against the table
 VW="$(s vtrace term-only 2048x512 8192x512 2048x1024 8192x1024 2048x2048 8192x2048)"
 VS="default=,w2=ROLLBUF_K_NUM_WARPS=2,w8=ROLLBUF_K_NUM_WARPS=8,bn1=ROLLBUF_K_BLOCK_N=1,bn1w2=ROLLBUF_K_BLOCK_N=1+ROLLBUF_K_NUM_WARPS=2"
+# the carry folded into the scan's first map (no map applied after the scan; the scan's multiplicative
+# components dead after it, Triton's flips of a reverse scan included), with the absent truncations'
+# local term, the flag selects and the unmasked outputs' selects gone: this tree against the one in
+# .gpu_stage_old/ (part fold, AB_OLD=1), and TD(λ) rows of 4096 steps held whole against the table
+FOLD="$(s advantages term-only 4096x128 16384x128 2048x512 512x1024 512x4096 2048x2048 8192x4096 32768x8 1x1048576),$(s gae term-only 4096x128 2048x2048 8192x4096),$(s advantages mask 4096x128 2048x2048),$(s vtrace term-only 4096x128 32768x16 2048x1024 2048x2048 8192x2048),$(s vtrace term+trunc 2048x2048),$(s vtrace mask 4096x128 2048x2048),$(s retrace term-only 2048x2048),$(s eligibility_traces term-only 512x512 8192x4096)"
+FOLD_MANY="$(s advantages term-only 8192x4096 16384x4096),$(s gae term-only 8192x4096)"
 run() { local label=$1; shift; echo "== ab $label"; python3 -m rollbuf.bench --experiment ab --out "$OUT/$label" "$@" 2>&1 | tail -25; }
 for part in ${@:-vtrace advantages traces short many flip vwarps}; do
   case $part in
@@ -36,6 +43,10 @@ for part in ${@:-vtrace advantages traces short many flip vwarps}; do
     short) run short --cases "$SHORT" --variants "$VS" ;;
     many) run many --cases "$MANY" --variants "$V" ;;
     vwarps) run vwarps --cases "$VW" --variants "default=,w4=ROLLBUF_K_NUM_WARPS=4,w8=ROLLBUF_K_NUM_WARPS=8,w16=ROLLBUF_K_NUM_WARPS=16" ;;
+    fold) run fold --cases "$FOLD"; run fold_many --cases "$FOLD_MANY" --variants "$V"
+      if [ -d .gpu_stage_old ] && [ -n "${AB_OLD:-}" ]; then
+        echo "== ab fold_old"; (cd .gpu_stage_old && python3 -m rollbuf.bench --experiment ab --out "$OUT/fold_old" --cases "$FOLD" 2>&1 | tail -40)
+      fi ;;
     flip) run flip --cases "$FLIP" --variants "table=ROLLBUF_K_FLIP=False,flip=ROLLBUF_K_FLIP=True,default=" ;;
     *) echo "unknown part $part"; exit 2 ;;
   esac

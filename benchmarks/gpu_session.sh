@@ -3,9 +3,9 @@
 #   bash benchmarks/gpu_session.sh STEP...      (ROLLBUF_COMMIT names the commit; OUT the results folder)
 # Steps: kernels (gate + GAE/V-trace timings + host + V-trace tile sweep, benchmarks/kernels_h200.py), host (the
 # host time at 4096x128 and its parts), old (the same
-# timings of rollbuf's public calls from the tree in .gpu_stage_old/), peers[:i/k[:budget]] (the peers
+# timings of rollbuf's public calls from the tree in .gpu_stage_old/; new-quick: the same from this tree), peers[:i/k[:budget]] (the peers
 # grid, python -m rollbuf.bench --grid peers), ab (benchmarks/family_ab.sh), tests (the CUDA kernel test
-# matrix, cut at $TESTS_TIMEOUT_S seconds so that the summary comes back).
+# matrix, cut at $TESTS_TIMEOUT_S seconds, or at $TESTS_DEADLINE, so that the summary comes back).
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-out}
@@ -21,6 +21,7 @@ for step in "$@"; do
     kernels) python3 benchmarks/kernels_h200.py --out "$OUT" --part gate,time,vtrace,host,vsweep 2>&1 | tee "$OUT/kernels.log" ;;
     host) python3 benchmarks/kernels_h200.py --out "$OUT" --part host,hostparts 2>&1 | grep -v "^ " | tail -40 ;;
     kernels-quick) python3 benchmarks/kernels_h200.py --out "$OUT" --part time,vtrace,host 2>&1 | tee "$OUT/kernels.log" ;;
+    new-quick) python3 benchmarks/kernels_h200.py --out "$OUT" --quick --part time,vtrace 2>&1 | tee "$OUT/kernels.log" | tail -40 ;;
     old) PYTHONPATH=/tmp/site:$PWD/.gpu_stage_old:$PWD/.peers/rl-triton-0.1.3/src python3 benchmarks/kernels_h200.py --out "$OUT" --impl old --quick \
            --part time,vtrace 2>&1 | tail -40 ;;
     peers*) IFS=: read -r _ label budget <<<"$step"  # peers:LABEL:BUDGET_S, extra arguments in $PEERS_ARGS
@@ -29,7 +30,9 @@ for step in "$@"; do
       cp /tmp/peers/results.csv "$OUT/peers_${label}.csv" 2>/dev/null; cp /tmp/peers.log "$OUT/peers_${label}.log" ;;
     ab*) IFS=: read -r _ parts <<<"$step"  # ab or ab:PART,PART (benchmarks/family_ab.sh)
       bash benchmarks/family_ab.sh ${parts//,/ } 2>&1 | tee "$OUT/ab.log" ;;
-    tests) timeout "${TESTS_TIMEOUT_S:-540}" python3 -m pytest -v -n 14 -p no:cacheprovider -rfE tests/test_kernels.py tests/test_kernel_launch.py \
+    tests) limit=${TESTS_TIMEOUT_S:-540}  # or what is left before $TESTS_DEADLINE (seconds since the epoch)
+      [ -n "${TESTS_DEADLINE:-}" ] && limit=$(( TESTS_DEADLINE - $(date +%s) ))
+      echo "tests: $limit s"; timeout "$limit" python3 -m pytest -v -n 14 -p no:cacheprovider -rfE tests/test_kernels.py tests/test_kernel_launch.py \
              tests/test_compile.py tests/test_autograd.py tests/test_windows.py tests/test_edge_cases.py \
              tests/test_new_estimator.py tests/test_lookback_order.py tests/test_rollout.py tests/test_repeated_calls.py > "$OUT/gpu_tests.log" 2>&1; echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)| (FAILED|ERROR) " "$OUT/gpu_tests.log" | head -30; tail -3 "$OUT/gpu_tests.log" ;;
     *) echo "unknown step $step"; exit 2 ;;

@@ -22,6 +22,9 @@ by the caller (:func:`mask_identity` in the torch backend, the kernel's loader o
 
 Notation: ``k`` terminated, ``tr`` truncated (raw flag), ``nd = (1−k)(1−tr)`` "not done",
 ``(1−k)·tr`` the truncation-bootstrap weight (terminated wins), ``local = r + γ(1−k)·tr·boot``.
+``boot = None`` says that no step reads a bootstrap value (no truncations, or no per-step values):
+then ``local = r``. A fused kernel passes it for an absent field, so that the term is not computed
+as ``γ(1−k)·0·0``, which the compiler may not fold (``x·0`` is not 0 for ``x`` = NaN or Inf).
 
 =================  =====================  ===========================  ===========================
 estimator          state ``Z_t``          ``α_t``, ``β_t``              output at ``t``
@@ -81,14 +84,14 @@ def compose_pair(p_o, q_o, s_o, a_o, w_o, p_i, q_i, s_i, a_i, w_i):
 
 def lambda_step(r, v, k, tr, boot, gamma, lam):
     """Own-step coefficients (α_t, β_t) of ``Z_t = (1−λ)V_t + λG_t``."""
-    local = r + gamma * (1.0 - k) * tr * boot
+    local = r if boot is None else r + gamma * (1.0 - k) * tr * boot
     nd = (1.0 - k) * (1.0 - tr)
     return (1.0 - lam) * v + lam * local, gamma * lam * nd
 
 
 def lambda_out(r, k, tr, boot, gamma, z_next):
     """``G_t = r_t + γ(1−k_t)tr_t·boot_t + γ·nd_t·Z_{t+1}`` (TD(λ) return, Retrace target)."""
-    local = r + gamma * (1.0 - k) * tr * boot
+    local = r if boot is None else r + gamma * (1.0 - k) * tr * boot
     nd = (1.0 - k) * (1.0 - tr)
     return local + gamma * nd * z_next
 
@@ -104,7 +107,7 @@ def lambda_out(r, k, tr, boot, gamma, z_next):
 
 def retrace_step(r, v, k, tr, boot, q, c, gamma):
     """Own-step coefficients of ``W_t = V_t + c_t(Q^ret_t − q_t)``; ``c = λ·min(c̄, ratio)``."""
-    local = r + gamma * (1.0 - k) * tr * boot
+    local = r if boot is None else r + gamma * (1.0 - k) * tr * boot
     nd = (1.0 - k) * (1.0 - tr)
     return v + c * (local - q), gamma * nd * c
 
@@ -119,7 +122,7 @@ def retrace_step(r, v, k, tr, boot, q, c, gamma):
 
 def vtrace_step(r, v, k, tr, boot, rho, c, gamma):
     """Own-step map ``(p, q, s, a, w)`` of V-trace's pair state (u, V)."""
-    local = r + gamma * (1.0 - k) * tr * boot
+    local = r if boot is None else r + gamma * (1.0 - k) * tr * boot
     nd = (1.0 - k) * (1.0 - tr)
     g = gamma * nd
     return g * c, g * rho, 0.0 * v, rho * (local - v), v
@@ -127,7 +130,7 @@ def vtrace_step(r, v, k, tr, boot, rho, c, gamma):
 
 def vtrace_out(r, v, k, tr, boot, rho, c, rho_pg, gamma, u_next, v_next):
     """``(vs_t, pg_t)`` from the step's own fields and the pair state at ``t+1``."""
-    local = r + gamma * (1.0 - k) * tr * boot
+    local = r if boot is None else r + gamma * (1.0 - k) * tr * boot
     nd = (1.0 - k) * (1.0 - tr)
     g = gamma * nd
     u = rho * (local - v) + g * (rho * v_next + c * u_next)
@@ -138,7 +141,7 @@ def vtrace_out(r, v, k, tr, boot, rho, c, rho_pg, gamma, u_next, v_next):
 def vtrace_pg(r, v, k, tr, boot, rho_pg, gamma, vs_next):
     """``pg_t = ρpg_t·(local_t + γ·nd_t·vs_{t+1} − V_t)`` from the next step's target (``vtrace_out``'s
     second output with ``vs_{t+1} = V_{t+1} + u_{t+1}``)."""
-    local = r + gamma * (1.0 - k) * tr * boot
+    local = r if boot is None else r + gamma * (1.0 - k) * tr * boot
     nd = (1.0 - k) * (1.0 - tr)
     return rho_pg * (local + gamma * nd * vs_next - v)
 

@@ -86,12 +86,27 @@ def load(ptr, off, ok, live, HAS_M: tl.constexpr, ACC: tl.constexpr):
 
 
 @triton.jit
+def masked(x, live, p_m):
+    """An output ``x``, 0 at masked steps; without a mask (``p_m`` ``None``) ``x`` itself: lanes outside
+    the row are not stored, so there is nothing to select."""
+    if p_m is None:
+        return x
+    else:
+        return tl.where(live, x, 0.0)
+
+
+@triton.jit
 def load_flag(ptr, off, ok, live, ACC: tl.constexpr):
-    """A 0/1 flag (bool, uint8 or float storage) at ``off``; 0 where not ``live``; ``None``: 0."""
+    """A 0/1 flag (bool, uint8 or float storage) at ``off``; 0 where not ``live`` (``None``: where not
+    ``ok``, which the load itself gives); ``ptr`` ``None``: 0. A select of 1 or 0, not a conversion of
+    the predicate (which compiles to a select and an integer-to-float conversion)."""
     if ptr is None:
         return tl.zeros(off.shape, ACC)
     else:
-        return (live & (tl.load(ptr + off, mask=ok, other=0) != 0)).to(ACC)
+        f = tl.load(ptr + off, mask=ok, other=0) != 0
+        if live is not None:
+            f = f & live
+        return tl.where(f, 1.0, 0.0).to(ACC)
 
 
 @triton.jit
@@ -119,15 +134,18 @@ def next_value(p_v, geo, o, ok, end_v, ACC: tl.constexpr):
 @triton.jit
 def boundary(fields, off, ok, ACC: tl.constexpr):
     """``(k, tr, boot, live)`` at ``off``: terminated and truncated as 0/1, the bootstrap value where
-    a live, truncated, non-terminated step reads it (0 elsewhere: never loaded), and ``live`` =
+    a live, truncated, non-terminated step reads it (0 elsewhere: never loaded; 0 everywhere without a
+    truncated or a bootstrap-values field, where a family passes ``None`` to the boundary functions
+    instead: ``γ(1−k)·0·0`` is not folded by the compiler, as ``x·0`` is not 0 for NaN or Inf; a
+    jit function cannot return ``None``, so the families substitute it where they unpack), and ``live`` =
     inside the row and not masked."""
     p_k, p_tr, p_bv, p_m = fields[2], fields[3], fields[4], fields[5]
     if p_m is None:
         live = ok
     else:
         live = ok & (tl.load(p_m + off, mask=ok, other=0) != 0)
-    k = load_flag(p_k, off, ok, live, ACC)
-    tr = load_flag(p_tr, off, ok, live, ACC)
+    k = load_flag(p_k, off, ok, None if p_m is None else live, ACC)
+    tr = load_flag(p_tr, off, ok, None if p_m is None else live, ACC)
     if p_bv is None:
         boot = tl.zeros(off.shape, ACC)
     else:
@@ -152,13 +170,14 @@ def combine_pair_lanes(p1, q1, s1, a1, w1, p2, q2, s2, a2, w2):
 
 @triton.jit
 def identity_where(e, live, PAIR: tl.constexpr):
-    """The map ``e`` where ``live``, the identity elsewhere (broadcast to ``live``'s shape)."""
-    z = tl.zeros(live.shape, e[0].dtype)
+    """The map ``e`` where ``live``, the identity elsewhere (broadcast to ``live``'s shape by the select
+    itself: an explicit ``+ 0`` per component costs an add per element that the compiler keeps,
+    ``−0 + 0`` being ``+0``)."""
     if PAIR:
-        return (tl.where(live, e[0] + z, 1.0), tl.where(live, e[1] + z, 0.0), tl.where(live, e[2] + z, 1.0),
-                tl.where(live, e[3] + z, 0.0), tl.where(live, e[4] + z, 0.0))
+        return (tl.where(live, e[0], 1.0), tl.where(live, e[1], 0.0), tl.where(live, e[2], 1.0),
+                tl.where(live, e[3], 0.0), tl.where(live, e[4], 0.0))
     else:
-        return tl.where(live, e[0] + z, 0.0), tl.where(live, e[1] + z, 1.0)
+        return tl.where(live, e[0], 0.0), tl.where(live, e[1], 1.0)
 
 
 @triton.jit
@@ -388,10 +407,29 @@ def _scan_steps(start, lanes, row_ok, T, REVERSE: tl.constexpr, FLIP: tl.constex
 
 
 @triton.jit
-def _scan(fam, x, STEP: tl.constexpr, PAIR: tl.constexpr, REVERSE: tl.constexpr, ACC: tl.constexpr):
+def _fold(e, at, cu, cv, PAIR: tl.constexpr):
+    """The maps ``e`` with the carry ``(cu, cv)`` ([BLOCK_N]) applied to the one at ``at`` (the chunk's
+    first lane in scan order: a step past the row's end there is the identity and hands the carry on,
+    as does a masked step), so that the scan's inclusive maps hold the states themselves in their
+    additive components: no map is applied after the scan, and the multiplicative components are dead
+    after it (the compiler drops them, Triton's flips of a reverse scan included). The first map's
+    multiplicative components stay: no composite's additive component reads them."""
+    if PAIR:
+        return (e[0], e[1], e[2], tl.where(at, e[3] + e[0] * cu[:, None] + e[1] * cv[:, None], e[3]),
+                tl.where(at, e[4] + e[2] * cv[:, None], e[4]))
+    else:
+        return tl.where(at, e[0] + e[1] * cu[:, None], e[0]), e[1]
+
+
+@triton.jit
+def _scan(fam, x, at, cu, cv, STEP: tl.constexpr, PAIR: tl.constexpr, REVERSE: tl.constexpr, FOLD: tl.constexpr,
+          ACC: tl.constexpr):
     """Inclusive scan over the chunk (axis 1) of the maps of the steps whose values are ``x``, in lane
-    order or (``REVERSE``) against it."""
+    order or (``REVERSE``) against it; ``FOLD``: the carry ``(cu, cv)`` folded into the map at ``at``
+    first (:func:`_fold`), so that the scan gives the states."""
     e = STEP(fam, x, ACC)
+    if FOLD:
+        e = _fold(e, at, cu, cv, PAIR)
     if PAIR:
         return tl.associative_scan(e, 1, combine_pair_lanes, reverse=REVERSE)
     else:
@@ -401,13 +439,14 @@ def _scan(fam, x, STEP: tl.constexpr, PAIR: tl.constexpr, REVERSE: tl.constexpr,
 @triton.jit
 def _finish(fam, geo, e, cu, cv, end, start, rows, row_ok, p_co, LOAD: tl.constexpr, EMIT: tl.constexpr,
             MODE: tl.constexpr, REVERSE: tl.constexpr, FLIP: tl.constexpr, ACC: tl.constexpr, BLOCK_T: tl.constexpr,
-            SHIFT_LOAD: tl.constexpr):
+            SHIFT_LOAD: tl.constexpr, FOLD: tl.constexpr):
     """A chunk's scan ``e`` applied to the carry into it; the state ``EMIT`` reads at every lane (the
     inclusive one if the family's scan is its output; else the exclusive one: the scan of the
     neighbours' maps itself with ``SHIFT_LOAD``, or the inclusive one shifted by a lane in
     registers); the outputs written from the steps' fields (``LOAD``); the row's carry out stored
     by the chunk that holds its edge step. Returns the inclusive state (what the next chunk in scan
-    order starts from)."""
+    order starts from). ``FOLD``: the carry was folded into the scan (:func:`_fold`): ``e`` holds the
+    states already."""
     PAIR: tl.constexpr = MODE[0]
     CARRY2: tl.constexpr = MODE[1]
     INCLUSIVE: tl.constexpr = MODE[2]
@@ -415,7 +454,15 @@ def _finish(fam, geo, e, cu, cv, end, start, rows, row_ok, p_co, LOAD: tl.conste
     lanes = tl.arange(0, BLOCK_T)[None, :]
     o = steps(start, lanes, REVERSE, FLIP, BLOCK_T)
     ok = row_ok[:, None] & (o < T)
-    iu, iv = apply(e, cu[:, None], cv[:, None], PAIR)
+    if FOLD:
+        if PAIR:
+            iu = e[3]
+            iv = e[4]
+        else:
+            iu = e[0]
+            iv = cv[:, None] + tl.zeros_like(e[0])
+    else:
+        iu, iv = apply(e, cu[:, None], cv[:, None], PAIR)
     if INCLUSIVE or SHIFT_LOAD:
         zu = iu
         zv = iv
@@ -506,9 +553,11 @@ def drive(fam, R, T, F, strides, p_ci, p_co, p_ws, LOAD: tl.constexpr, STEP: tl.
     s_n, s_t, s_on, s_ot = strides
     geo = ((rows // F)[:, None], (rows % F)[:, None], F, s_n, s_t, s_on, s_ot, T)
     SCAN_REV: tl.constexpr = REVERSE and not FLIP  # the scan runs against lane order
-    if SCAN_REV:
+    if SCAN_REV:  # the chunk's first and last lane in scan order
+        FIRST: tl.constexpr = BLOCK_T - 1
         EDGE: tl.constexpr = 0
     else:
+        FIRST: tl.constexpr = 0
         EDGE: tl.constexpr = BLOCK_T - 1
     if SHIFT_LOAD and not INCLUSIVE:
         if REVERSE:
@@ -524,9 +573,9 @@ def drive(fam, R, T, F, strides, p_ci, p_co, p_ws, LOAD: tl.constexpr, STEP: tl.
     if PASS == ONE_CHUNK:
         o_s, ok_s = _scan_steps(0, lanes, row_ok, T, REVERSE, FLIP, BLOCK_T, D)
         x = LOAD(fam, geo, o_s, ok_s, end, ACC)
-        e = _scan(fam, x, STEP, PAIR, SCAN_REV, ACC)
+        e = _scan(fam, x, lanes == FIRST, cu, cv, STEP, PAIR, SCAN_REV, True, ACC)
         _finish(fam, geo, e, cu, cv, end, 0, rows, row_ok, p_co, LOAD, EMIT, MODE, REVERSE, FLIP, ACC, BLOCK_T,
-                SHIFT_LOAD)
+                SHIFT_LOAD, True)
     elif PASS == WALK:
         for i in range(0, NUM_SEG):
             if REVERSE:
@@ -535,9 +584,10 @@ def drive(fam, R, T, F, strides, p_ci, p_co, p_ws, LOAD: tl.constexpr, STEP: tl.
                 start = i * BLOCK_T
             o_s, ok_s = _scan_steps(start, lanes, row_ok, T, REVERSE, FLIP, BLOCK_T, D)
             x = LOAD(fam, geo, o_s, ok_s, end, ACC)
-            e = _scan(fam, x, STEP, PAIR, SCAN_REV, ACC)
+            e = _scan(fam, x, lanes == FIRST, cu, cv, STEP, PAIR, SCAN_REV, True,
+                      ACC)
             iu, iv = _finish(fam, geo, e, cu, cv, end, start, rows, row_ok, p_co, LOAD, EMIT, MODE, REVERSE,
-                             FLIP, ACC, BLOCK_T, SHIFT_LOAD)
+                             FLIP, ACC, BLOCK_T, SHIFT_LOAD, True)
             if i + 1 < NUM_SEG:  # the state at the chunk's edge carries into the next chunk
                 cu = _edge(iu, lanes, EDGE)
                 if PAIR:
@@ -553,7 +603,7 @@ def drive(fam, R, T, F, strides, p_ci, p_co, p_ws, LOAD: tl.constexpr, STEP: tl.
         p_slot = p_ws + slot * (W * BLOCK_N)
         o_s, ok_s = _scan_steps(start, lanes, row_ok, T, REVERSE, FLIP, BLOCK_T, D)
         x = LOAD(fam, geo, o_s, ok_s, end, ACC)
-        e = _scan(fam, x, STEP, PAIR, SCAN_REV, ACC)
+        e = _scan(fam, x, lanes, cu, cv, STEP, PAIR, SCAN_REV, False, ACC)  # the carry is found after the scan
         if PASS == OUTPUTS:  # the carry resolved by the earlier passes: the predecessor's inclusive state
             if rank > 0:
                 cu, cv = _load_state(p_ws + (slot - 1) * (W * BLOCK_N), o_b, BLOCK_N, PAIR)
@@ -570,4 +620,4 @@ def drive(fam, R, T, F, strides, p_ci, p_co, p_ws, LOAD: tl.constexpr, STEP: tl.
                 cu, cv = _look_back(p_ws, p_flag, tile, rank, NUM_SEG, g, cu, cv, BLOCK_N, PAIR, ACC)
         if PASS != AGGREGATES:
             _finish(fam, geo, e, cu, cv, end, start, rows, row_ok, p_co, LOAD, EMIT, MODE, REVERSE, FLIP, ACC, BLOCK_T,
-                    SHIFT_LOAD)
+                    SHIFT_LOAD, False)

@@ -34,6 +34,8 @@ def _load(fam, geo, o, ok, end, ACC: tl.constexpr):
 def _step(fam, x, ACC: tl.constexpr):
     gamma = fam[2][0]
     r, v, k, tr, boot, live, q, c = x
+    if fam[0][3] is None or fam[0][4] is None:  # no step reads one (core.boundary)
+        boot = None
     return core.identity_where(retrace_step(r, v, k, tr, boot, q, c, gamma), live, False)
 
 
@@ -43,7 +45,9 @@ def _emit(fam, geo, o, ok, x, z, ACC: tl.constexpr):
     p_out = fam[1][0]
     zu = z[0]
     r, v, k, tr, boot, live, q, c = x
-    tl.store(p_out + core.out_offsets(geo, o), tl.where(live, lambda_out(r, k, tr, boot, gamma, zu), 0.0).to(p_out.dtype.element_ty),
+    if fam[0][3] is None or fam[0][4] is None:  # no step reads one (core.boundary)
+        boot = None
+    tl.store(p_out + core.out_offsets(geo, o), core.masked(lambda_out(r, k, tr, boot, gamma, zu), live, fam[0][5]).to(p_out.dtype.element_ty),
              mask=ok)
     a, b = retrace_step(r, v, k, tr, boot, q, c, gamma)
     return tl.where(live, a + b * zu, zu), zu

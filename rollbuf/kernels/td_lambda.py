@@ -48,6 +48,8 @@ def _load(fam, geo, o, ok, end, ACC: tl.constexpr):
 def _step(fam, x, ACC: tl.constexpr):
     gamma, lam = fam[2]
     r, v, k, tr, boot, live, v_next = x
+    if fam[0][3] is None or fam[0][4] is None:  # no step reads one (core.boundary)
+        boot = None
     a, b = lambda_step(r, v, k, tr, boot, gamma, lam)
     if fam[0][5] is None:  # the maps of G: α = lambda_out(…, (1−λ)V_{t+1}), β = γλ·nd
         return core.identity_where((lambda_out(r, k, tr, boot, gamma, (1.0 - lam) * v_next), b), live, False)
@@ -61,6 +63,8 @@ def _emit(fam, geo, o, ok, x, z, ACC: tl.constexpr):
     gamma, lam = fam[2]
     p_adv, p_ret = fam[1]
     r, v, k, tr, boot, live, v_next = x
+    if fam[0][3] is None or fam[0][4] is None:  # no step reads one (core.boundary)
+        boot = None
     o_out = core.out_offsets(geo, o)
     if fam[0][5] is None:
         g = z[0]
@@ -70,9 +74,9 @@ def _emit(fam, geo, o, ok, x, z, ACC: tl.constexpr):
         a, b = lambda_step(r, v, k, tr, boot, gamma, lam)
         z_t = tl.where(live, a + b * z[0], z[0])
     if p_adv is not None:
-        tl.store(p_adv + o_out, tl.where(live, g - v, 0.0).to(p_adv.dtype.element_ty), mask=ok)
+        tl.store(p_adv + o_out, core.masked(g - v, live, fam[0][5]).to(p_adv.dtype.element_ty), mask=ok)
     if p_ret is not None:
-        tl.store(p_ret + o_out, tl.where(live, g, 0.0).to(p_ret.dtype.element_ty), mask=ok)
+        tl.store(p_ret + o_out, core.masked(g, live, fam[0][5]).to(p_ret.dtype.element_ty), mask=ok)
     return z_t, z_t
 
 

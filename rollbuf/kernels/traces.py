@@ -38,8 +38,8 @@ def _load(fam, geo, o, ok, end, ACC: tl.constexpr):
     if fields[5] is None:
         before = ok & (o >= 1)
         off_p = core.offsets(geo, o - 1)
-        k_prev = core.load_flag(fields[2], off_p, before, before, ACC)
-        tr_prev = core.load_flag(fields[3], off_p, before, before, ACC)
+        k_prev = core.load_flag(fields[2], off_p, before, None, ACC)
+        tr_prev = core.load_flag(fields[3], off_p, before, None, ACC)
     else:
         k_prev = k
         tr_prev = tr
@@ -72,7 +72,7 @@ def _emit(fam, geo, o, ok, v, z, ACC: tl.constexpr):
         e = trace_out(x, decay, zu)
         a, b = trace_step(x, k, tr, decay)
         f_t = tl.where(live, a + b * zu, zu)
-    tl.store(p_out + core.out_offsets(geo, o) * F + f, tl.where(live, e, 0.0).to(p_out.dtype.element_ty), mask=ok)
+    tl.store(p_out + core.out_offsets(geo, o) * F + f, core.masked(e, live, fam[0][5]).to(p_out.dtype.element_ty), mask=ok)
     return f_t, f_t
 
 

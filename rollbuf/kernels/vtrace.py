@@ -49,6 +49,8 @@ def _load(fam, geo, o, ok, end, ACC: tl.constexpr):
 def _step(fam, x, ACC: tl.constexpr):
     gamma = fam[2][0]
     r, v, k, tr, boot, live, rho, c, rho_pg, v_next = x
+    if fam[0][3] is None or fam[0][4] is None:  # no step reads one (core.boundary)
+        boot = None
     p, q, s, a, w = vtrace_step(r, v, k, tr, boot, rho, c, gamma)
     if fam[0][5] is None:  # the scalar maps of u
         return core.identity_where((a + q * v_next, p), live, False)
@@ -66,6 +68,8 @@ def _emit(fam, geo, o, ok, x, z, ACC: tl.constexpr):
     gamma = fam[2][0]
     p_vs, p_pg = fam[1]
     r, v, k, tr, boot, live, rho, c, rho_pg, v_next = x
+    if fam[0][3] is None or fam[0][4] is None:  # no step reads one (core.boundary)
+        boot = None
     o_out = core.out_offsets(geo, o)
     if fam[3]:  # READBACK: the scan is u itself (no mask, rows not walked)
         u = z[0]
@@ -83,8 +87,8 @@ def _emit(fam, geo, o, ok, x, z, ACC: tl.constexpr):
         if fam[0][5] is None:
             zv = v_next
         vs, pg = vtrace_out(r, v, k, tr, boot, rho, c, rho_pg, gamma, zu, zv)
-        tl.store(p_vs + o_out, tl.where(live, vs, 0.0).to(p_vs.dtype.element_ty), mask=ok)
-        tl.store(p_pg + o_out, tl.where(live, pg, 0.0).to(p_pg.dtype.element_ty), mask=ok)
+        tl.store(p_vs + o_out, core.masked(vs, live, fam[0][5]).to(p_vs.dtype.element_ty), mask=ok)
+        tl.store(p_pg + o_out, core.masked(pg, live, fam[0][5]).to(p_pg.dtype.element_ty), mask=ok)
         p0, q0, s0, a0, w0 = vtrace_step(r, v, k, tr, boot, rho, c, gamma)
         return tl.where(live, a0 + p0 * zu + q0 * zv, zu), tl.where(live, w0 + s0 * zv, zv)
 
