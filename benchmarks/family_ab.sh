@@ -51,7 +51,7 @@ for part in ${@:-vtrace advantages traces short many flip vwarps}; do
     *) echo "unknown part $part"; exit 2 ;;
   esac
 done
-if [ -d .gpu_stage_old ] && [ -n "${AB_OLD:-}" ]; then
+if [ -d .gpu_stage_old ] && [ -n "${AB_OLD:-}" ] && [[ " ${*:-traces} " == *" traces "* ]]; then
   echo "== ab traces_old"
   (cd .gpu_stage_old && python3 -m rollbuf.bench --experiment ab --out "$OUT/traces_old" --cases "$TR" 2>&1 | tail -15)
 fi
