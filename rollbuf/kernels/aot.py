@@ -13,8 +13,9 @@ It checks compilation only: numerics are tested under the interpreter and on the
 
 ``--counts`` compiles the selected variants as the JIT specialises a call with aligned tensors
 (pointer and integer arguments divisible by 16, which lets it vectorise loads) and prints their PTX
-instruction, shuffle, barrier, global load (vector loads) and store counts: a static look at a
-kernel, not a timing.
+instruction, shuffle, barrier, global load (vector loads) and store counts, and the machine code's
+instruction and shuffle counts (``sass``, ``sass_shuffles``; ``ptxas`` drops dead code the PTX
+still holds): a static look at a kernel, not a timing.
 
 Must run without ``TRITON_INTERPRET`` (the interpreter replaces ``triton.jit`` functions).
 """
@@ -227,6 +228,29 @@ def ptx_counts(ptx: str) -> dict:
                 vector_loads=sum(1 for x in ins if x.startswith("ld.global") and ".v" in x), stores=n("st.global"))
 
 
+def sass_counts(cubin: bytes) -> dict:
+    """Machine instruction and shuffle counts of a cubin, disassembled by the ``nvdisasm`` shipped in
+    Triton's wheel (empty where it is missing). ``ptxas`` drops what the PTX computes and nothing
+    reads (the flip-back of a reverse scan's dead components, say), so these can differ from the
+    PTX counts."""
+    import os
+    import subprocess
+    import tempfile
+
+    import triton.backends.nvidia as nv
+
+    tool = os.path.join(os.path.dirname(nv.__file__), "bin", "nvdisasm")
+    if not os.path.exists(tool):
+        return {}
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        out = subprocess.run([tool, f.name], capture_output=True, text=True, check=True).stdout
+    ins = [x for x in out.splitlines() if x.strip().startswith("/*") and not any(
+        d in x for d in (".byte", ".word", ".short"))]
+    return dict(sass=len(ins), sass_shuffles=sum("SHFL" in x for x in ins))
+
+
 def _interpreted() -> bool:
     from rollbuf.kernels.resolve import resolve_kernel
 
@@ -255,7 +279,7 @@ def count_one(v: dict, arch: int = 90) -> tuple[str, dict, str]:
                            target=GPUTarget("cuda", arch, 32), options=dict(num_warps=warps))
     except Exception as e:  # reported per variant
         return v["name"], {}, _error(e)
-    return v["name"], ptx_counts(k.asm["ptx"]), ""
+    return v["name"], {**ptx_counts(k.asm["ptx"]), **sass_counts(k.asm["cubin"])}, ""
 
 
 def compile_one(v: dict, arch: int = 90) -> tuple[str, float, str]:
