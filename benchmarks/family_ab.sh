@@ -35,7 +35,7 @@ VS="default=,w2=ROLLBUF_K_NUM_WARPS=2,w8=ROLLBUF_K_NUM_WARPS=8,bn1=ROLLBUF_K_BLO
 FOLD="$(s advantages term-only 4096x128 16384x128 2048x512 512x1024 512x4096 2048x2048 8192x4096 32768x8 1x1048576),$(s gae term-only 4096x128 2048x2048 8192x4096),$(s advantages mask 4096x128 2048x2048),$(s vtrace term-only 4096x128 32768x16 2048x1024 2048x2048 8192x2048),$(s vtrace term+trunc 2048x2048),$(s vtrace mask 4096x128 2048x2048),$(s retrace term-only 2048x2048),$(s eligibility_traces term-only 512x512 8192x4096)"
 FOLD_MANY="$(s advantages term-only 8192x4096 16384x4096),$(s gae term-only 8192x4096)"
 run() { local label=$1; shift; echo "== ab $label"; python3 -m rollbuf.bench --experiment ab --out "$OUT/$label" "$@" 2>&1 | tail -25; }
-for part in ${@:-vtrace advantages traces short many flip vwarps}; do
+for part in ${@:-vtrace advantages traces short many flip vwarps fold}; do
   case $part in
     vtrace) run vtrace --cases "$VT" --variants "$V" ;;
     advantages) run advantages --cases "$ADV" --variants "$V" ;;

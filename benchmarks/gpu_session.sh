@@ -31,7 +31,7 @@ for step in "$@"; do
     ab*) IFS=: read -r _ parts <<<"$step"  # ab or ab:PART,PART (benchmarks/family_ab.sh)
       bash benchmarks/family_ab.sh ${parts//,/ } 2>&1 | tee "$OUT/ab.log" ;;
     tests) limit=${TESTS_TIMEOUT_S:-540}  # or what is left before $TESTS_DEADLINE (seconds since the epoch)
-      [ -n "${TESTS_DEADLINE:-}" ] && limit=$(( TESTS_DEADLINE - $(date +%s) ))
+      [ -n "${TESTS_DEADLINE:-}" ] && limit=$(( TESTS_DEADLINE - $(date +%s) )) && [ "$limit" -lt 1 ] && limit=1
       echo "tests: $limit s"; timeout "$limit" python3 -m pytest -v -n 14 -p no:cacheprovider -rfE tests/test_kernels.py tests/test_kernel_launch.py \
              tests/test_compile.py tests/test_autograd.py tests/test_windows.py tests/test_edge_cases.py \
              tests/test_new_estimator.py tests/test_lookback_order.py tests/test_rollout.py tests/test_repeated_calls.py > "$OUT/gpu_tests.log" 2>&1; echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)| (FAILED|ERROR) " "$OUT/gpu_tests.log" | head -30; tail -3 "$OUT/gpu_tests.log" ;;

@@ -10,7 +10,10 @@ forward), i.e. an *exclusive* scan. Choosing the state this way removes every "n
   of the next *unmasked* step flows through them unchanged;
 * the window-end bootstrap of every backward estimator enters the **scan carry** ``Z_T`` and never a
   local ``α`` (a step that is *truncated* reads ``bootstrap_values[t]`` in its local term and
-  stops the scan, ``β_t = 0``, so the carry cannot be counted twice);
+  stops the scan, ``β_t = 0``, so the carry cannot be counted twice). A fused kernel may apply
+  the carry to the first map in scan order before the scan rather than to the scanned maps after it
+  (:func:`rollbuf.kernels.core._fold`): that map becomes ``α + β·Z_T``, the same composition, the
+  carry still weighed once by that step's ``β``;
 * chaining two windows is passing one state: the carry out of a window is its state at its first
   step, ``Z_0``, and that is exactly the ``Z_T`` the preceding window needs.
 

@@ -123,6 +123,13 @@ def variants() -> list[dict]:
         out.append(dict(name=f"gae/row512{'-flip' if flip else ''}/fp32-adv-endcol", family="lambda",
                         carry_in=END_COLUMN, absent=("truncated", "bootstrap_values", "mask"), mode="row512",
                         cfg=(4, False, 1, 512, 4, flip), outs=("p_adv",)))
+    # rows held whole in one chunk with the window end's `[N]` column and no truncations or mask, as the
+    # table runs advantages at 4096 steps and V-trace and Retrace at 2048 (docs/benchmarks.md, the fold)
+    for name, family, bt, warps, outs in (("gae", "lambda", 4096, 16, ("p_adv",)), ("vtrace", "vtrace", 2048, 16, None),
+                                          ("retrace", "retrace", 2048, 8, None)):
+        v = dict(name=f"{name}/row{bt}/fp32-{'adv-' if outs else ''}endcol", family=family, carry_in=END_COLUMN,
+                 absent=("truncated", "bootstrap_values", "mask"), mode=f"row{bt}", cfg=(4, True, 1, bt, warps, False))
+        out.append(dict(v, outs=outs) if outs else v)
     # bf16 inputs, no flags, no mask
     for name in ("gae", "vtrace", "lambda_adjoint"):
         family, ci, absent = fams[name]
@@ -229,11 +236,12 @@ def ptx_counts(ptx: str) -> dict:
 
 
 def sass_counts(cubin: bytes) -> dict:
-    """Machine instruction and shuffle counts of a cubin, disassembled by the ``nvdisasm`` shipped in
-    Triton's wheel (empty where it is missing). ``ptxas`` drops what the PTX computes and nothing
-    reads (the flip-back of a reverse scan's dead components, say), so these can differ from the
-    PTX counts."""
+    """Machine instruction and shuffle counts of a cubin's code (its ``.text`` sections, alignment
+    ``NOP``\ s left out), disassembled by the ``nvdisasm`` shipped in Triton's wheel; empty where that
+    is missing or fails. ``ptxas`` drops what the PTX computes and nothing reads (the flip-back of a
+    reverse scan's dead components, say), so these can differ from the PTX counts."""
     import os
+    import re
     import subprocess
     import tempfile
 
@@ -245,9 +253,18 @@ def sass_counts(cubin: bytes) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        out = subprocess.run([tool, f.name], capture_output=True, text=True, check=True).stdout
-    ins = [x for x in out.splitlines() if x.strip().startswith("/*") and not any(
-        d in x for d in (".byte", ".word", ".short"))]
+        res = subprocess.run([tool, f.name], capture_output=True, text=True)
+    if res.returncode != 0:
+        return {}
+    ins, text = [], False
+    for line in res.stdout.splitlines():
+        x = line.strip()
+        if x.split()[:1] == [".section"]:
+            text = x.split()[1].startswith(".text.")
+            continue
+        m = re.match(r"/\*[0-9a-f]+\*/\s+(.*)", x)
+        if text and m and not m.group(1).startswith(".") and not m.group(1).startswith("NOP"):
+            ins.append(m.group(1))
     return dict(sass=len(ins), sass_shuffles=sum("SHFL" in x for x in ins))
 
 
@@ -266,7 +283,8 @@ def _error(e: Exception) -> str:
 
 
 def count_one(v: dict, arch: int = 90) -> tuple[str, dict, str]:
-    """Compile one family variant with aligned arguments; returns (name, PTX counts, error or '')."""
+    """Compile one family variant with aligned arguments; returns (name, PTX and machine-code counts
+    (:func:`ptx_counts`, :func:`sass_counts`), error or '')."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -316,7 +334,7 @@ def main(argv=None) -> int:
     ap.add_argument("--arch", type=int, default=90, help="compute capability (90: H100/H200)")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--only", default=None, help="substring of the variant names to compile")
-    ap.add_argument("--counts", action="store_true", help="PTX counts of the family variants, arguments aligned")
+    ap.add_argument("--counts", action="store_true", help="PTX and machine-code counts of the family variants, arguments aligned")
     args = ap.parse_args(argv)
     vs = [v for v in variants() if args.only is None or args.only in v["name"]]
     if args.counts:
