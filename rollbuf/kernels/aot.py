@@ -258,12 +258,12 @@ def sass_counts(cubin: bytes) -> dict:
         return {}
     ins, text = [], False
     for line in res.stdout.splitlines():
-        x = line.strip()
-        if x.split()[:1] == [".section"]:
-            text = x.split()[1].startswith(".text.")
+        words = line.split()
+        if words[:1] == [".section"]:
+            text = words[1].startswith(".text.")
             continue
-        m = re.match(r"/\*[0-9a-f]+\*/\s+(.*)", x)
-        if text and m and not m.group(1).startswith(".") and not m.group(1).startswith("NOP"):
+        m = re.match(r"/\*[0-9a-f]+\*/\s+(.*)", line.strip())
+        if text and m and not m.group(1).startswith((".", "NOP")):
             ins.append(m.group(1))
     return dict(sass=len(ins), sass_shuffles=sum("SHFL" in x for x in ins))
 
