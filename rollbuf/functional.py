@@ -105,6 +105,8 @@ def _cached(tag, name, arguments: dict, run):
 # The checks that read data run on every call; inputs that require grad take the autograd path;
 # other forced kernel choices take the full path. The cache holds shapes, never tensors.
 
+_is_compiling = torch.compiler.is_compiling
+
 _CALLS: dict = {}
 _CALLS_MAX = 1024
 _FIELDS, _CARRY = Problem._fields.index("fields"), Problem._fields.index("carry")
@@ -143,7 +145,7 @@ class _Repeat:
     call's scalars and the kernel's field slot of each argument."""
 
     __slots__ = ("estimator", "backend", "values", "take", "carry_arg", "carry_shape", "grads", "column",
-                 "launch", "slots", "n_slots", "scalars", "carry_in", "fast")
+                 "launch", "slots", "n_slots", "scalars", "carry_in", "fast", "go")
 
     @classmethod
     def build(cls, p: Problem, backend: str, tag, name, arguments: dict):
@@ -185,7 +187,7 @@ class _Repeat:
         differentiable = backends.autograd.differentiable_fields(p)
         self.grads = tuple(src for src, fname, _ in take if fname in differentiable)
         self.column = validation.checks_column(p)
-        self.launch = self.slots = self.scalars = self.carry_in = None
+        self.launch = self.slots = self.scalars = self.carry_in = self.go = None
         self.fast = False
         if backend == "triton" and p.family != Family.GENERIC and p.num_rows and p.num_steps:
             launch = backends.launch_for(p)  # built under the kernel choices forced now
@@ -219,7 +221,13 @@ class _Repeat:
             if ci is not None:
                 ci = arguments[ci]
                 ci = ci if ci.is_contiguous() else ci.contiguous()
-            outs, _ = launch(None, tuple(fields), ci, self.scalars)
+            go = self.go
+            if go:
+                outs, _ = go(tuple(fields), ci)
+            else:
+                outs, _ = launch(None, tuple(fields), ci, self.scalars)
+                if go is None:  # after the first run (compiled now): the lean launch, or False
+                    self.go = launch.lean(None, None, self.scalars) or False
             res = self.estimator.result
             return res(*outs) if res is not None else outs[0]
         flat = {}
@@ -311,7 +319,7 @@ class Bound:
         p = self.problem
         if self._column or validation.checking_finite():
             validation.recheck(p)
-        if (torch.compiler.is_compiling() or (torch.is_grad_enabled() and _any_requires_grad(self._grads))
+        if (_is_compiling() or (self._grads and torch.is_grad_enabled() and _any_requires_grad(self._grads))
                 or (self._launch is not None and not self._launch.current())):
             outs, cout = backends.run(p, self.backend)
         else:

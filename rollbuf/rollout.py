@@ -30,15 +30,27 @@ _STEP_FIELDS = ("rewards", "values", "terminated", "truncated", "log_probs", "bo
 _OWN = ("rewards", "values", "terminated", "truncated", "bootstrap_values", "mask")  # what _fields() passes
 _PLAIN = frozenset((int, float, bool, str, type(None), torch.dtype))  # arguments a bound call may be keyed on
 _OWN_SET = frozenset(_OWN)
+_NUMBERS = (float, int)  # γ and λ of the warm path (:meth:`Rollout._rerun`); bool is an int but not this type
 
 
-def _addresses(tensors) -> list:
-    return [None if t is None else t.data_ptr() for t in tensors]
+def _checks(tensors) -> tuple:
+    """``(name, tensor, storage address)`` of each own field a bound call holds (``None, None`` for
+    an absent one), as :func:`_still_bound` compares them."""
+    return tuple((n, t, None if t is None else t.data_ptr()) for n, t in zip(_OWN, tensors))
+
+
+def _still_bound(entries, checks) -> bool:
+    """Whether the backing TensorDict's ``entries`` hold the very tensors of ``checks`` at the same
+    storage addresses (a field given new storage in place, ``x.data = y``, is a new field)."""
+    for name, t, address in checks:
+        if entries.get(name) is not t or (address is not None and t.data_ptr() != address):
+            return False
+    return True
 
 
 class _BoundCalls(dict):
-    """A rollout's bound estimator calls by their arguments: ``(field tensors, their addresses,
-    Bound)``, the most recent :data:`MAX` of them. Bound to this rollout's tensors, so a copy of the
+    """A rollout's bound estimator calls by their arguments: ``(field tensors, their checks
+    (:func:`_checks`), Bound)``, the most recent :data:`MAX` of them. Bound to this rollout's tensors, so a copy of the
     rollout starts without any (they are rebuilt on its first call)."""
 
     MAX = 8  # e.g. gae and advantages at a few values of γ, λ
@@ -218,9 +230,9 @@ class Rollout:
             hit = None if bound is None else bound.get(key)
         except (TypeError, AttributeError):  # an unhashable argument, another storage
             return getattr(F, function)(**args, **(fields or self._fields()))
-        tensors = tuple(map(entries.get, _OWN))
-        if hit is not None and all(map(operator.is_, hit[0], tensors)) and hit[1] == _addresses(tensors):
+        if hit is not None and _still_bound(entries, hit[1]):
             return hit[2]()
+        tensors = tuple(map(entries.get, _OWN))
         own = self._fields()
         if any(own[n] is not t for n, t in zip(_OWN, tensors)):
             return getattr(F, function)(**args, **(fields or own))
@@ -228,20 +240,40 @@ class Rollout:
         if bound is None:
             bound = _BoundCalls()
             object.__setattr__(self, "_bound", bound)  # an instance attribute, not a field
-        bound.keep(key, (tensors, _addresses(tensors), b))
+        bound.keep(key, (tensors, _checks(tensors), b))
         return b()
+
+    def _rerun(self, key):
+        """The call bound under ``key`` (as :meth:`_estimate` keys it), run again, or ``None`` where
+        there is none or a field was replaced since: the warm path of a call with numbers only."""
+        bound = self.__dict__.get("_bound")
+        if bound is None:
+            return None
+        hit = bound.get(key)
+        if hit is None or torch.compiler.is_compiling():
+            return None
+        return hit[2]() if _still_bound(self._tensordict._tensordict, hit[1]) else None
+
+    def _td(self, function, gamma, lam, kw):
+        """``function(gamma, lam, **kw)`` of the TD(λ) family: a bound call with numbers only is
+        looked up under the key :meth:`_estimate` gives it, without building that key's parts."""
+        if not kw and type(gamma) in _NUMBERS and type(lam) in _NUMBERS:
+            r = self._rerun((function, ("gamma", gamma), ("lam", lam), type(gamma), type(lam)))
+            if r is not None:
+                return r
+        return self._estimate(function, dict(kw, gamma=gamma, lam=lam))
 
     def gae(self, gamma, lam, **kw):
         """GAE advantages and returns: :func:`rollbuf.functional.gae`."""
-        return self._estimate("gae", dict(kw, gamma=gamma, lam=lam))
+        return self._td("gae", gamma, lam, kw)
 
     def advantages(self, gamma, lam, **kw):
         """The default advantage estimator (GAE): :func:`rollbuf.functional.advantages`."""
-        return self._estimate("advantages", dict(kw, gamma=gamma, lam=lam))
+        return self._td("advantages", gamma, lam, kw)
 
     def lambda_returns(self, gamma, lam, **kw):
         """TD(λ) returns: :func:`rollbuf.functional.lambda_returns`."""
-        return self._estimate("lambda_returns", dict(kw, gamma=gamma, lam=lam))
+        return self._td("lambda_returns", gamma, lam, kw)
 
     def discounted_returns(self, gamma, bootstrap=True, **kw):
         """Discounted returns: :func:`rollbuf.functional.discounted_returns`."""

@@ -4,6 +4,7 @@ another device)."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import zlib
 
@@ -300,3 +301,170 @@ def test_compiled_launch_passes_hooks_only_when_they_call_something(monkeypatch,
     else:
         assert head == (12, 1, 1, "stream0", "function", "packed", "metadata", enter, leave)
         assert seen["metadata"] == ((12, 1, 1), "stream0", (*args, 7, 8))
+
+
+# ---- the lean launch: what a warm plan and a repeated call pass the compiled launcher ------------
+
+_OWN = ("rewards", "values", "terminated", "truncated", "bootstrap_values", "mask")
+
+
+def _own(f):
+    return {k: f[k] for k in _OWN}
+
+
+def _lean_cases():
+    f = _own(make(5, 23, "term+trunc", seed=11, device="cpu"))
+    col = dict(f, truncated=None, bootstrap_values=f["bootstrap_values"][:, -1].contiguous())
+    bf = {k: (v.to(torch.bfloat16) if v is not None and v.is_floating_point() else v) for k, v in f.items()}
+    lp = torch.randn(5, 23, generator=torch.Generator().manual_seed(2)) * 0.3
+    return {
+        "advantages": ("advantages", dict(gamma=0.97, lam=0.9), f),
+        "lambda_returns": ("lambda_returns", dict(gamma=0.97, lam=0.9), f),
+        "gae": ("gae", dict(gamma=0.97, lam=0.9), f),
+        "gae-column": ("gae", dict(gamma=0.97, lam=0.9), col),
+        "gae-bf16-fp32-out": ("gae", dict(gamma=0.97, lam=0.9, out_dtype=torch.float32), bf),
+        "vtrace": ("vtrace", dict(target_log_probs=lp + 0.1, log_probs=lp, gamma=0.97), f),
+        "discounted_returns": ("discounted_returns", dict(gamma=0.97), col),
+    }
+
+
+def _pretend_gpu(monkeypatch, hooks=(None, None)):
+    """A launch that believes it runs on cuda:0 with a compiled kernel whose launcher records its
+    arguments (no GPU needed): what reaches the launcher is what this checks."""
+    from rollbuf.kernels import host as H
+
+    rt = type("Runtime", (), {"launch_enter_hook": hooks[0], "launch_exit_hook": hooks[1]})()
+    monkeypatch.setattr(H, "_DRIVER", [(lambda device: f"stream{device}", rt)])
+    current = [0]  # the current device, as torch.cuda.current_device() gives it
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current[0])
+    seen = []
+
+    class Compiled:
+        def launch_metadata(self, grid, stream, *args):
+            return "metadata"
+
+    def launcher(*a):
+        seen.append(a)
+
+    def pretend(p):
+        from rollbuf import kernels
+
+        launch = H.Launch(p, kernels.host._FORCE.get())  # a fresh launch: the cache is not touched
+        launch.dev_index = 0
+        for k in launch.passes:
+            k.compiled = (launcher, "function", "packed", Compiled())
+        return launch
+
+    pretend.current = current
+    return pretend, seen
+
+
+def _same_arguments(lean_args, full_args, lean_outs):
+    """The lean launch passed what the full launch passed: the same grid, stream, fields, carry,
+    sizes, scalars and constexprs (the very objects or equal numbers), new output tensors laid out as
+    the full launch's, and those outputs are what it returned, in the order asked for."""
+    assert len(lean_args) == len(full_args)
+    fresh = []
+    for a, b in zip(lean_args, full_args):
+        if isinstance(b, torch.Tensor) and any(b is o for o in lean_outs[1]):
+            assert isinstance(a, torch.Tensor) and a is not b
+            assert (a.shape, a.stride(), a.dtype, a.device) == (b.shape, b.stride(), b.dtype, b.device)
+            fresh.append(a)
+        elif isinstance(b, tuple):  # the fields
+            assert len(a) == len(b) and all(x is y for x, y in zip(a, b))
+        elif isinstance(b, torch.Tensor) or b is None:
+            assert a is b
+        else:
+            assert type(a) is type(b) and a == b
+    assert fresh == list(lean_outs[0])
+
+
+@pytest.mark.parametrize("case", list(_lean_cases()))
+def test_lean_launch_passes_what_the_full_launch_passes(case, monkeypatch):
+    """A warm plan (a ``Rollout``'s bound call) and a repeated functional call launch the compiled
+    kernel through :meth:`Launch.lean`, which skips the per-call bookkeeping; it must hand the
+    launcher exactly the arguments the full path hands it, with fresh outputs."""
+    from rollbuf import functional
+
+    name, params, f = _lean_cases()[case]
+    est, kw = functional._arguments(name, dict(params, **f))
+    p, _ = functional._problem(est, **kw)
+    pretend, seen = _pretend_gpu(monkeypatch)
+    launch = pretend(p)
+    fields, ci, scalars = launch.inputs(p)
+    outs_full, _ = launch(p, fields, ci, scalars)
+    go = launch.lean(fields, ci, scalars)
+    assert go is not None
+    outs_lean, co = go()
+    assert co is None and len(outs_lean) == len(outs_full) == len(p.outputs)
+    _same_arguments(seen[1], seen[0], (outs_lean, outs_full))
+    # the same with the inputs given per call (rollbuf.functional's repeated calls)
+    outs_with, _ = launch.lean(None, None, scalars)(fields, ci)
+    _same_arguments(seen[2], seen[0], (outs_with, outs_full))
+
+
+def test_lean_launch_only_where_it_is_the_same_launch(monkeypatch):
+    """No lean launch where the launch has more to do (a carry out, split rows with scratch, the
+    interpreter, poisoned outputs, not yet compiled); under a profiler's hook or another current
+    device a lean launch takes the full path (the hook gets the launch's metadata)."""
+    from rollbuf import functional
+
+    f = _own(make(5, 23, "term+trunc", seed=12, device="cpu"))
+    kw = dict(gamma=0.97, lam=0.9, **f)
+    pretend, seen = _pretend_gpu(monkeypatch)
+    p, _ = functional._problem("gae", **kw)
+    launch = pretend(p)
+    go = launch.lean(*launch.inputs(p))
+    assert go is not None
+    assert pretend(functional._problem("gae", return_carry=True, **kw)[0]).lean(None, None, ()) is None
+    with K.forced(split=True, presolve=False, block_t=8):
+        assert pretend(p).lean(None, None, ()) is None  # look-back scratch
+    with K.forced(poison=True):
+        assert pretend(p).lean(None, None, ()) is None
+    cold = pretend(p)
+    cold.passes[0].compiled = None
+    assert cold.lean(None, None, ()) is None
+    assert K.launch_for(p).lean(None, None, ()) is None  # the interpreter (or a GPU launch not yet run)
+    x = torch.randn(5, 23)
+    traces, _ = functional._problem("eligibility_traces", x=x, gamma=0.9, lam=0.8, terminated=f["terminated"])
+    assert pretend(traces).lean(None, None, ()) is None  # the traces' final is a carry out
+    # a profiler's hook: the full path, which builds the metadata for it
+    hook = type("Chain", (), {"calls": [print]})()
+    from rollbuf.kernels import host as H
+
+    rt = H._DRIVER[0][1]  # Triton's runtime knobs: the hooks are read from it on every launch
+    rt.launch_enter_hook = hook
+    go()
+    assert seen[-1][6] == "metadata"
+    # another current device: the full path (which switches to the launch's device first)
+    rt.launch_enter_hook = None
+    switched = []
+
+    def device(d):  # torch.cuda.device(d): d becomes current
+        switched.append(d)
+        pretend.current[0] = d
+        return contextlib.nullcontext()
+
+    monkeypatch.setattr(torch.cuda, "device", device)
+    pretend.current[0] = 1
+    n = len(seen)
+    go()
+    assert switched == [0] and len(seen) == n + 1
+
+
+def test_plan_launches_lean_once_compiled(monkeypatch):
+    """A plan's first run goes through the full launch (compiling the kernel on a GPU); from the
+    second on it runs the lean launch, which passes the same arguments."""
+    from rollbuf import functional
+    from rollbuf.kernels import host as H
+
+    p, _ = functional._problem("advantages", gamma=0.97, lam=0.9,
+                               **_own(make(5, 23, "term+trunc", seed=13, device="cpu")))
+    pretend, seen = _pretend_gpu(monkeypatch)
+    monkeypatch.setattr(H, "launch_for", pretend)
+    plan = H.Plan(p)
+    assert plan._go is None
+    first = plan()
+    assert callable(plan._go)
+    again = plan()
+    _same_arguments(seen[1], seen[0], (again[0], first[0]))

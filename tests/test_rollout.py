@@ -319,16 +319,19 @@ def _same_results(a, b):
         torch.testing.assert_close(x, y, rtol=0, atol=0, equal_nan=True)
 
 
-@pytest.mark.parametrize("backend", ["torch", "numba", "reference"])
+@pytest.mark.parametrize("backend", ["torch", "numba", "reference", "auto"])
 @pytest.mark.parametrize("call", ["gae", "advantages", "lambda_returns", "discounted_returns", "monte_carlo"])
 def test_bound_call_follows_in_place_writes_and_replaced_fields(call, backend):
-    """The second call reads what ``record`` wrote in place since the first; a replaced field, other
-    arguments and another rollout each get their own call; every result equals the functional one."""
-    fn = {"gae": lambda ro, g: ro.gae(g, 0.8, backend=backend),
-          "advantages": lambda ro, g: ro.advantages(g, 0.8, backend=backend),
-          "lambda_returns": lambda ro, g: ro.lambda_returns(g, 0.8, backend=backend),
-          "discounted_returns": lambda ro, g: ro.discounted_returns(g, backend=backend),
-          "monte_carlo": lambda ro, g: ro.discounted_returns(g, bootstrap=False, backend=backend)}[call]
+    """The second call reads what ``record`` wrote in place since the first; a replaced field (also
+    one given new storage in place), other arguments and another rollout each get their own call;
+    every result equals the functional one. ``auto``: the calls name no backend, as a training loop
+    writes them (the warm path of γ and λ alone)."""
+    kw = {} if backend == "auto" else {"backend": backend}
+    fn = {"gae": lambda ro, g: ro.gae(g, 0.8, **kw),
+          "advantages": lambda ro, g: ro.advantages(g, 0.8, **kw),
+          "lambda_returns": lambda ro, g: ro.lambda_returns(g, 0.8, **kw),
+          "discounted_returns": lambda ro, g: ro.discounted_returns(g, **kw),
+          "monte_carlo": lambda ro, g: ro.discounted_returns(g, bootstrap=False, **kw)}[call]
 
     def functional(ro, g):
         f = ro._fields()
@@ -348,6 +351,11 @@ def test_bound_call_follows_in_place_writes_and_replaced_fields(call, backend):
     assert len(ro.__dict__["_bound"]) == 2
     ro.rewards = ro.rewards * 3  # a replaced field
     _same_results(fn(ro, 0.9), functional(ro, 0.9))
+    before = fn(ro, 0.9)
+    ro.rewards.data = ro.rewards.data * 2  # the same tensor object, new storage
+    _same_results(fn(ro, 0.9), functional(ro, 0.9))
+    assert not torch.equal((before if isinstance(before, tuple) else (before,))[0],
+                           (lambda r: r if isinstance(r, tuple) else (r,))(fn(ro, 0.9))[0])
     other = _bound_rollout(seed=1)
     _same_results(fn(other, 0.9), functional(other, 0.9))
     _same_results(fn(ro, 0.9), functional(ro, 0.9))
@@ -404,7 +412,7 @@ def test_bound_call_on_the_triton_backend_launches_the_kernel_plan():
 
     ro = _bound_rollout(n=4, t=37, seed=3, backend_device="cuda" if torch.cuda.is_available() else "cpu")
     adv = ro.advantages(0.9, 0.8, backend="triton")
-    (tensors, addresses, bound), = ro.__dict__["_bound"].values()
+    (tensors, checks, bound), = ro.__dict__["_bound"].values()
     assert isinstance(bound._run, kernels.Plan)
     def reference():
         cpu = {k: (None if v is None else v.cpu()) for k, v in ro._fields().items()}

@@ -668,6 +668,92 @@ class Launch:
                 ws[self.slot_values:].zero_()
         return (fields, *slots, carry_in, co, ws, *self.sizes, *scalars), outs, co, ws
 
+    def lean(self, fields: tuple | None, carry_in, scalars: tuple):
+        """A function running this launch with the kernel's compiled handle and no per-call
+        bookkeeping, or ``None`` where the launch is not that simple: one pass on a GPU, already
+        compiled, no scratch, no carry out, no poisoned outputs. ``fields`` given: ``go()`` runs on
+        them (a :class:`Plan`'s fixed inputs); ``None``: ``go(fields, carry_in)`` takes them per call
+        (``rollbuf.functional``'s repeated calls, whose layout matches the launch's). ``go`` returns
+        the outputs in the order asked for, as :meth:`__call__` does (its carry out is ``None``);
+        under another current device or a profiler's launch hooks it takes :meth:`__call__`'s path."""
+        if (self.empty or self.dev_index is None or len(self.passes) != 1 or self.scratch_len or self.want_carry
+                or self.poison or self.passes[0].compiled is None):
+            return None
+        k = self.passes[0]
+        run, function, meta, _ = k.compiled
+        get_stream, rt = _driver()
+        dev, grid, like_slot, n_out = self.dev_index, self.grid, self.like, len(self.out_names)
+        tail = (None, None, *self.sizes, *scalars, *k.const)  # the carry out and the scratch: none
+        current_device, empty_like = torch.cuda.current_device, torch.empty_like
+        slot_of = self.slot_of
+        full = self.__call__
+
+        def outputs(fs):
+            like = None if like_slot is None else fs[like_slot]
+            if like is None or type(like) is not torch.Tensor:
+                _, outs, _, _ = self.prepare(fs, None, scalars)  # (a subclass, or no field to copy)
+                return outs
+            return [empty_like(like) for _ in range(n_out)]
+
+        def slots(outs):
+            if slot_of is None:
+                return outs
+            sl = [None] * self.n_slots
+            for i, o in zip(slot_of, outs):
+                sl[i] = o
+            return sl
+
+        def plain() -> bool:
+            return (current_device() == dev and not _hooked(rt.launch_enter_hook)
+                    and not _hooked(rt.launch_exit_hook))
+
+        if fields is not None:
+            fixed = fields
+            like = None if like_slot is None else fixed[like_slot]
+            if like is not None and type(like) is torch.Tensor:
+                # the arguments as a template: each call fills the asked outputs' slots with new tensors
+                args = [fixed, *([None] * self.n_slots), carry_in, *tail]
+                at = tuple(1 + i for i in (range(n_out) if slot_of is None else slot_of))
+                if len(at) == 1:
+                    before, after = tuple(args[:at[0]]), tuple(args[at[0] + 1:])
+
+                    def go():  # the common case: one output, allocated like a field
+                        if not plain():
+                            return full(None, fixed, carry_in, scalars)
+                        o = empty_like(like)
+                        run(grid, 1, 1, get_stream(dev), function, meta, None, None, None, *before, o, *after)
+                        return (o,), None
+                    return go
+
+                def go():
+                    if not plain():
+                        return full(None, fixed, carry_in, scalars)
+                    a = args.copy()
+                    outs = []
+                    for i in at:
+                        o = a[i] = empty_like(like)
+                        outs.append(o)
+                    run(grid, 1, 1, get_stream(dev), function, meta, None, None, None, *a)
+                    return tuple(outs), None
+                return go
+
+            def go():
+                if not plain():
+                    return full(None, fixed, carry_in, scalars)
+                outs = outputs(fixed)
+                run(grid, 1, 1, get_stream(dev), function, meta, None, None, None, fixed, *slots(outs),
+                    carry_in, *tail)
+                return tuple(outs), None
+            return go
+
+        def go_with(fs, ci):
+            if not plain():
+                return full(None, fs, ci, scalars)
+            outs = outputs(fs)
+            run(grid, 1, 1, get_stream(dev), function, meta, None, None, None, fs, *slots(outs), ci, *tail)
+            return tuple(outs), None
+        return go_with
+
     def launch(self, args: tuple, ws, grid: int | None = None):
         """Run the launch's kernels on ``args`` (``grid``: a number of programs other than the whole)."""
         grid = self.grid if grid is None else grid
@@ -745,12 +831,12 @@ class Plan:
     or checking anything. Valid while those tensors are the call's tensors: drop it when a field is
     replaced or changes shape, dtype, strides or device."""
 
-    __slots__ = ("launch", "problem", "_inputs")
+    __slots__ = ("launch", "problem", "_inputs", "_go")
 
     def __init__(self, p: Problem):
         self.launch = launch_for(p)
         self.problem = p
-        self._inputs = None
+        self._inputs = self._go = None
         if not (self.launch.empty or self.launch.conv):
             inputs = self.launch.inputs(p)
             ci = inputs[1]
@@ -758,9 +844,15 @@ class Plan:
                 self._inputs = inputs
 
     def __call__(self):
+        go = self._go
+        if go:
+            return go()
         if self._inputs is None:
             return self.launch(self.problem)
-        return self.launch(self.problem, *self._inputs)
+        res = self.launch(self.problem, *self._inputs)
+        if go is None:  # after the first run (compiled now): the lean launch, or False where there is none
+            self._go = self.launch.lean(*self._inputs) or False
+        return res
 
 
 def run(p: Problem):
