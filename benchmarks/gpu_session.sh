@@ -2,7 +2,8 @@
 # One device call on the lent GPU: install the carried wheels, then run the named steps in order.
 #   bash benchmarks/gpu_session.sh STEP...      (ROLLBUF_COMMIT names the commit; OUT the results folder)
 # Steps: kernels (gate + GAE/V-trace timings + host + V-trace tile sweep, benchmarks/kernels_h200.py), host (the
-# host time at 4096x128 and its parts), old (the same
+# host time at 4096x128 and its parts), host-ab (the host time of this tree and of .gpu_stage_old/'s, alternated),
+# old (the same
 # timings of rollbuf's public calls from the tree in .gpu_stage_old/; new-quick: the same from this tree), peers[:i/k[:budget]] (the peers
 # grid, python -m rollbuf.bench --grid peers), ab (benchmarks/family_ab.sh), tests (the CUDA kernel test
 # matrix, cut at $TESTS_TIMEOUT_S seconds, or at $TESTS_DEADLINE, so that the summary comes back).
@@ -20,6 +21,21 @@ for step in "$@"; do
   case "$step" in
     kernels) python3 benchmarks/kernels_h200.py --out "$OUT" --part gate,time,vtrace,host,vsweep 2>&1 | tee "$OUT/kernels.log" ;;
     host) python3 benchmarks/kernels_h200.py --out "$OUT" --part host,hostparts 2>&1 | grep -v "^ " | tail -40 ;;
+    host-ab) for i in 1 2; do  # the host part of this tree and of .gpu_stage_old/'s, alternated, twice
+        python3 benchmarks/kernels_h200.py --out "$OUT/host_new$i" --part host 2>&1 | tail -2
+        PYTHONPATH=/tmp/site:$PWD/.gpu_stage_old python3 benchmarks/kernels_h200.py --out "$OUT/host_old$i" \
+          --impl old --part host 2>&1 | tail -2; done
+      python3 - "$OUT" <<'PY'
+import csv, glob, sys, collections
+t = collections.defaultdict(list)
+for f in sorted(glob.glob(sys.argv[1] + "/host_*/kernels_*.csv")):
+    for r in csv.DictReader(open(f)):
+        if r["part"] == "host":
+            t[(r["competitor"], r["impl"])].append(float(r["us"]))
+for (c, impl), v in sorted(t.items()):
+    print(f"host-ab {c:40s} {impl:4s} " + " ".join(f"{x:6.1f}" for x in v))
+PY
+      ;;
     kernels-quick) python3 benchmarks/kernels_h200.py --out "$OUT" --part time,vtrace,host 2>&1 | tee "$OUT/kernels.log" ;;
     new-quick) python3 benchmarks/kernels_h200.py --out "$OUT" --quick --part time,vtrace 2>&1 | tee "$OUT/kernels.log" | tail -40 ;;
     old) PYTHONPATH=/tmp/site:$PWD/.gpu_stage_old:$PWD/.peers/rl-triton-0.1.3/src python3 benchmarks/kernels_h200.py --out "$OUT" --impl old --quick \

@@ -529,21 +529,25 @@ def host(impl):
     import cProfile
     import pstats
 
+    from rollbuf import functional as F
+
     f = inputs(4096, 128, 0)
-    fns = {"F.gae": rb_gae(f)}
-    if impl == "new":
-        ro = rb_rollout(f)
-        fns.update({"kernels.run (adv+ret)": rb_plan_call(f, ("advantages", "returns"), bound=False),
-                    "plan() (adv+ret)": rb_plan_call(f, ("advantages", "returns")),
-                    "plan() (adv)": rb_plan_call(f, ("advantages",)),
-                    "Rollout.gae (adv+ret)": lambda: ro.gae(0.99, 0.95),
-                    "Rollout.advantages (adv)": lambda: ro.advantages(0.99, 0.95)})
+    ro = rb_rollout(f)
+    fns = {"F.gae": rb_gae(f),
+           "F.advantages": lambda: F.advantages(0.99, 0.95, rewards=f["rewards"], values=f["values"],
+                                                terminated=f["terminated"], bootstrap_values=f["last"]),
+           "kernels.run (adv+ret)": rb_plan_call(f, ("advantages", "returns"), bound=False),
+           "plan() (adv+ret)": rb_plan_call(f, ("advantages", "returns")),
+           "plan() (adv)": rb_plan_call(f, ("advantages",)),
+           "Rollout.gae (adv+ret)": lambda: ro.gae(0.99, 0.95),
+           "Rollout.advantages (adv)": lambda: ro.advantages(0.99, 0.95)}
+    if impl == "new":  # the peers once (an old tree's A/B times rollbuf's own calls)
         mod = rlt()
         if mod is not None:
             fns["rl-triton compute_gae (adv)"] = rlt_gae(f, mod)
         fns["naive kernel (adv), Triton's launcher"] = naive_kernel()(f, 16, 8, False)
     for name, fn in fns.items():
-        record(part="host", estimator="gae", n=4096, t=128, competitor=name, clock="host", us=host_us(fn))
+        record(part="host", estimator="gae", n=4096, t=128, competitor=name, clock="host", us=host_us(fn, passes=3))
     for name in ("F.gae", "Rollout.advantages (adv)"):
         if name not in fns:
             continue
