@@ -4,7 +4,7 @@
 # program, the whole row in one chunk, 8 or 16 warps, against the table), and the forward traces
 # (the kernel that scans the trace itself without a mask, against the tree in .gpu_stage_old/); and
 # the short rows of few environments still behind at f76f27e (rows per program and warps).
-#   bash benchmarks/family_ab.sh [PART...]  (vtrace advantages traces short many flip vwarps fold; default all; after
+#   bash benchmarks/family_ab.sh [PART...]  (vtrace advantages traces short many flip vwarps fold walk; default all; after
 #                                            benchmarks/gpu_session.sh's wheel install; OUT = results;
 #                                            AB_OLD=1: also the traces, and with fold its cases, with the tree
 #                                            in .gpu_stage_old/)
@@ -34,6 +34,9 @@ VS="default=,w2=ROLLBUF_K_NUM_WARPS=2,w8=ROLLBUF_K_NUM_WARPS=8,bn1=ROLLBUF_K_BLO
 # .gpu_stage_old/ (part fold, AB_OLD=1), and TD(λ) rows of 4096 steps held whole against the table
 FOLD="$(s advantages term-only 4096x128 16384x128 2048x512 512x1024 512x4096 2048x2048 8192x4096 32768x8 1x1048576),$(s gae term-only 4096x128 2048x2048 8192x4096),$(s advantages mask 4096x128 2048x2048),$(s vtrace term-only 4096x128 32768x16 2048x1024 2048x2048 8192x2048),$(s vtrace term+trunc 2048x2048),$(s vtrace mask 4096x128 2048x2048),$(s retrace term-only 2048x2048),$(s eligibility_traces term-only 512x512 8192x4096)"
 FOLD_MANY="$(s advantages term-only 8192x4096 16384x4096),$(s gae term-only 8192x4096)"
+# walked rows of many chunks (the fold puts each chunk's scan on the chain from chunk to chunk): env-major
+# rows longer than 4096 steps with many environments, and time-major tiles; this tree against .gpu_stage_old/
+WALK="$(s advantages term-only 1024x16384 4096x8192),$(s retrace term-only 2048x2048),$(s gae term-only 1024x16384),$(s vtrace term-only 1024x16384),$(s vtrace term+trunc 2048x8192),$(s retrace term-only 1024x16384),$(s eligibility_traces term-only 1024x16384),$(s advantages term-only 4096x128 16384x128 2048x2048 | sed 's/:term-only/:term-only:float32:time/g'),$(s vtrace term-only 4096x128 | sed 's/:term-only/:term-only:float32:time/g')"
 run() { local label=$1; shift; echo "== ab $label"; python3 -m rollbuf.bench --experiment ab --out "$OUT/$label" "$@" 2>&1 | tail -25; }
 for part in ${@:-vtrace advantages traces short many flip vwarps fold}; do
   case $part in
@@ -46,6 +49,10 @@ for part in ${@:-vtrace advantages traces short many flip vwarps fold}; do
     fold) run fold --cases "$FOLD"; run fold_many --cases "$FOLD_MANY" --variants "$V"
       if [ -d .gpu_stage_old ] && [ -n "${AB_OLD:-}" ]; then
         echo "== ab fold_old"; (cd .gpu_stage_old && python3 -m rollbuf.bench --experiment ab --out "$OUT/fold_old" --cases "$FOLD" 2>&1 | tail -40)
+      fi ;;
+    walk) run walk --cases "$WALK"
+      if [ -d .gpu_stage_old ] && [ -n "${AB_OLD:-}" ]; then
+        echo "== ab walk_old"; (cd .gpu_stage_old && python3 -m rollbuf.bench --experiment ab --out "$OUT/walk_old" --cases "$WALK" 2>&1 | tail -25)
       fi ;;
     flip) run flip --cases "$FLIP" --variants "table=ROLLBUF_K_FLIP=False,flip=ROLLBUF_K_FLIP=True,default=" ;;
     *) echo "unknown part $part"; exit 2 ;;
