@@ -4,7 +4,7 @@
 # program, the whole row in one chunk, 8 or 16 warps, against the table), and the forward traces
 # (the kernel that scans the trace itself without a mask, against the tree in .gpu_stage_old/); and
 # the short rows of few environments still behind at f76f27e (rows per program and warps).
-#   bash benchmarks/family_ab.sh [PART...]  (vtrace advantages traces short many flip vwarps fold walk; default all; after
+#   bash benchmarks/family_ab.sh [PART...]  (vtrace advantages traces short many flip vwarps fold walk short8 retrace; default all; after
 #                                            benchmarks/gpu_session.sh's wheel install; OUT = results;
 #                                            AB_OLD=1: also the traces, and with fold its cases, with the tree
 #                                            in .gpu_stage_old/)
@@ -37,6 +37,15 @@ FOLD_MANY="$(s advantages term-only 8192x4096 16384x4096),$(s gae term-only 8192
 # walked rows of many chunks (the fold puts each chunk's scan on the chain from chunk to chunk): env-major
 # rows longer than 4096 steps with many environments, and time-major tiles; this tree against .gpu_stage_old/
 WALK="$(s advantages term-only 1024x16384 4096x8192),$(s retrace term-only 2048x2048),$(s gae term-only 1024x16384),$(s vtrace term-only 1024x16384),$(s vtrace term+trunc 2048x8192),$(s retrace term-only 1024x16384),$(s eligibility_traces term-only 1024x16384),$(s advantages term-only 4096x128 16384x128 2048x2048 | sed 's/:term-only/:term-only:float32:time/g'),$(s vtrace term-only 4096x128 | sed 's/:term-only/:term-only:float32:time/g')"
+# rows of 8-16 steps with many environments (the naive kernel, 64 rows x 2 warps, ran GAE advantages
+# 32768x8 at 2.47 µs against the table's 32 rows x 4 warps at 2.63 at 7bce722): rows per program x warps
+SHORT8="$(s advantages term-only 4096x8 8192x8 16384x8 32768x8 16384x16 32768x16),$(s gae term-only 32768x8 32768x16),$(s lambda_returns term-only 32768x8),$(s vtrace term-only 32768x8 32768x16),$(s eligibility_traces term-only 32768x8)"
+V8="default=,bn64w2=ROLLBUF_K_BLOCK_N=64+ROLLBUF_K_NUM_WARPS=2,bn64w4=ROLLBUF_K_BLOCK_N=64+ROLLBUF_K_NUM_WARPS=4,bn32w2=ROLLBUF_K_BLOCK_N=32+ROLLBUF_K_NUM_WARPS=2,bn128w4=ROLLBUF_K_BLOCK_N=128+ROLLBUF_K_NUM_WARPS=4"
+# Retrace's rows of 1024-2048 steps (2048x2048 1.10x slower after the fold, tree against tree at 7bce722):
+# warps, 1024-step chunks and the neighbour's re-load against the table (one row per program, one
+# 2048-step chunk, 8 warps)
+RT="$(s retrace term-only 512x2048 2048x2048 8192x2048 2048x1024 8192x1024),$(s retrace term+trunc 2048x2048)"
+VR="default=,w4=ROLLBUF_K_NUM_WARPS=4,w16=ROLLBUF_K_NUM_WARPS=16,mc1024=ROLLBUF_K_MAX_CHUNK=1024,gather=ROLLBUF_K_SHIFT_LOAD=False"
 run() { local label=$1; shift; echo "== ab $label"; python3 -m rollbuf.bench --experiment ab --out "$OUT/$label" "$@" 2>&1 | tail -25; }
 for part in ${@:-vtrace advantages traces short many flip vwarps fold}; do
   case $part in
@@ -50,6 +59,8 @@ for part in ${@:-vtrace advantages traces short many flip vwarps fold}; do
       if [ -d .gpu_stage_old ] && [ -n "${AB_OLD:-}" ]; then
         echo "== ab fold_old"; (cd .gpu_stage_old && python3 -m rollbuf.bench --experiment ab --out "$OUT/fold_old" --cases "$FOLD" 2>&1 | tail -40)
       fi ;;
+    short8) run short8 --cases "$SHORT8" --variants "$V8" ;;
+    retrace) run retrace --cases "$RT" --variants "$VR" ;;
     walk) run walk --cases "$WALK"
       if [ -d .gpu_stage_old ] && [ -n "${AB_OLD:-}" ]; then
         echo "== ab walk_old"; (cd .gpu_stage_old && python3 -m rollbuf.bench --experiment ab --out "$OUT/walk_old" --cases "$WALK" 2>&1 | tail -25)
