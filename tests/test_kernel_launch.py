@@ -468,3 +468,27 @@ def test_plan_launches_lean_once_compiled(monkeypatch):
     assert callable(plan._go)
     again = plan()
     _same_arguments(seen[1], seen[0], (again[0], first[0]))
+
+
+def test_every_kernel_entry_and_helper_takes_at_most_24_parameters():
+    """The family kernels are small entries over shared helpers: no ``@triton.jit`` function of
+    ``rollbuf.kernels`` takes more than 24 parameters (the constexpr flags included), and every
+    family's entry is among them."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import rollbuf.kernels as kernels_pkg
+    from rollbuf.kernels.host import FAMILIES
+
+    counts = {}
+    for m in pkgutil.iter_modules(kernels_pkg.__path__):
+        mod = importlib.import_module(f"rollbuf.kernels.{m.name}")
+        for name, obj in vars(mod).items():
+            fn = getattr(obj, "fn", None)
+            if type(obj).__name__ in ("JITFunction", "InterpretedFunction") and inspect.isfunction(fn):
+                counts[f"{m.name}.{name}"] = len(inspect.signature(fn).parameters)
+    entries = {fam.kernel for fam in FAMILIES.values()}  # "module.function"
+    assert entries and entries <= set(counts), (entries, sorted(counts))
+    over = {k: n for k, n in counts.items() if n > 24}
+    assert not over, over

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import zlib
 
+import attrs
 import pytest
 import torch
 
@@ -197,13 +198,13 @@ def test_vtrace_read_back_in_either_lane_order(flip, force):
 
 @pytest.mark.parametrize("name,T", [("vtrace", 1030), ("vtrace", 2100), ("advantages", 2100), ("gae", 2100),
                                     ("discounted_returns", 2100), ("eligibility_traces", 2100),
-                                    ("episodic_sums", 2100)])
+                                    ("episodic_sums", 2100), ("retrace", 1030)])
 @pytest.mark.parametrize("mix", ["term+trunc", "term+trunc+mask"])
 def test_rows_held_whole(name, T, mix):
-    """Rows of 1024-4096 steps (V-trace), or 2049-4096 (the TD(λ) family where the table would split
-    them, one output or GAE's two; the traces), without a mask: one program holds a row whole in one
-    chunk (the strategy table's FAMILY_WHOLE_ROWS); with a mask, the table's chunks. NaN-poisoned
-    outputs, against the reference."""
+    """Rows of 1024-4096 steps (V-trace), 2049-4096 (the TD(λ) family where the table would split
+    them, one output or GAE's two; the traces) or 1025-2048 (Retrace, with 16 warps), without a mask:
+    one program holds a row whole in one chunk (the strategy table's FAMILY_WHOLE_ROWS); with a mask,
+    the table's chunks. NaN-poisoned outputs, against the reference."""
     f = make(3, T, mix, seed=zlib.crc32(f"whole-{name}-{T}-{mix}".encode()))
     with K.forced(block_t=None), _launches() as seen:
         if name == "advantages":
@@ -213,7 +214,9 @@ def test_rows_held_whole(name, T, mix):
             got = call(name, f, "triton")
     st = seen[-1].strategy
     held = (st.block_n, st.block_t, st.split, st.num_seg) == (1, 1 << (T - 1).bit_length(), False, 1)
-    if "mask" in mix:
+    if name == "retrace":  # the table's own program (one row, one 2048-step chunk), with 16 warps
+        assert held and st.num_warps == (8 if "mask" in mix else 16), st
+    elif "mask" in mix:
         assert not held and st.block_t <= 2048, st
     else:
         assert held, st
@@ -238,6 +241,14 @@ def test_rows_held_whole_only_where_measured():
     for forced in ({"block_t": 512}, {"split": True}, {"block_n": 2}, {"presolve": True}):
         st = H.strategy(128, 4096, True, whole_rows=lam, **forced)
         assert st.block_t != 4096, (forced, st)
+    # Retrace: the table's program for rows of 1025-2048 steps, with 16 warps; not at 1024 steps or
+    # fewer, not for walked or split rows, not time-major
+    rt = rule["retrace"]
+    for R, T in ((2048, 2048), (512, 2048), (8192, 2048), (128, 1025)):
+        table, st = H.strategy(R, T, True), H.strategy(R, T, True, whole_rows=rt)
+        assert attrs.evolve(table, num_warps=16) == st and table.num_warps == 8, (R, T, table, st)
+    for R, T, tc in ((2048, 1024, True), (8192, 4096, True), (128, 4096, True), (2048, 2048, False)):
+        assert H.strategy(R, T, tc, whole_rows=rt) == H.strategy(R, T, tc), (R, T, tc)
 
 
 def test_flip_rule_edges():

@@ -76,11 +76,18 @@ FAMILY_MAX_CHUNK = {"vtrace": 1024}
 # 19.2 -> 15.1 (held whole they had lost at 5055e67, before the returns were scanned themselves:
 # 512x4096 20.8 against 19.1 split). The returns-only calls are held whole as advantages are (same
 # bytes), never timed against the table: in that A/B both sides of them already ran held whole.
+# Retrace's rows of one 2048-step chunk: the table's program (one row, one chunk) with 16 warps instead
+# of 8. Measured on the H200 at a8a4d23 (results/ab_family_a8a4d23/retrace.csv, device µs, 8 -> 16 warps):
+# 2048x2048 48.3 -> 31.9, 8192x2048 164.2 -> 114.2, 512x2048 13.8 -> 9.9, with truncations 2048x2048
+# 45.4 -> 41.7; rows of 1024 steps lose with 16 warps (2048x1024 1.02x, 8192x1024 1.06x) and keep the
+# table. Rows of 1025-2047 steps (the same 2048-step program, its tail masked) and walked or split
+# rows of Retrace were not timed: the first follow the rows of 2048, the others keep the table.
 # (shortest row, longest row, only where the rows would be split, warps per chunk length, most outputs)
 FAMILY_WHOLE_ROWS = {
     "vtrace": (1024, 4096, False, ((1024, 8), (2048, 16), (4096, 16)), 2),
     "lambda": (2049, 4096, True, ((4096, 16),), 2),
     "trace": (2049, 4096, False, ((4096, 8),), 1),
+    "retrace": (1025, 2048, False, ((2048, 16),), 1),
 }
 # Split rows of at most this many rows take the three passes instead of the look-back chain. Measured
 # on the H200 at aab284d (results/ab_presolve_*_aab284d.csv): one row, the three passes win everywhere
