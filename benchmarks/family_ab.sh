@@ -47,7 +47,7 @@ V8="default=,bn64w2=ROLLBUF_K_BLOCK_N=64+ROLLBUF_K_NUM_WARPS=2,bn64w4=ROLLBUF_K_
 RT="$(s retrace term-only 512x2048 2048x2048 8192x2048 2048x1024 8192x1024),$(s retrace term+trunc 2048x2048)"
 VR="default=,w4=ROLLBUF_K_NUM_WARPS=4,w16=ROLLBUF_K_NUM_WARPS=16,mc1024=ROLLBUF_K_MAX_CHUNK=1024,gather=ROLLBUF_K_SHIFT_LOAD=False"
 run() { local label=$1; shift; echo "== ab $label"; python3 -m rollbuf.bench --experiment ab --out "$OUT/$label" "$@" 2>&1 | tail -25; }
-for part in ${@:-vtrace advantages traces short many flip vwarps fold}; do
+for part in ${@:-vtrace advantages traces short many flip vwarps fold walk short8 retrace}; do
   case $part in
     vtrace) run vtrace --cases "$VT" --variants "$V" ;;
     advantages) run advantages --cases "$ADV" --variants "$V" ;;

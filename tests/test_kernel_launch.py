@@ -379,6 +379,19 @@ def _same_arguments(lean_args, full_args, lean_outs):
     assert fresh == list(lean_outs[0])
 
 
+def _no_full_path(monkeypatch, launch=None):
+    """Make the full launch path fail (its launch step and the kernels' own call), so that a test
+    sees the lean launch taken rather than the full one handing over the same arguments."""
+    from rollbuf.kernels import host as H
+
+    def full(*a, **k):
+        raise AssertionError("the full launch path was taken")
+
+    monkeypatch.setattr(H.Kernel, "__call__", full)
+    if launch is not None:
+        monkeypatch.setattr(launch, "launch", full)
+
+
 @pytest.mark.parametrize("case", list(_lean_cases()))
 def test_lean_launch_passes_what_the_full_launch_passes(case, monkeypatch):
     """A warm plan (a ``Rollout``'s bound call) and a repeated functional call launch the compiled
@@ -395,6 +408,7 @@ def test_lean_launch_passes_what_the_full_launch_passes(case, monkeypatch):
     outs_full, _ = launch(p, fields, ci, scalars)
     go = launch.lean(fields, ci, scalars)
     assert go is not None
+    _no_full_path(monkeypatch, launch)  # from here on only the lean launch may reach the launcher
     outs_lean, co = go()
     assert co is None and len(outs_lean) == len(outs_full) == len(p.outputs)
     _same_arguments(seen[1], seen[0], (outs_lean, outs_full))
@@ -424,7 +438,7 @@ def test_lean_launch_only_where_it_is_the_same_launch(monkeypatch):
     cold = pretend(p)
     cold.passes[0].compiled = None
     assert cold.lean(None, None, ()) is None
-    assert K.launch_for(p).lean(None, None, ()) is None  # the interpreter (or a GPU launch not yet run)
+    assert K.launch_for(p).lean(None, None, ()) is None  # CPU tensors: no device to launch on
     x = torch.randn(5, 23)
     traces, _ = functional._problem("eligibility_traces", x=x, gamma=0.9, lam=0.8, terminated=f["terminated"])
     assert pretend(traces).lean(None, None, ()) is None  # the traces' final is a carry out
@@ -433,11 +447,12 @@ def test_lean_launch_only_where_it_is_the_same_launch(monkeypatch):
     from rollbuf.kernels import host as H
 
     rt = H._DRIVER[0][1]  # Triton's runtime knobs: the hooks are read from it on every launch
-    rt.launch_enter_hook = hook
-    go()
-    assert seen[-1][6] == "metadata"
+    for which in ("launch_enter_hook", "launch_exit_hook"):
+        setattr(rt, which, hook)
+        go()
+        assert seen[-1][6] == "metadata", which
+        setattr(rt, which, None)
     # another current device: the full path (which switches to the launch's device first)
-    rt.launch_enter_hook = None
     switched = []
 
     def device(d):  # torch.cuda.device(d): d becomes current
@@ -466,8 +481,42 @@ def test_plan_launches_lean_once_compiled(monkeypatch):
     assert plan._go is None
     first = plan()
     assert callable(plan._go)
+    _no_full_path(monkeypatch, plan.launch)
     again = plan()
     _same_arguments(seen[1], seen[0], (again[0], first[0]))
+
+
+def test_repeated_functional_call_launches_lean(monkeypatch):
+    """A repeated functional call on the fast path (here GAE with the ``[N]`` window-end column as
+    the kernel's carry in) launches lean from its second repeat on, with the arguments of the
+    repeat before it: the fields from this call's arguments, the column as the carry in."""
+    from rollbuf import functional
+    from rollbuf.kernels import host as H
+
+    pretend, seen = _pretend_gpu(monkeypatch)
+    launches = {}
+
+    def cached(p):  # one launch per signature, as the real cache keeps it
+        key = H.signature(p, H._FORCE.get())
+        if key not in launches:
+            launches[key] = pretend(p)
+        return launches[key]
+
+    monkeypatch.setattr(H, "launch_for", cached)
+    monkeypatch.setattr(K, "launch_for", cached)
+    monkeypatch.setattr(functional, "_CALLS", {})
+    f = _lean_cases()["gae-column"][2]
+
+    def call():
+        return tuple(F.gae(0.97, 0.9, **f, backend="triton"))
+
+    call()  # validated, the launch built and run (compiled, as far as the launcher knows)
+    second = call()  # the repeated path's first run: the launch itself
+    _no_full_path(monkeypatch)
+    third = call()  # lean
+    assert len(seen) == 3
+    _same_arguments(seen[2], seen[1], (third, second))
+    assert any(a is f["bootstrap_values"] for a in seen[2])  # the column, as the carry in
 
 
 def test_every_kernel_entry_and_helper_takes_at_most_24_parameters():

@@ -321,7 +321,7 @@ def _same_results(a, b):
 
 @pytest.mark.parametrize("backend", ["torch", "numba", "reference", "auto"])
 @pytest.mark.parametrize("call", ["gae", "advantages", "lambda_returns", "discounted_returns", "monte_carlo"])
-def test_bound_call_follows_in_place_writes_and_replaced_fields(call, backend):
+def test_bound_call_follows_in_place_writes_and_replaced_fields(call, backend, monkeypatch):
     """The second call reads what ``record`` wrote in place since the first; a replaced field (also
     one given new storage in place), other arguments and another rollout each get their own call;
     every result equals the functional one. ``auto``: the calls name no backend, as a training loop
@@ -347,13 +347,20 @@ def test_bound_call_follows_in_place_writes_and_replaced_fields(call, backend):
     assert len(ro.__dict__["_bound"]) == 1
     ro.record(3, rewards=torch.full((5,), 7.0), values=torch.full((5,), -2.0))  # in place
     _same_results(fn(ro, 0.9), functional(ro, 0.9))
+    if not kw and call in ("gae", "advantages", "lambda_returns"):
+        with monkeypatch.context() as m:  # the warm path finds the bound call by itself
+            m.setattr(Rollout, "_estimate", lambda *a, **k: pytest.fail("the warm path missed its bound call"))
+            _same_results(fn(ro, 0.9), functional(ro, 0.9))
     _same_results(fn(ro, 0.5), functional(ro, 0.5))  # other arguments: another bound call
     assert len(ro.__dict__["_bound"]) == 2
     ro.rewards = ro.rewards * 3  # a replaced field
     _same_results(fn(ro, 0.9), functional(ro, 0.9))
     before = fn(ro, 0.9)
+    bound_before = {id(e[2]) for e in ro.__dict__["_bound"].values()}
     ro.rewards.data = ro.rewards.data * 2  # the same tensor object, new storage
     _same_results(fn(ro, 0.9), functional(ro, 0.9))
+    newest = list(ro.__dict__["_bound"].values())[-1][2]
+    assert id(newest) not in bound_before  # bound again to the new storage
     assert not torch.equal((before if isinstance(before, tuple) else (before,))[0],
                            (lambda r: r if isinstance(r, tuple) else (r,))(fn(ro, 0.9))[0])
     other = _bound_rollout(seed=1)

@@ -237,7 +237,7 @@ def ptx_counts(ptx: str) -> dict:
 
 def sass_counts(cubin: bytes) -> dict:
     """Machine instruction and shuffle counts of a cubin's code (its ``.text`` sections, alignment
-    ``NOP``\ s left out), disassembled by the ``nvdisasm`` shipped in Triton's wheel; empty where that
+    ``NOP`` instructions left out), disassembled by the ``nvdisasm`` shipped in Triton's wheel; empty where that
     is missing or fails. ``ptxas`` drops what the PTX computes and nothing reads (the flip-back of a
     reverse scan's dead components, say), so these can differ from the PTX counts."""
     import os

@@ -80,8 +80,9 @@ FAMILY_MAX_CHUNK = {"vtrace": 1024}
 # of 8. Measured on the H200 at a8a4d23 (results/ab_family_a8a4d23/retrace.csv, device µs, 8 -> 16 warps):
 # 2048x2048 48.3 -> 31.9, 8192x2048 164.2 -> 114.2, 512x2048 13.8 -> 9.9, with truncations 2048x2048
 # 45.4 -> 41.7; rows of 1024 steps lose with 16 warps (2048x1024 1.02x, 8192x1024 1.06x) and keep the
-# table. Rows of 1025-2047 steps (the same 2048-step program, its tail masked) and walked or split
-# rows of Retrace were not timed: the first follow the rows of 2048, the others keep the table.
+# table. Timed in fp32 without a mask. Rows of 1025-2047 steps (the same 2048-step program, its tail
+# masked) and bf16/fp16/float64 calls take the rule untimed; walked or split rows of Retrace and
+# masked calls keep the table.
 # (shortest row, longest row, only where the rows would be split, warps per chunk length, most outputs)
 FAMILY_WHOLE_ROWS = {
     "vtrace": (1024, 4096, False, ((1024, 8), (2048, 16), (4096, 16)), 2),
@@ -835,8 +836,9 @@ def launch_for(p: Problem) -> Launch:
 class Plan:
     """A launch bound to one call's tensors, for a caller that owns them (``Rollout``): ``plan()``
     runs the estimator on their current contents (written in place between calls) without building
-    or checking anything. Valid while those tensors are the call's tensors: drop it when a field is
-    replaced or changes shape, dtype, strides or device."""
+    or checking anything; from its second run on through :meth:`Launch.lean` where the launch has
+    one (the compiled launcher on an argument template built once). Valid while those tensors are
+    the call's tensors: drop it when a field is replaced or changes shape, dtype, strides or device."""
 
     __slots__ = ("launch", "problem", "_inputs", "_go")
 
