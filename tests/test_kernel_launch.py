@@ -486,6 +486,29 @@ def test_plan_launches_lean_once_compiled(monkeypatch):
     _same_arguments(seen[1], seen[0], (again[0], first[0]))
 
 
+def test_a_copied_plan_runs_on_its_own_tensors(monkeypatch):
+    """A deep copy of a warm plan launches on the copied tensors (a plan's lean launch holds the
+    tensors it was built on, so a copy is bound again); a shallow copy on the same tensors."""
+    import copy
+
+    from rollbuf import functional
+    from rollbuf.kernels import host as H
+
+    f = _own(make(5, 23, "term+trunc", seed=14, device="cpu"))
+    p, _ = functional._problem("advantages", gamma=0.97, lam=0.9, **f)
+    pretend, seen = _pretend_gpu(monkeypatch)
+    monkeypatch.setattr(H, "launch_for", pretend)
+    plan = H.Plan(p)
+    plan()
+    plan()  # warm: lean
+    deep, shallow = copy.deepcopy(plan), copy.copy(plan)
+    deep(), deep()
+    assert seen[-1][9][0] is deep.problem.fields["rewards"] is not f["rewards"]
+    torch.testing.assert_close(deep.problem.fields["rewards"], f["rewards"])
+    shallow()
+    assert seen[-1][9][0] is f["rewards"]
+
+
 def test_repeated_functional_call_launches_lean(monkeypatch):
     """A repeated functional call on the fast path (here GAE with the ``[N]`` window-end column as
     the kernel's carry in) launches lean from its second repeat on, with the arguments of the

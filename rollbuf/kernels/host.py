@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import copy
 import functools
 import math
 import threading
@@ -862,6 +863,14 @@ class Plan:
         if go is None:  # after the first run (compiled now): the lean launch, or False where there is none
             self._go = self.launch.lean(*self._inputs) or False
         return res
+
+    def __copy__(self):
+        return Plan(self.problem)
+
+    def __deepcopy__(self, memo):
+        """A plan of the copied tensors (its lean launch holds the original's, so it is not copied;
+        the launch itself is the cached one of their signature)."""
+        return Plan(copy.deepcopy(self.problem, memo))
 
 
 def run(p: Problem):
