@@ -618,7 +618,8 @@ def host_parts():
     # launch passes them), none, and the pointers passed as ints (no data_ptr call, no pointer
     # attribute query per tensor in the launcher)
     kern = launch.passes[0]
-    run, function, meta, ck = kern.compiled
+    run, function, meta, ck = kern.compiled[:4]
+    c_launch, head = H._c_launch(run)
     grid = launch.grid
     full = (*args, *kern.const)
 
@@ -637,6 +638,13 @@ def host_parts():
     fns["compiled run, no hooks"] = lambda: run(grid, 1, 1, stream, function, meta, None, None, None, *full)
     fns["compiled run, no hooks, int pointers"] = lambda: run(grid, 1, 1, stream, function, meta, None, None,
                                                                None, *ints)
+    fns["direct C launch, no hooks"] = lambda: c_launch(grid, 1, 1, stream, function, *head, meta, None, None,
+                                                         None, *full)
+    fns["direct C launch, no hooks, int pointers"] = lambda: c_launch(grid, 1, 1, stream, function, *head, meta,
+                                                                       None, None, None, *ints)
+    ec, eh = H._c_launch(ek.run)
+    fns["empty kernel, direct C launch"] = lambda: ec(1, 1, 1, stream, ek.function, *eh, ek.packed_metadata,
+                                                      None, None, None, x)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):

@@ -290,7 +290,7 @@ def test_compiled_launch_passes_hooks_only_when_they_call_something(monkeypatch,
         seen["run"] = a
 
     k = H.Kernel(jit=None, const=(7, 8), warps=4)
-    k.compiled = (launcher, "function", "packed", Compiled())
+    k.compiled = (launcher, "function", "packed", Compiled(), launcher, ())
     args = (torch.zeros(3), None, 5, 0.5)
     k(12, args, 0)
     head, tail = seen["run"][:9], seen["run"][9:]
@@ -352,28 +352,36 @@ def _pretend_gpu(monkeypatch, hooks=(None, None)):
         launch = H.Launch(p, kernels.host._FORCE.get())  # a fresh launch: the cache is not touched
         launch.dev_index = 0
         for k in launch.passes:
-            k.compiled = (launcher, "function", "packed", Compiled())
+            k.compiled = (launcher, "function", "packed", Compiled(), launcher, ())
         return launch
 
     pretend.current = current
     return pretend, seen
 
 
-def _same_arguments(lean_args, full_args, lean_outs):
+def _same_arguments(lean_args, full_args, lean_outs, addresses=False):
     """The lean launch passed what the full launch passed: the same grid, stream, fields, carry,
     sizes, scalars and constexprs (the very objects or equal numbers), new output tensors laid out as
-    the full launch's, and those outputs are what it returned, in the order asked for."""
+    the full launch's, and those outputs are what it returned, in the order asked for.
+    ``addresses``: a plan's fixed inputs (the fields and the carry in) are passed as the addresses
+    of the full launch's tensors."""
     assert len(lean_args) == len(full_args)
     fresh = []
+
+    def same_input(a, b):
+        if addresses and isinstance(b, torch.Tensor):
+            return type(a) is int and a == b.data_ptr()
+        return a is b
+
     for a, b in zip(lean_args, full_args):
         if isinstance(b, torch.Tensor) and any(b is o for o in lean_outs[1]):
             assert isinstance(a, torch.Tensor) and a is not b
             assert (a.shape, a.stride(), a.dtype, a.device) == (b.shape, b.stride(), b.dtype, b.device)
             fresh.append(a)
         elif isinstance(b, tuple):  # the fields
-            assert len(a) == len(b) and all(x is y for x, y in zip(a, b))
+            assert len(a) == len(b) and all(same_input(x, y) for x, y in zip(a, b))
         elif isinstance(b, torch.Tensor) or b is None:
-            assert a is b
+            assert same_input(a, b)
         else:
             assert type(a) is type(b) and a == b
     assert fresh == list(lean_outs[0])
@@ -411,7 +419,7 @@ def test_lean_launch_passes_what_the_full_launch_passes(case, monkeypatch):
     _no_full_path(monkeypatch, launch)  # from here on only the lean launch may reach the launcher
     outs_lean, co = go()
     assert co is None and len(outs_lean) == len(outs_full) == len(p.outputs)
-    _same_arguments(seen[1], seen[0], (outs_lean, outs_full))
+    _same_arguments(seen[1], seen[0], (outs_lean, outs_full), addresses=True)
     # the same with the inputs given per call (rollbuf.functional's repeated calls)
     outs_with, _ = launch.lean(None, None, scalars)(fields, ci)
     _same_arguments(seen[2], seen[0], (outs_with, outs_full))
@@ -483,7 +491,71 @@ def test_plan_launches_lean_once_compiled(monkeypatch):
     assert callable(plan._go)
     _no_full_path(monkeypatch, plan.launch)
     again = plan()
-    _same_arguments(seen[1], seen[0], (again[0], first[0]))
+    _same_arguments(seen[1], seen[0], (again[0], first[0]), addresses=True)
+
+
+def test_a_plan_holds_the_storage_it_was_bound_to(monkeypatch):
+    """A warm plan passes its fixed inputs to the launcher as addresses read once: it holds their
+    storages, so an address stays valid after a tensor is given new storage in place
+    (``x.data = y``), and the plan still reads the storage it was bound to (a ``Rollout`` binds its
+    call again when a field's address changes; tested in test_rollout.py)."""
+    import gc
+
+    from rollbuf import functional
+    from rollbuf.kernels import host as H
+
+    f = _own(make(5, 23, "term+trunc", seed=15, device="cpu"))
+    p, _ = functional._problem("advantages", gamma=0.97, lam=0.9, **f)
+    pretend, seen = _pretend_gpu(monkeypatch)
+    monkeypatch.setattr(H, "launch_for", pretend)
+    plan = H.Plan(p)
+    plan(), plan()
+    rewards = p.fields["rewards"]
+    address = rewards.data_ptr()
+    assert any(s.data_ptr() == address for s in plan._go.held)
+    f["rewards"].data = torch.zeros(5, 23)  # new storage in place: nothing else holds the old one
+    del rewards
+    gc.collect()
+    assert any(s.data_ptr() == address for s in plan._go.held)
+    plan()
+    assert seen[-1][9][0] == address != f["rewards"].data_ptr()
+
+
+def test_the_direct_c_launch_passes_what_tritons_launcher_passes():
+    """On Triton 3.6's CUDA launcher, a compiled kernel is launched through the C function its
+    Python wrapper calls, with the arguments the wrapper would add (no scratch): the same call
+    reaches that function either way. Elsewhere, Triton's launcher as it is."""
+    import triton
+
+    from rollbuf.kernels import host as H
+
+    try:
+        from triton.backends.nvidia.driver import CudaLauncher
+    except ImportError:  # a Triton without the NVIDIA backend: nothing to compare with
+        CudaLauncher = None
+    seen = []
+    if CudaLauncher is not None:
+        run = CudaLauncher.__new__(CudaLauncher)  # its state as __init__ sets it, with no GPU
+        run.num_ctas, run.launch_cooperative_grid, run.launch_pdl = 1, False, True
+        run.global_scratch_size = run.profile_scratch_size = 0
+        run.global_scratch_align = run.profile_scratch_align = 1
+        run.launch = lambda *a: seen.append(a)
+        c_launch, head = H._c_launch(run)
+        if triton.__version__.split(".")[:2] == ["3", "6"]:
+            assert c_launch is run.launch and head == (False, True, None, None)
+        else:
+            assert c_launch is run and head == ()
+        args = (torch.zeros(3), (None, 4), 5, 0.5)
+        run(12, 1, 1, "stream", "function", "packed", None, None, None, *args)
+        c_launch(12, 1, 1, "stream", "function", *head, "packed", None, None, None, *args)
+        assert len(seen) == 2 and seen[0] == seen[1]
+        run.global_scratch_size = 128  # a kernel that needs scratch: the wrapper allocates it
+        assert H._c_launch(run) == (run, ())
+
+    def other(*a):  # another launcher (another backend or version): used as it is
+        pass
+
+    assert H._c_launch(other) == (other, ())
 
 
 def test_a_copied_plan_runs_on_its_own_tensors(monkeypatch):
@@ -503,10 +575,12 @@ def test_a_copied_plan_runs_on_its_own_tensors(monkeypatch):
     plan()  # warm: lean
     deep, shallow = copy.deepcopy(plan), copy.copy(plan)
     deep(), deep()
-    assert seen[-1][9][0] is deep.problem.fields["rewards"] is not f["rewards"]
+    assert seen[-1][9][0] == deep.problem.fields["rewards"].data_ptr() != f["rewards"].data_ptr()
     torch.testing.assert_close(deep.problem.fields["rewards"], f["rewards"])
     shallow()
-    assert seen[-1][9][0] is f["rewards"]
+    assert seen[-1][9][0] is f["rewards"]  # a new plan: its first run is the full launch
+    shallow()
+    assert seen[-1][9][0] == f["rewards"].data_ptr()  # then lean, on the same tensors
 
 
 def test_repeated_functional_call_launches_lean(monkeypatch):

@@ -387,9 +387,28 @@ def _driver():
     return _DRIVER[0]
 
 
+def _c_launch(run) -> tuple:
+    """``(launch, head)``: what launches a compiled kernel whose launcher is ``run`` (Triton's
+    ``CompiledKernel.run``), called as ``launch(gx, gy, gz, stream, function, *head, metadata,
+    launch metadata, enter hook, exit hook, *args)``.
+
+    On Triton 3.6's CUDA launcher, with no global or profile scratch to allocate (rollbuf's kernels
+    ask for none), that is the C function its Python wrapper calls, and ``head`` the arguments the
+    wrapper would add (cooperative grid, PDL, no scratch): the wrapper's own work per call, about
+    1.2 µs of Python on the development machine, is skipped. On any other launcher or version,
+    ``(run, ())``: Triton's launcher as it is."""
+    import triton
+
+    if (type(run).__name__ == "CudaLauncher" and triton.__version__.split(".")[:2] == ["3", "6"]
+            and getattr(run, "global_scratch_size", 1) == 0 and getattr(run, "profile_scratch_size", 1) == 0
+            and getattr(run, "num_ctas", 0) == 1 and callable(getattr(run, "launch", None))):
+        return run.launch, (bool(run.launch_cooperative_grid), bool(run.launch_pdl), None, None)
+    return run, ()
+
+
 class Kernel:
     """One jitted kernel of a launch with its constexprs; after the first GPU launch, the compiled
-    kernel, launched directly."""
+    kernel, launched directly (:func:`_c_launch`)."""
 
     __slots__ = ("jit", "const", "warps", "compiled")
 
@@ -406,17 +425,17 @@ class Kernel:
             k = self.jit[(grid,)](*args, *self.const, num_warps=self.warps)
             if hasattr(k, "packed_metadata"):
                 k._init_handles()
-                self.compiled = (k.run, k.function, k.packed_metadata, k)
+                self.compiled = (k.run, k.function, k.packed_metadata, k, *_c_launch(k.run))
             return
-        run, function, meta, k = c
+        run, function, meta, k, c_launch, head = c
         get_stream, rt = _driver()
         stream = get_stream(device)
         enter, leave = rt.launch_enter_hook, rt.launch_exit_hook
         if _hooked(enter) or _hooked(leave):  # a profiler's hooks: called with the launch's metadata
             lm = k.launch_metadata((grid, 1, 1), stream, *args, *self.const)
-            run(grid, 1, 1, stream, function, meta, lm, enter, leave, *args, *self.const)
+            c_launch(grid, 1, 1, stream, function, *head, meta, lm, enter, leave, *args, *self.const)
         else:  # no hook: no metadata built, no empty hook chain called before and after the launch
-            run(grid, 1, 1, stream, function, meta, None, None, None, *args, *self.const)
+            c_launch(grid, 1, 1, stream, function, *head, meta, None, None, None, *args, *self.const)
 
 
 def _hooked(hook) -> bool:
@@ -689,7 +708,8 @@ class Launch:
                 or self.poison or self.passes[0].compiled is None):
             return None
         k = self.passes[0]
-        run, function, meta, _ = k.compiled
+        _, function, meta, _, run, head = k.compiled
+        head = (*head, meta, None, None, None)  # no launch metadata, no hooks (plain() checks there are none)
         get_stream, rt = _driver()
         dev, grid, like_slot, n_out = self.dev_index, self.grid, self.like, len(self.out_names)
         tail = (None, None, *self.sizes, *scalars, *k.const)  # the carry out and the scratch: none
@@ -718,11 +738,18 @@ class Launch:
 
         if fields is not None:
             fixed = fields
+            # the fixed inputs go to the launcher as their addresses, read once here (the launcher
+            # would read each tensor's data_ptr and query the driver about it on every call); their
+            # storages are held, so an address stays valid while the plan lives even if a tensor is
+            # given new storage in place (the plan still reads the storage it was bound to)
+            ptrs = tuple(None if t is None else t.data_ptr() for t in fixed)
+            ci_ptr = None if carry_in is None else carry_in.data_ptr()
+            held = tuple(t.untyped_storage() for t in (*fixed, carry_in) if t is not None)
             like = None if like_slot is None else fixed[like_slot]
             if like is not None and type(like) is torch.Tensor:
                 # the arguments as a template: each call fills the asked outputs' slots with new tensors
-                args = [fixed, *([None] * self.n_slots), carry_in, *tail]
-                at = tuple(1 + i for i in (range(n_out) if slot_of is None else slot_of))
+                args = [*head, ptrs, *([None] * self.n_slots), ci_ptr, *tail]
+                at = tuple(len(head) + 1 + i for i in (range(n_out) if slot_of is None else slot_of))
                 if len(at) == 1:
                     before, after = tuple(args[:at[0]]), tuple(args[at[0] + 1:])
 
@@ -730,8 +757,9 @@ class Launch:
                         if not plain():
                             return full(None, fixed, carry_in, scalars)
                         o = empty_like(like)
-                        run(grid, 1, 1, get_stream(dev), function, meta, None, None, None, *before, o, *after)
+                        run(grid, 1, 1, get_stream(dev), function, *before, o, *after)
                         return (o,), None
+                    go.held = held
                     return go
 
                 def go():
@@ -742,24 +770,25 @@ class Launch:
                     for i in at:
                         o = a[i] = empty_like(like)
                         outs.append(o)
-                    run(grid, 1, 1, get_stream(dev), function, meta, None, None, None, *a)
+                    run(grid, 1, 1, get_stream(dev), function, *a)
                     return tuple(outs), None
+                go.held = held
                 return go
 
             def go():
                 if not plain():
                     return full(None, fixed, carry_in, scalars)
                 outs = outputs(fixed)
-                run(grid, 1, 1, get_stream(dev), function, meta, None, None, None, fixed, *slots(outs),
-                    carry_in, *tail)
+                run(grid, 1, 1, get_stream(dev), function, *head, ptrs, *slots(outs), ci_ptr, *tail)
                 return tuple(outs), None
+            go.held = held
             return go
 
         def go_with(fs, ci):
             if not plain():
                 return full(None, fs, ci, scalars)
             outs = outputs(fs)
-            run(grid, 1, 1, get_stream(dev), function, meta, None, None, None, fs, *slots(outs), ci, *tail)
+            run(grid, 1, 1, get_stream(dev), function, *head, fs, *slots(outs), ci, *tail)
             return tuple(outs), None
         return go_with
 
@@ -838,8 +867,11 @@ class Plan:
     """A launch bound to one call's tensors, for a caller that owns them (``Rollout``): ``plan()``
     runs the estimator on their current contents (written in place between calls) without building
     or checking anything; from its second run on through :meth:`Launch.lean` where the launch has
-    one (the compiled launcher on an argument template built once). Valid while those tensors are
-    the call's tensors: drop it when a field is replaced or changes shape, dtype, strides or device."""
+    one (the compiled launcher on an argument template built once, the fixed inputs passed as the
+    addresses read when it was built, their storages held). Valid while those tensors are the call's
+    tensors: drop it when a field is replaced or changes shape, dtype, strides, device or storage (a
+    tensor given new storage in place, ``x.data = y``, is still read at the storage the plan was bound
+    to; a ``Rollout`` binds its call again when a field's address changes)."""
 
     __slots__ = ("launch", "problem", "_inputs", "_go")
 
