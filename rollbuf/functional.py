@@ -289,8 +289,10 @@ class Bound:
     validating, dispatching or building a launch again. On the ``triton`` backend it launches the
     kernel's pre-bound plan (:func:`rollbuf.kernels.plan`).
 
-    Valid while those tensors are the call's: a caller that owns them (:class:`rollbuf.Rollout`)
-    drops it when one is replaced. Each call still runs the data checks (:class:`rollbuf.check_finite`,
+    Valid while those tensors are the call's, at the storage they had when it was bound: a caller
+    that owns them (:class:`rollbuf.Rollout`) drops it when one is replaced or given new storage
+    (``x.data = y``, ``set_``, ``resize_``), after which which storage a call reads is undefined
+    (a warm kernel plan reads the addresses it was built with). Each call still runs the data checks (:class:`rollbuf.check_finite`,
     when on) and takes the autograd or ``torch.compile`` path when an input requires grad or the call
     is being compiled, and the full path under other forced kernel choices than those it was built
     under. A call whose batch dimensions cannot be flattened without a copy (a slice of a

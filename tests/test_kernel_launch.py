@@ -290,16 +290,18 @@ def test_compiled_launch_passes_hooks_only_when_they_call_something(monkeypatch,
         seen["run"] = a
 
     k = H.Kernel(jit=None, const=(7, 8), warps=4)
-    k.compiled = (launcher, "function", "packed", Compiled(), launcher, ())
+    # the launch function and what goes before the metadata (as _c_launch gives them for Triton's C launch)
+    k.compiled = (None, "function", "packed", Compiled(), launcher, ("coop", "pdl", None, None))
     args = (torch.zeros(3), None, 5, 0.5)
     k(12, args, 0)
-    head, tail = seen["run"][:9], seen["run"][9:]
+    head, tail = seen["run"][:13], seen["run"][13:]
     assert tail == (*args, 7, 8)
     if hooks in ("empty-chains", "none", "triton-empty"):
-        assert head == (12, 1, 1, "stream0", "function", "packed", None, None, None)
+        assert head == (12, 1, 1, "stream0", "function", "coop", "pdl", None, None, "packed", None, None, None)
         assert "metadata" not in seen
     else:
-        assert head == (12, 1, 1, "stream0", "function", "packed", "metadata", enter, leave)
+        assert head == (12, 1, 1, "stream0", "function", "coop", "pdl", None, None, "packed", "metadata", enter,
+                        leave)
         assert seen["metadata"] == ((12, 1, 1), "stream0", (*args, 7, 8))
 
 
@@ -352,7 +354,8 @@ def _pretend_gpu(monkeypatch, hooks=(None, None)):
         launch = H.Launch(p, kernels.host._FORCE.get())  # a fresh launch: the cache is not touched
         launch.dev_index = 0
         for k in launch.passes:
-            k.compiled = (launcher, "function", "packed", Compiled(), launcher, ())
+            # as _c_launch gives Triton 3.6's C launch function: four arguments before the metadata
+            k.compiled = (None, "function", "packed", Compiled(), launcher, ("coop", "pdl", None, None))
         return launch
 
     pretend.current = current
@@ -458,7 +461,7 @@ def test_lean_launch_only_where_it_is_the_same_launch(monkeypatch):
     for which in ("launch_enter_hook", "launch_exit_hook"):
         setattr(rt, which, hook)
         go()
-        assert seen[-1][6] == "metadata", which
+        assert seen[-1][10] == "metadata", which
         setattr(rt, which, None)
     # another current device: the full path (which switches to the launch's device first)
     switched = []
@@ -494,31 +497,35 @@ def test_plan_launches_lean_once_compiled(monkeypatch):
     _same_arguments(seen[1], seen[0], (again[0], first[0]), addresses=True)
 
 
-def test_a_plan_holds_the_storage_it_was_bound_to(monkeypatch):
-    """A warm plan passes its fixed inputs to the launcher as addresses read once: it holds their
-    storages, so an address stays valid after a tensor is given new storage in place
-    (``x.data = y``), and the plan still reads the storage it was bound to (a ``Rollout`` binds its
-    call again when a field's address changes; tested in test_rollout.py)."""
+@pytest.mark.parametrize("which", ["rewards", "carry"])
+def test_a_plan_holds_the_storage_it_was_bound_to(which, monkeypatch):
+    """A warm plan passes its fixed inputs (the fields, the carry in) to the launcher as addresses
+    read once: it holds their storages, so the memory an address points at is not freed when a
+    tensor is given new storage in place (``x.data = y``; the plan is then stale, and a ``Rollout``
+    binds its call again: tested in test_rollout.py)."""
     import gc
 
     from rollbuf import functional
     from rollbuf.kernels import host as H
 
     f = _own(make(5, 23, "term+trunc", seed=15, device="cpu"))
-    p, _ = functional._problem("advantages", gamma=0.97, lam=0.9, **f)
+    carry = torch.randn(5)
+    p, _ = functional._problem("advantages", gamma=0.97, lam=0.9, carry=carry, **f)
     pretend, seen = _pretend_gpu(monkeypatch)
     monkeypatch.setattr(H, "launch_for", pretend)
     plan = H.Plan(p)
     plan(), plan()
-    rewards = p.fields["rewards"]
-    address = rewards.data_ptr()
+    t = p.carry if which == "carry" else p.fields["rewards"]
+    assert t is (carry if which == "carry" else f["rewards"])  # no copy of ours holds the storage
+    address = t.data_ptr()
     assert any(s.data_ptr() == address for s in plan._go.held)
-    f["rewards"].data = torch.zeros(5, 23)  # new storage in place: nothing else holds the old one
-    del rewards
+    t.data = torch.zeros_like(t)  # new storage in place: nothing else holds the old one
     gc.collect()
     assert any(s.data_ptr() == address for s in plan._go.held)
     plan()
-    assert seen[-1][9][0] == address != f["rewards"].data_ptr()
+    # the launcher's arguments: 13 before the kernel's, then the fields, the output slots, the carry in
+    passed = seen[-1][13][0] if which == "rewards" else seen[-1][13 + 1 + plan.launch.n_slots]
+    assert passed == address != t.data_ptr()
 
 
 def test_the_direct_c_launch_passes_what_tritons_launcher_passes():
@@ -575,12 +582,12 @@ def test_a_copied_plan_runs_on_its_own_tensors(monkeypatch):
     plan()  # warm: lean
     deep, shallow = copy.deepcopy(plan), copy.copy(plan)
     deep(), deep()
-    assert seen[-1][9][0] == deep.problem.fields["rewards"].data_ptr() != f["rewards"].data_ptr()
+    assert seen[-1][13][0] == deep.problem.fields["rewards"].data_ptr() != f["rewards"].data_ptr()
     torch.testing.assert_close(deep.problem.fields["rewards"], f["rewards"])
     shallow()
-    assert seen[-1][9][0] is f["rewards"]  # a new plan: its first run is the full launch
+    assert seen[-1][13][0] is f["rewards"]  # a new plan: its first run is the full launch
     shallow()
-    assert seen[-1][9][0] == f["rewards"].data_ptr()  # then lean, on the same tensors
+    assert seen[-1][13][0] == f["rewards"].data_ptr()  # then lean, on the same tensors
 
 
 def test_repeated_functional_call_launches_lean(monkeypatch):

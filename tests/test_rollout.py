@@ -475,3 +475,23 @@ def test_bound_calls_are_few_and_hold_no_replaced_field():
     ro.gae(0.9, 0.8, backend="torch")
     ro.rewards.data = ro.rewards.data * 2 + 1
     _same_results(ro.gae(0.9, 0.8, backend="torch"), F.gae(0.9, 0.8, **ro._fields(), backend="torch"))
+
+
+def test_new_storage_in_place_drops_every_call_bound_to_the_old():
+    """A field given new storage in place (``x.data = y``) rebinds the call made next and drops the
+    rollout's other calls bound to the old storage (a warm kernel plan holds the storage it was
+    bound to, so a kept call would keep the old memory alive)."""
+    ro = _bound_rollout()
+    ro.gae(0.9, 0.8, backend="torch")
+    ro.gae(0.8, 0.8, backend="torch")
+    ro.advantages(0.7, 0.8, backend="torch")
+    bound = ro.__dict__["_bound"]
+    assert len(bound) == 3
+    old = ro.rewards.data_ptr()
+    ro.rewards.data = ro.rewards.data * 2 + 1
+    _same_results(ro.gae(0.9, 0.8, backend="torch"), F.gae(0.9, 0.8, **ro._fields(), backend="torch"))
+    assert len(bound) == 1  # only the call just bound again
+    (tensors, checks, _), = bound.values()
+    assert dict((n, a) for n, _, a in checks)["rewards"] == ro.rewards.data_ptr() != old
+    _same_results(ro.gae(0.8, 0.8, backend="torch"), F.gae(0.8, 0.8, **ro._fields(), backend="torch"))
+    assert len(bound) == 2

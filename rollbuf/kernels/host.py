@@ -740,8 +740,9 @@ class Launch:
             fixed = fields
             # the fixed inputs go to the launcher as their addresses, read once here (the launcher
             # would read each tensor's data_ptr and query the driver about it on every call); their
-            # storages are held, so an address stays valid while the plan lives even if a tensor is
-            # given new storage in place (the plan still reads the storage it was bound to)
+            # storages are held, so that a tensor given new storage (x.data = y, set_) does not free
+            # the memory an address points at. A storage reallocated in place (resize_) moves: the
+            # plan is then invalid, as after any change of storage (Plan's docstring)
             ptrs = tuple(None if t is None else t.data_ptr() for t in fixed)
             ci_ptr = None if carry_in is None else carry_in.data_ptr()
             held = tuple(t.untyped_storage() for t in (*fixed, carry_in) if t is not None)
@@ -869,9 +870,11 @@ class Plan:
     or checking anything; from its second run on through :meth:`Launch.lean` where the launch has
     one (the compiled launcher on an argument template built once, the fixed inputs passed as the
     addresses read when it was built, their storages held). Valid while those tensors are the call's
-    tensors: drop it when a field is replaced or changes shape, dtype, strides, device or storage (a
-    tensor given new storage in place, ``x.data = y``, is still read at the storage the plan was bound
-    to; a ``Rollout`` binds its call again when a field's address changes)."""
+    tensors at the storage they had when it was built: drop it (build another) when a field is
+    replaced or changes shape, dtype, strides, device or storage (``x.data = y``, ``set_``,
+    ``resize_``). After a change of storage, which storage a run reads is undefined: the lean launch
+    reads the addresses it was built with, the full path (a profiler's hooks, another current device)
+    the tensors. A ``Rollout`` binds its call again itself when a field's address changes."""
 
     __slots__ = ("launch", "problem", "_inputs", "_go")
 
