@@ -2,7 +2,8 @@
 # One device call on the lent GPU: install the carried wheels, then run the named steps in order.
 #   bash benchmarks/gpu_session.sh STEP...      (ROLLBUF_COMMIT names the commit; OUT the results folder)
 # Steps: kernels (gate + GAE/V-trace timings + host + V-trace tile sweep, benchmarks/kernels_h200.py), host (the
-# host time at 4096x128 and its parts), host-ab (the host time of this tree and of .gpu_stage_old/'s, alternated),
+# host time at 4096x128 and its parts), host-ab (the host time of this tree and of .gpu_stage_old/'s, alternated; the old rows name the commit
+# written in .gpu_stage_old/COMMIT),
 # old (the same
 # timings of rollbuf's public calls from the tree in .gpu_stage_old/; new-quick: the same from this tree), peers[:i/k[:budget]] (the peers
 # grid, python -m rollbuf.bench --grid peers), ab (benchmarks/family_ab.sh), tests (the CUDA kernel test
@@ -23,6 +24,7 @@ for step in "$@"; do
     host) python3 benchmarks/kernels_h200.py --out "$OUT" --part host,hostparts 2>&1 | grep -v "^ " | tail -40 ;;
     host-ab) for i in 1 2; do  # the host part of this tree and of .gpu_stage_old/'s, alternated, twice
         python3 benchmarks/kernels_h200.py --out "$OUT/host_new$i" --part host 2>&1 | tail -2
+        ROLLBUF_COMMIT=$(cat .gpu_stage_old/COMMIT 2>/dev/null || echo old-tree) \
         PYTHONPATH=/tmp/site:$PWD/.gpu_stage_old python3 benchmarks/kernels_h200.py --out "$OUT/host_old$i" \
           --impl old --part host 2>&1 | tail -2; done
       python3 - "$OUT" <<'PY'
