@@ -292,12 +292,12 @@ class Bound:
     Valid while those tensors are the call's, at the storage they had when it was bound: a caller
     that owns them (:class:`rollbuf.Rollout`) drops it when one is replaced or given new storage
     (``x.data = y``, ``set_``, ``resize_``), after which which storage a call reads is undefined
-    (a warm kernel plan reads the addresses it was built with). Each call still runs the data checks (:class:`rollbuf.check_finite`,
-    when on) and takes the autograd or ``torch.compile`` path when an input requires grad or the call
-    is being compiled, and the full path under other forced kernel choices than those it was built
-    under. A call whose batch dimensions cannot be flattened without a copy (a slice of a
-    ``[E, A, T]`` buffer, say) is not bound: each ``bound()`` is then the full call, so that writes
-    into the caller's tensors are always seen."""
+    (a warm kernel plan reads the addresses it was built with). Each call still runs the data
+    checks (:class:`rollbuf.check_finite`, when on) and takes the autograd or ``torch.compile``
+    path when an input requires grad or the call is being compiled, and the full path under other
+    forced kernel choices than those it was built under. A call whose batch dimensions cannot be
+    flattened without a copy (a slice of a ``[E, A, T]`` buffer, say) is not bound: each
+    ``bound()`` is then the full call, so that writes into the caller's tensors are always seen."""
 
     __slots__ = ("problem", "backend", "_run", "_launch", "_column", "_plain", "_again", "_grads")
 
