@@ -618,8 +618,8 @@ def host_parts():
     # launch passes them), none, and the pointers passed as ints (no data_ptr call, no pointer
     # attribute query per tensor in the launcher)
     kern = launch.passes[0]
-    run, function, meta, ck = kern.compiled[:4]
-    c_launch, head = H._c_launch(run)
+    c_launch, function, meta, ck, head = kern.compiled
+    run = ck.run  # Triton's own launcher of the compiled kernel
     grid = launch.grid
     full = (*args, *kern.const)
 

@@ -48,11 +48,6 @@ def _still_bound(entries, checks) -> bool:
     return True
 
 
-def _same_addresses(checks) -> bool:
-    """Whether every field of ``checks`` (:func:`_checks`) still has the storage address it was bound at."""
-    return all(address is None or t.data_ptr() == address for _, t, address in checks)
-
-
 class _BoundCalls(dict):
     """A rollout's bound estimator calls by their arguments: ``(field tensors, their checks
     (:func:`_checks`), Bound)``, the most recent :data:`MAX` of them. Bound to this rollout's tensors, so a copy of the
@@ -65,9 +60,8 @@ class _BoundCalls(dict):
         given new storage in place: a warm plan holds the storage it was bound to), and the oldest
         beyond :data:`MAX` (no replaced tensor or storage is kept alive, and a schedule of γ or λ
         does not grow the dict)."""
-        tensors = entry[0]
-        for k in [k for k, e in self.items()
-                  if not all(map(operator.is_, e[0], tensors)) or not _same_addresses(e[1])]:
+        current = dict(zip(_OWN, entry[0]))  # the fields as the entry holds them, by name
+        for k in [k for k, e in self.items() if not _still_bound(current, e[1])]:
             del self[k]
         self.pop(key, None)
         self[key] = entry

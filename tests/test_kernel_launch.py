@@ -291,7 +291,7 @@ def test_compiled_launch_passes_hooks_only_when_they_call_something(monkeypatch,
 
     k = H.Kernel(jit=None, const=(7, 8), warps=4)
     # the launch function and what goes before the metadata (as _c_launch gives them for Triton's C launch)
-    k.compiled = (None, "function", "packed", Compiled(), launcher, ("coop", "pdl", None, None))
+    k.compiled = (launcher, "function", "packed", Compiled(), ("coop", "pdl", None, None))
     args = (torch.zeros(3), None, 5, 0.5)
     k(12, args, 0)
     head, tail = seen["run"][:13], seen["run"][13:]
@@ -355,7 +355,7 @@ def _pretend_gpu(monkeypatch, hooks=(None, None)):
         launch.dev_index = 0
         for k in launch.passes:
             # as _c_launch gives Triton 3.6's C launch function: four arguments before the metadata
-            k.compiled = (None, "function", "packed", Compiled(), launcher, ("coop", "pdl", None, None))
+            k.compiled = (launcher, "function", "packed", Compiled(), ("coop", "pdl", None, None))
         return launch
 
     pretend.current = current

@@ -425,9 +425,10 @@ class Kernel:
             k = self.jit[(grid,)](*args, *self.const, num_warps=self.warps)
             if hasattr(k, "packed_metadata"):
                 k._init_handles()
-                self.compiled = (k.run, k.function, k.packed_metadata, k, *_c_launch(k.run))
+                c_launch, head = _c_launch(k.run)
+                self.compiled = (c_launch, k.function, k.packed_metadata, k, head)
             return
-        run, function, meta, k, c_launch, head = c
+        c_launch, function, meta, k, head = c
         get_stream, rt = _driver()
         stream = get_stream(device)
         enter, leave = rt.launch_enter_hook, rt.launch_exit_hook
@@ -708,7 +709,7 @@ class Launch:
                 or self.poison or self.passes[0].compiled is None):
             return None
         k = self.passes[0]
-        _, function, meta, _, run, head = k.compiled
+        run, function, meta, _, head = k.compiled
         head = (*head, meta, None, None, None)  # no launch metadata, no hooks (plain() checks there are none)
         get_stream, rt = _driver()
         dev, grid, like_slot, n_out = self.dev_index, self.grid, self.like, len(self.out_names)
@@ -760,28 +761,24 @@ class Launch:
                         o = empty_like(like)
                         run(grid, 1, 1, get_stream(dev), function, *before, o, *after)
                         return (o,), None
-                    go.held = held
-                    return go
-
+                else:
+                    def go():
+                        if not plain():
+                            return full(None, fixed, carry_in, scalars)
+                        a = args.copy()
+                        outs = []
+                        for i in at:
+                            o = a[i] = empty_like(like)
+                            outs.append(o)
+                        run(grid, 1, 1, get_stream(dev), function, *a)
+                        return tuple(outs), None
+            else:
                 def go():
                     if not plain():
                         return full(None, fixed, carry_in, scalars)
-                    a = args.copy()
-                    outs = []
-                    for i in at:
-                        o = a[i] = empty_like(like)
-                        outs.append(o)
-                    run(grid, 1, 1, get_stream(dev), function, *a)
+                    outs = outputs(fixed)
+                    run(grid, 1, 1, get_stream(dev), function, *head, ptrs, *slots(outs), ci_ptr, *tail)
                     return tuple(outs), None
-                go.held = held
-                return go
-
-            def go():
-                if not plain():
-                    return full(None, fixed, carry_in, scalars)
-                outs = outputs(fixed)
-                run(grid, 1, 1, get_stream(dev), function, *head, ptrs, *slots(outs), ci_ptr, *tail)
-                return tuple(outs), None
             go.held = held
             return go
 
