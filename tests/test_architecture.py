@@ -84,8 +84,6 @@ LAZY = {
     ("rollbuf.backends", "rollbuf.backends.compiled_cpu"): "numba's import costs ~0.5 s: on the first CPU call",
     ("rollbuf.backends.scan", "rollbuf.kernels"): "the fused scan needs Triton: imported when asked for",
     ("rollbuf.backends.autograd", "rollbuf.kernels"): "the fused adjoint needs Triton",
-    ("rollbuf.boundary", "rollbuf.estimators"): "the deprecated alias rollbuf.boundary.ESTIMATORS (upward)",
-    ("rollbuf.boundary", "warnings"): "the deprecated alias rollbuf.boundary.ESTIMATORS",
     ("rollbuf.testing", "hypothesis"): "hypothesis is a test dependency, needed by the strategies only",
     ("rollbuf.testing", "rollbuf.functional"): "the testing kit calls the public API (a layer above it)",
     ("rollbuf.distributed", "torch.distributed"): "imported by a sharded call only",

@@ -1,8 +1,5 @@
-"""The rollbuf.integrations package: the old module paths, and the optional dependencies in CI.
-
-``rollbuf.gym`` and ``rollbuf.llm`` moved to ``rollbuf.integrations.gym`` / ``.llm``; the old paths
-still import (the same objects, private helpers included) and warn with a DeprecationWarning.
-"""
+"""The rollbuf.integrations package: its modules import without warnings, the old module paths
+(``rollbuf.gym``, ``rollbuf.llm``, removed) are gone, and the optional dependencies are there in CI."""
 
 from __future__ import annotations
 
@@ -13,33 +10,6 @@ import sys
 import warnings
 
 import pytest
-
-
-def _fresh_import(name, monkeypatch):
-    """Import ``name`` anew (its warning fires at import); sys.modules is restored afterwards."""
-    monkeypatch.delitem(sys.modules, name, raising=False)
-    return importlib.import_module(name)
-
-
-@pytest.mark.parametrize("old,new", [("rollbuf.gym", "rollbuf.integrations.gym"),
-                                     ("rollbuf.llm", "rollbuf.integrations.llm")])
-def test_old_path_warns_and_aliases(old, new, monkeypatch):
-    module = importlib.import_module(new)
-    with pytest.warns(DeprecationWarning, match=f"{old} has moved to {new}"):
-        alias = _fresh_import(old, monkeypatch)
-    assert alias.__all__ == module.__all__
-    for name in module.__all__:
-        assert getattr(alias, name) is getattr(module, name)
-    private = [n for n in vars(module) if n.startswith("_") and not n.startswith("__")]
-    assert private and all(getattr(alias, n) is getattr(module, n) for n in private)
-    with pytest.raises(AttributeError):
-        alias.no_such_name  # noqa: B018
-    # `from old import name` works too
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        ns = {}
-        exec(f"from {old} import {module.__all__[0]}", ns)
-    assert ns[module.__all__[0]] is getattr(module, module.__all__[0])
 
 
 def test_new_paths_do_not_warn():
@@ -72,3 +42,14 @@ def test_rollout_keeps_its_docstring():
     from rollbuf import Rollout
 
     assert Rollout.__doc__ and Rollout.__doc__.startswith("A window of"), Rollout.__doc__[:120]
+
+
+@pytest.mark.parametrize("old", ["rollbuf.gym", "rollbuf.llm"])
+def test_the_removed_module_paths_do_not_import(old):
+    """``rollbuf.gym`` and ``rollbuf.llm`` were aliases of ``rollbuf.integrations.gym`` / ``.llm``;
+    they are removed, and so is ``rollbuf.boundary.ESTIMATORS`` (use ``rollbuf.estimators.REGISTRY``)."""
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module(old)
+    import rollbuf.boundary
+
+    assert not hasattr(rollbuf.boundary, "ESTIMATORS")

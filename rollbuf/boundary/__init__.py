@@ -13,17 +13,4 @@ estimators and their rows of the docs table: :mod:`rollbuf.estimators`.
 from rollbuf.boundary import coefficients
 from rollbuf.boundary.coefficients import EstimatorSpec
 
-__all__ = ["coefficients", "ESTIMATORS", "EstimatorSpec"]
-
-
-def __getattr__(name):
-    # `rollbuf.boundary.ESTIMATORS`, kept for existing users: the docs rows of the registry
-    if name == "ESTIMATORS":
-        import warnings
-
-        from rollbuf import estimators  # the registry sits above this layer: imported on use only
-
-        warnings.warn("rollbuf.boundary.ESTIMATORS is deprecated: use rollbuf.estimators.REGISTRY "
-                      "(each entry's .docs is the row this dict held)", DeprecationWarning, stacklevel=2)
-        return {e.name: e.docs for e in estimators.REGISTRY.values() if e.docs is not None}
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__ = ["coefficients", "EstimatorSpec"]
