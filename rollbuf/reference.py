@@ -14,8 +14,11 @@ Assumptions (the caller has validated the inputs):
 
 Gradients: when a floating input requires grad (and grad mode is on), the same loops run on 0-d
 float64 tensors instead of Python floats, so autograd records them step by step (slow, exact: this
-is what ``gradcheck`` of the ``reference`` backend checks). ``min(c̄, ratio)`` passes its gradient to
-the side it selects (none to the constant), like ``torch.minimum`` in the other backends.
+is what ``gradcheck`` of the ``reference`` backend checks). A clipped ratio ``min(c̄, ratio)`` is
+differentiated as ``torch.clamp`` is, like on the other backends: where the clip is active (``ratio >
+c̄``) its value is ``c̄`` and its gradient 0 — a zero that reaches the log-probabilities, so they get a
+gradient tensor even when every step is clipped, and never ``0·inf`` from an overflowed ``exp`` —; at
+the threshold and below, the ratio's own gradient passes.
 
 Boundaries follow docs/semantics.md literally:
 
@@ -80,13 +83,20 @@ def _exp(x):
         return math.inf
 
 
-def _min(bar: float, x):
-    """``min(bar, x)`` that returns NaN for a NaN ``x`` (Python's ``min`` would return ``bar``), so a
-    NaN log-probability gives NaN as on every other backend; on 0-d tensors the gradient goes to
-    the side selected (none to the constant ``bar``)."""
-    if x != x:  # NaN
-        return x
-    return min(bar, x)
+def _clip(bar: float, log_ratio):
+    """``min(bar, exp(log_ratio))``, NaN for a NaN ratio (Python's ``min`` would return ``bar``), so a
+    NaN log-probability gives NaN as on every other backend; an overflowed ``exp`` (inf) gives
+    ``bar``. On 0-d tensors (``torch.clamp``'s gradient): where the clip is active the value is
+    ``bar`` plus a zero that still depends on ``log_ratio`` (its gradient is 0, not missing, and no
+    ``exp`` that may have overflowed is in its graph); elsewhere the ratio itself."""
+    ratio = _exp(log_ratio)
+    if ratio != ratio:  # NaN
+        return ratio
+    if not ratio > bar:
+        return ratio
+    if isinstance(log_ratio, torch.Tensor):
+        return bar + 0.0 * torch.clamp(log_ratio, max=math.log(bar))
+    return bar
 
 
 def _diff(*xs) -> bool:
@@ -258,19 +268,17 @@ def vtrace(rewards, values, terminated, truncated, bootstrap_values, mask, log_p
         vs = [0.0] * m
         u = 0.0  # u_{t+1}
         for j in reversed(range(m)):
-            ratio = _exp(pi[j] - mu[j])
-            rho = _min(rho_bar, ratio)
-            c = lam * _min(c_bar, ratio)
+            rho = _clip(rho_bar, pi[j] - mu[j])
+            c = lam * _clip(c_bar, pi[j] - mu[j])
             delta = row.r[j] + gamma * (1 - row.k[j]) * row.vn[j] - row.v[j]
             u = rho * delta + gamma * (1 - row.d[j]) * c * u
             vs[j] = row.v[j] + u
         for j in range(m):
-            ratio = _exp(pi[j] - mu[j])
             # q_t = V'_t after a done step, vs_{t+1} inside an episode, weighed by d_t as in the
             # other recursions (so a NaN in vs_{t+1} reaches pg_t as 0·NaN, on every backend alike)
             vs_next = vs[j + 1] if j + 1 < m else 0.0
             q = row.d[j] * row.vn[j] + (1 - row.d[j]) * vs_next
-            pg = _min(pg_rho_bar, ratio) * (row.r[j] + gamma * (1 - row.k[j]) * q - row.v[j])
+            pg = _clip(pg_rho_bar, pi[j] - mu[j]) * (row.r[j] + gamma * (1 - row.k[j]) * q - row.v[j])
             vs_out[n][row.idx[j]] = vs[j]
             pg_out[n][row.idx[j]] = pg
     return _out(vs_out, rewards), _out(pg_out, rewards)
@@ -298,7 +306,7 @@ def retrace(rewards, values, terminated, truncated, bootstrap_values, mask, log_
             # the other recursions (so a NaN there reaches Q_j as 0·NaN, on every backend alike)
             nxt = 0.0  # V_{t+1} + c_{t+1}(Q_{t+1} − q_{t+1}); the window end (d = 1) has no next step
             if j + 1 < m:
-                c_next = lam * _min(c_bar, _exp(pi[j + 1] - mu[j + 1]))
+                c_next = lam * _clip(c_bar, pi[j + 1] - mu[j + 1])
                 nxt = row.v[j + 1] + c_next * (Q[j + 1] - q[j + 1])
             # inside an episode V'_t = V_{t+1}: Q_t = r_t + γ(1-k_t)[d_t V'_t + (1-d_t)·nxt]
             Q[j] = row.r[j] + gamma * (1 - row.k[j]) * (row.d[j] * row.vn[j] + (1 - row.d[j]) * nxt)

@@ -25,6 +25,7 @@ import pytest
 import torch
 
 from rollbuf import functional as F
+from rollbuf.backends import numba_available
 from rollbuf.testing import assert_close_to_reference, assert_matches_reference, make_rollout
 
 NAN = float("nan")
@@ -93,7 +94,9 @@ def _triton_runs(device):
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-BACKENDS = ["torch"] + (["triton"] if _triton_runs(torch.device("cpu")) else [])
+# on the CPU (gloo): the torch backend, the compiled CPU loops (the ``auto`` backend there) and the kernels
+BACKENDS = (["torch"] + (["numba"] if numba_available() else [])
+            + (["triton"] if _triton_runs(torch.device("cpu")) else []))
 
 
 # ---------------------------------------------------------------------------------------------

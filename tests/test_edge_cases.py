@@ -15,7 +15,10 @@ from rollbuf import Rollout, backends
 from rollbuf import functional as F
 from rollbuf.testing import assert_close_to_reference, make_rollout, reference_outputs, run_estimator
 
-BACKENDS = ["torch"] + (["triton"] if backends.triton_available() else [])
+# every backend but the reference (numba: the ``auto`` backend on CPU tensors; triton: CUDA, or the
+# interpreter on CPU tensors, so its cases stay small)
+BACKENDS = (["torch"] + (["numba"] if backends.numba_available() else [])
+            + (["triton"] if backends.triton_available() else []))
 ALL = ["reference"] + BACKENDS
 BACKWARD = ["gae", "advantages", "lambda_returns", "discounted_returns", "monte_carlo_returns", "vtrace",
             "retrace"]
@@ -103,6 +106,70 @@ def test_clipped_ratio_gradients_stay_finite_when_exp_overflows(backend, dtype):
         assert torch.isfinite(g_t).all() and torch.isfinite(g_l).all()
 
 
+@pytest.mark.parametrize("backend,dtype", [("reference", torch.float64)]
+                         + [(b, d) for b in BACKENDS for d in (torch.float32, torch.float64)])
+def test_overflowing_ratio_is_clipped_to_the_bar(backend, dtype):
+    """Without gradients too (the compiled CPU loops run then): exp(log π − log μ) = inf is clipped
+    to ρ̄ / c̄ like any ratio above them, so the outputs stay finite and equal the reference's."""
+    g = torch.Generator().manual_seed(1)
+    big = 100.0 if dtype == torch.float32 else 800.0
+    f = dict(rewards=torch.randn(2, 9, generator=g, dtype=dtype), values=torch.randn(2, 9, generator=g, dtype=dtype),
+             log_probs=torch.zeros(2, 9, dtype=dtype), q_values=torch.randn(2, 9, generator=g, dtype=dtype),
+             target_log_probs=torch.where(torch.rand(2, 9, generator=g) < 0.5, big, -0.3).to(dtype),
+             bootstrap_values=torch.zeros(2, dtype=dtype), terminated=None, truncated=None, mask=None)
+    for name, params in (("vtrace", dict(gamma=0.9, rho_bar=1.0, c_bar=0.8, lam=0.9)),
+                         ("retrace", dict(gamma=0.9, lam=0.9, c_bar=1.2))):
+        got = _run(name, f, backend, **params)
+        got = got if isinstance(got, tuple) else (got,)
+        for a, e in zip(got, reference_outputs(name, f, **params)):
+            assert torch.isfinite(a).all(), (name, a)
+            assert_close_to_reference(a, e, f, direction="backward")
+
+
+def _log_prob_grads(name, backend, target):
+    """d/d(target_log_probs), d/d(log_probs) of a V-trace / Retrace loss on ``backend`` (bars 1),
+    behaviour log-probabilities 0, so the ratio is exp(target); back on the CPU."""
+    dev = _dev(backend)
+    g = torch.Generator().manual_seed(3)
+    kw = dict(rewards=torch.randn(2, 5, generator=g, dtype=torch.float64).to(dev),
+              values=torch.randn(2, 5, generator=g, dtype=torch.float64).to(dev),
+              terminated=torch.tensor([[False, False, True, False, False]] * 2).to(dev),
+              bootstrap_values=torch.zeros(2, dtype=torch.float64, device=dev), backend=backend)
+    q = torch.randn(2, 5, generator=g, dtype=torch.float64).to(dev)
+    tlp = target.to(dev, torch.float64).requires_grad_()
+    lp = torch.zeros(2, 5, dtype=torch.float64, device=dev, requires_grad=True)
+    if name == "vtrace":
+        vs, pg = F.vtrace(tlp, 0.9, 1.0, 1.0, 1.0, 0.9, log_probs=lp, **kw)
+        out = (0.7 * vs + pg).sum()
+    else:
+        out = F.retrace(q, tlp, 0.9, 0.9, 1.0, log_probs=lp, **kw).sum()
+    return tuple(None if x is None else x.cpu() for x in torch.autograd.grad(out, (tlp, lp), allow_unused=True))
+
+
+@pytest.mark.parametrize("backend", ALL)
+@pytest.mark.parametrize("name", ["vtrace", "retrace"])
+def test_log_probs_clipped_at_every_step_get_a_zero_gradient(backend, name):
+    """Every ratio above its bar (finite, and an overflowing exp): the log-probabilities get a
+    gradient tensor of zeros on every backend (the reference's loop included), not None."""
+    zero = torch.zeros(2, 5, dtype=torch.float64)
+    for big in (3.0, 800.0):
+        g_t, g_l = _log_prob_grads(name, backend, torch.full((2, 5), big))
+        assert g_t is not None and g_l is not None, "the log-probabilities got no gradient"
+        assert torch.equal(g_t, zero) and torch.equal(g_l, zero), (g_t, g_l)
+
+
+@pytest.mark.parametrize("backend", ALL)
+@pytest.mark.parametrize("name", ["vtrace", "retrace"])
+def test_ratio_at_the_clip_point_passes_its_gradient(backend, name):
+    """Ratio = bar at every step (on-policy data, bars 1): the ratio's gradient passes, as
+    torch.clamp's does, on every backend alike (the reference's loop included)."""
+    g_t, g_l = _log_prob_grads(name, backend, torch.zeros(2, 5))
+    w_t, w_l = _log_prob_grads(name, "torch", torch.zeros(2, 5))
+    assert g_t is not None and w_t.abs().sum() > 0
+    torch.testing.assert_close(g_t, w_t)
+    torch.testing.assert_close(g_l, w_l)
+
+
 # ----------------------------------------------------------------------- non-finite inputs
 
 
@@ -132,6 +199,64 @@ def test_nan_log_prob_gives_nan_on_every_backend(backend, name):
     assert torch.isnan(want[0][0]).any()  # the reference propagates it (no min(ρ̄, nan) = ρ̄)
     for a, e in zip(got, want):
         _same_non_finite(a, e, f, nan_exact=True)
+
+
+@pytest.mark.parametrize("backend", ALL)
+@pytest.mark.parametrize("case", ["nan", "both-inf"])
+def test_an_undefined_ratio_is_not_clipped_to_the_bar(backend, case):
+    """A NaN log-probability, or both log-probabilities -inf (exp(−inf + inf) = exp(NaN)): the
+    ratio is NaN, min(ρ̄, NaN) = NaN (not ρ̄), so V-trace's vs and pg and Retrace's targets are NaN
+    at that step and every earlier one of the row, and finite after it."""
+    dev = _dev(backend)
+    nan, inf = float("nan"), float("inf")
+    lp = torch.tensor([[0.0, 0.0, nan if case == "nan" else -inf, 0.0], [0.0] * 4])
+    tlp = torch.tensor([[0.0, 0.0, 0.0 if case == "nan" else -inf, 0.0], [0.0] * 4])
+    kw = dict(rewards=torch.ones(2, 4, device=dev), values=torch.zeros(2, 4, device=dev),
+              log_probs=lp.to(dev), terminated=torch.zeros(2, 4, dtype=torch.bool, device=dev),
+              bootstrap_values=torch.zeros(2, device=dev), backend=backend)
+    vs, pg = F.vtrace(tlp.to(dev), 0.9, **kw)
+    q = F.retrace(torch.zeros(2, 4, device=dev), tlp.to(dev), 0.9, 0.9, **kw)
+    undefined = torch.tensor([[True, True, True, False], [False] * 4])
+    for out in (vs, pg):
+        assert torch.equal(torch.isnan(out.cpu()), undefined), out
+    # Q_t reads the trace c_{t+1} of the next step, not its own: finite at the step itself
+    assert torch.equal(torch.isnan(q.cpu()), undefined & torch.tensor([True, True, False, False])), q
+    torch.testing.assert_close(vs.cpu()[1], torch.tensor([3.439, 2.71, 1.9, 1.0]))
+
+
+@pytest.mark.parametrize("backend", ALL)
+@pytest.mark.parametrize("name", ["eligibility_traces", "episodic_sums"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf")], ids=["nan", "inf"])
+@pytest.mark.parametrize("where", ["x", "initial"])
+def test_a_non_finite_forward_input_reaches_every_later_step(backend, name, value, where):
+    """A forward estimator resets its state at an episode end by multiplying it by 0, so a NaN or
+    inf at or before a done step still reaches every later step and ``final`` (0·NaN = NaN,
+    0·inf = NaN), on every backend alike."""
+    dev = _dev(backend)
+    x = torch.tensor([[1.0, 1.0, 2.0, 3.0], [1.0, 2.0, 3.0, 4.0]])
+    initial = torch.zeros(2)
+    if where == "x":
+        x[0, 0] = value  # a terminated step
+    else:
+        initial[0] = value  # row 0's state before its first (terminated) step
+    k = torch.tensor([[True, False, False, False], [False, True, False, False]])
+    tr = torch.tensor([[False, False, True, False], [False] * 4])
+
+    def call(b, d):
+        kw = dict(terminated=k.to(d), truncated=tr.to(d), backend=b)
+        if name == "episodic_sums":
+            res = F.episodic_sums(x.to(d), initial.to(d), **kw)
+        else:
+            res = F.eligibility_traces(x.to(d), 0.9, 0.8, initial.to(d), **kw)
+        return tuple(r.cpu() for r in res)
+
+    out, final = call(backend, dev)
+    assert torch.isnan(out[0, 1:]).all() and torch.isnan(final[0]), (out, final)
+    assert not torch.isfinite(out[0, 0])
+    assert torch.isfinite(out[1]).all() and torch.isfinite(final[1])  # other rows are unaffected
+    want = call("reference", "cpu")
+    torch.testing.assert_close(out, want[0], equal_nan=True, check_dtype=False)
+    torch.testing.assert_close(final, want[1], equal_nan=True, check_dtype=False)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -172,7 +297,7 @@ def _poisoned(draw):
 @given(case=_poisoned(), backend=st.sampled_from(BACKENDS))
 def test_property_non_finite_inputs_match_the_reference(case, backend):
     """Non-finite values at read and unread positions (masked steps, unread bootstrap slots, any
-    field): torch and triton give the reference's answer — non-finite where it is, the same values
+    field): every backend gives the reference's answer — non-finite where it is, the same values
     elsewhere, NaN for NaN when the inputs hold no inf."""
     name, f = case
     got = _run(name, f, backend, **_params(name))

@@ -3,8 +3,10 @@
 Each test relates outputs of a backend to each other (λ = 0 GAE is the TD error, a row equals its
 episodes run apart, chained windows equal the unsplit row, masked garbage changes nothing, ...) and,
 where the identity alone could hold for two equally wrong outputs, also to the float64 reference or
-to a formula written out here. ``BACKENDS`` is ``["torch"]`` plus ``"triton"`` when the kernels can
-run (CUDA, or ``TRITON_INTERPRET=1`` on the CPU); shapes stay small (T ≤ 70) for the interpreter.
+to a formula written out here. ``BACKENDS`` is ``["torch"]``, ``"numba"`` on a machine without CUDA (the
+tensors here live on one device, and the compiled CPU loops take CPU tensors only), and ``"triton"``
+when the kernels can run (CUDA, or ``TRITON_INTERPRET=1`` on the CPU); shapes stay small (T ≤ 70)
+for the interpreter.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import pytest
 import torch
 
 from rollbuf import functional as F
+from rollbuf.backends import numba_available
 from rollbuf.testing import (
     assert_close_to_reference,
     assert_matches_reference,
@@ -23,10 +26,12 @@ from rollbuf.testing import (
     window_end_index,
 )
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 BACKENDS = ["torch"]
+if DEVICE == "cpu" and numba_available():  # the compiled CPU loops take CPU tensors only
+    BACKENDS.append("numba")
 if os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available():
     BACKENDS.append("triton")
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 backends = pytest.mark.parametrize("backend", BACKENDS)
 
 NAMES = ["gae", "lambda_returns", "discounted_returns", "monte_carlo_returns", "vtrace", "retrace",

@@ -355,6 +355,41 @@ def test_vtrace_inconsistent_next_values_and_average():
     assert_same(a, b, F32)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_vtrace_nan_log_prob_gives_nan_like_torchrl(dtype):
+    """A NaN behaviour log-probability: min(ρ̄, NaN) is NaN, not ρ̄, so the value targets are NaN
+    where TorchRL's are (that step and every earlier one of its row: both carry it across episode
+    ends) and so are the advantages; elsewhere the numbers are TorchRL's. One difference, rollbuf's
+    rule (docs/semantics.md, "Non-finite inputs"): the advantage at a done step before the NaN is
+    NaN too (``0·NaN``), where TorchRL's selects the next value there. On CPU tensors the drop-in
+    runs the ``auto`` backend: the compiled loops when numba is installed."""
+    from rollbuf import backends
+
+    if backends.numba_available():
+        assert backends.resolve("auto", torch.device("cpu")) == "numba"
+    ours, theirs, actor = vtrace_pair(1.0, 1.0)
+    ours.value_network = theirs.value_network = None
+    td = synthetic((3,), 21, seed=17, dtype=dtype, p_done=0.1)
+    td["observation"] = torch.randn(3, 21, 4, dtype=dtype)
+    td["action"] = nn.functional.one_hot(torch.randint(0, 2, (3, 21)), 2)
+    lp = -torch.rand(3, 21, dtype=dtype)
+    lp[1, 12] = float("nan")
+    td["action_log_prob"] = lp
+    actor.to(dtype)
+    a, b = run_both(ours, theirs, td)
+    done = td["next", "done"]
+    assert done[1, :12].any()  # a done step before the NaN: the case where the two differ
+    row1 = (torch.arange(3) == 1).reshape(3, 1, 1)
+    before = (torch.arange(21) <= 12).reshape(1, 21, 1) & row1  # the NaN's step and the earlier ones
+    done_before = (torch.arange(21) < 12).reshape(1, 21, 1) & row1 & done
+    for key in ("advantage", "value_target"):
+        nan_a, nan_b = torch.isnan(a[key]), torch.isnan(b[key])
+        assert torch.equal(nan_a, before), key  # NaN at the step and every earlier one of its row
+        extra = nan_a & ~nan_b
+        assert torch.equal(extra, done_before & (key == "advantage")), key
+        torch.testing.assert_close(a[key][~nan_a], b[key][~nan_a], **F32, msg=lambda m: f"{key}: {m}")
+
+
 # ----------------------------------------------------------------------------------- errors
 
 

@@ -11,7 +11,8 @@ from rollbuf import backends, windows
 from rollbuf import functional as F
 from rollbuf.testing import make_rollout
 
-BACKENDS = ["torch"] + (["triton"] if backends.triton_available() else [])
+BACKENDS = (["torch"] + (["numba"] if backends.numba_available() else [])
+            + (["triton"] if backends.triton_available() else []))
 
 
 def _loop_window_end(mask, N, T):

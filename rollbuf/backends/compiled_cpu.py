@@ -14,7 +14,12 @@ are the recursions of :mod:`rollbuf.boundary.coefficients` written out step by s
   caller passed ``carry`` or the window end is terminal;
 * ``bootstrap_values[t]`` is read only where step ``t`` is truncated and not terminated (and at the
   window end), through a branch, so a NaN in any other slot is never touched by arithmetic;
-* each step's state update is one multiply-add (``z = α + β·z``), the outputs come off the chain.
+* each step's state update is one multiply-add (``z = α + β·z``), the outputs come off the chain;
+  a done step stops the state by multiplying it by 0 (``γ·nd``, ``nd·e``), never by selecting 0, so
+  a NaN or inf in the state goes on as ``0·NaN = NaN`` exactly as in the reference loop and the other
+  backends (docs/semantics.md, "Non-finite inputs");
+* a clipped importance ratio is ``min(bar, ratio)`` with a NaN ratio kept NaN and an overflowed one
+  (``inf``) clipped to ``bar``.
 
 Inputs are passed to the compiled code as a data pointer and two strides (three for ``x``) per
 field, so any layout is read in place: a time-major ``[T, N]`` buffer passed as its transposed view
@@ -86,6 +91,13 @@ def _bytes(ptr, size):
 def _span(N, T, sn, st):
     """Elements from a field's first to its last: what its 1-D view must cover."""
     return 1 + (N - 1) * sn + (T - 1) * st
+
+
+@njit(inline="always", **_JIT)
+def _clip(ratio, bar):
+    """``min(bar, ratio)`` that keeps a NaN ratio NaN (``ratio if ratio < bar else bar`` would give
+    ``bar``: every comparison with NaN is false); an overflowed ratio (inf) is clipped to ``bar``."""
+    return bar if ratio > bar else ratio
 
 
 # ---------------------------------------------------------------------------------------------
@@ -227,7 +239,7 @@ def _retrace(N, n0, n1, T, pr, sr_n, sr_t, pv, sv_n, sv_t, pk, sk_n, sk_t, ptr, 
                         if not kt:
                             x += gamma * b[n * sb_n + t * sb_t]
             ratio = np.exp(tl[n * stl_n + t * stl_t] - lp[n * slp_n + t * slp_t])
-            ct = lam * (ratio if ratio < c_bar else c_bar)
+            ct = lam * _clip(ratio, c_bar)
             out[n, t] = x + g * z
             z = (v[n * sv_n + t * sv_t] + ct * (x - q[n * sq_n + t * sq_t])) + (g * ct) * z
         carry_out[n] = z
@@ -295,9 +307,9 @@ def _vtrace(N, n0, n1, T, pr, sr_n, sr_t, pv, sv_n, sv_t, pk, sk_n, sk_t, ptr, s
                             x += gamma * b[n * sb_n + t * sb_t]
             vt = v[n * sv_n + t * sv_t]
             ratio = np.exp(tl[n * stl_n + t * stl_t] - lp[n * slp_n + t * slp_t])
-            rho = ratio if ratio < rho_bar else rho_bar
-            ct = lam * (ratio if ratio < c_bar else c_bar)
-            rpg = ratio if ratio < pg_rho_bar else pg_rho_bar
+            rho = _clip(ratio, rho_bar)
+            ct = lam * _clip(ratio, c_bar)
+            rpg = _clip(ratio, pg_rho_bar)
             out_pg[n, t] = rpg * ((x + g * (vn + u)) - vt)
             u = (rho * (x - vt) + g * (rho * vn)) + (g * ct) * u
             out_vs[n, t] = vt + u
@@ -334,16 +346,18 @@ def _trace(N, n0, n1, T, F, px, sx_n, sx_t, sx_f, pk, sk_n, sk_t, ptr, str_n, st
                     for f in range(F):
                         out[n, t, f] = 0.0
                     continue
-            done = False
+            nd = 1.0  # not done; the state is reset by multiplying (0·NaN = NaN carries on)
             if pk is not None:
-                done = k[n * sk_n + t * sk_t] != 0
+                if k[n * sk_n + t * sk_t] != 0:
+                    nd = 0.0
             if ptr is not None:
-                done = done or tr[n * str_n + t * str_t] != 0
+                if tr[n * str_n + t * str_t] != 0:
+                    nd = 0.0
             base = n * sx_n + t * sx_t
             for f in range(F):
                 e = x[base + f * sx_f] + decay * final[n, f]
                 out[n, t, f] = e
-                final[n, f] = 0.0 if done else e
+                final[n, f] = nd * e
 
 
 # ---------------------------------------------------------------------------------------------
