@@ -19,6 +19,7 @@ coefficients elementwise in torch, the scan on the backend's affine scan (the fu
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
@@ -79,7 +80,9 @@ class SumsResult(NamedTuple):
 
 
 def _real(name, v):
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
+    """A real number as a float: a Python ``int``/``float`` or a NumPy real scalar (``np.float32``,
+    ``np.int64``, ...); never a ``bool`` (nor NumPy's) and never a tensor (reading one is a device sync)."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
         raise TypeError(f"{name} must be a real number, got {type(v).__name__}")
     return float(v)
 

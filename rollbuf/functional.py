@@ -87,6 +87,8 @@ def _cached(tag, name, arguments: dict, run):
                 return hit(arguments)
     est_name, kw = _arguments(tag, arguments) if name is None else (name, arguments)
     p, be = _problem(est_name, **kw)
+    if run is None:  # a sharded call's T = 0 shard is not the window end (rollbuf.distributed)
+        _check_empty_window(p)
     outs, cout = (run or backends.run)(p, be)
     if key is not None:
         repeat = _Repeat.build(p, be, tag, name, arguments)
@@ -344,6 +346,7 @@ def bind(function: str, arguments: dict) -> Bound:
     validated once and bound to its tensors: see :class:`Bound`."""
     name, kw = _arguments(function, arguments)
     p, be = _problem(name, **dict(kw))
+    _check_empty_window(p)
     given = dict(kw, carry=kw.get("carry"))
     for key, x in (*p.fields.items(), ("carry", p.carry)):
         t = given.get(key)
@@ -351,6 +354,29 @@ def bind(function: str, arguments: dict) -> Bound:
                 t.untyped_storage().data_ptr():  # flattened by a copy: later writes would not reach it
             return Bound(p, be, again=lambda: call(function, arguments))
     return Bound(p, be)
+
+
+_WINDOW_END_FAMILIES = (Family.TD_LAMBDA, Family.RETRACE, Family.VTRACE)  # their carry holds V(s_T)
+
+
+def _check_empty_window(p: Problem) -> None:
+    """Refuse the carry of a ``T = 0`` window that bootstraps from ``bootstrap_values`` of shape
+    ``[*B, 0]``: the carry of an empty window is its window-end value V(s_T) itself (chaining an
+    empty window changes nothing), and a ``[*B, 0]`` tensor has no column to hold it. Returning 0
+    there would make the window before it bootstrap from 0."""
+    if not p.want_carry or p.carry is not None or p.window_end != "bootstrap" or p.no_bootstrap:
+        return
+    if p.family not in _WINDOW_END_FAMILIES or p.num_steps:
+        return
+    bv = p.fields.get("bootstrap_values")
+    if bv is not None and bv.dim() == 2:
+        B = p.batch_shape
+        raise ValueError(
+            f"bootstrap_values of shape {(*B, 0)} has no column for V(s_T), which is the whole carry "
+            f"of an empty (T = 0) window: pass the [*B] column bootstrap_values=V(s_T) (shape "
+            f"{tuple(B)}) for an empty window, window_end='terminal' if it ends in a terminal state, "
+            "or carry= to chain it"
+        )
 
 
 def _arguments(function: str, arguments: dict):
@@ -367,6 +393,9 @@ def _arguments(function: str, arguments: dict):
             if kw.get("rewards") is None:
                 raise ValueError("episodic_sums needs x or rewards")
             kw["x"] = kw.pop("rewards")
+        elif kw.get("rewards") is not None:  # rewards is only x's default: never dropped silently
+            raise TypeError("episodic_sums() got an unexpected keyword argument 'rewards' alongside x: "
+                            "rewards is the default of x; pass one of them")
         kw.pop("rewards", None)
     else:
         name = function
@@ -486,7 +515,8 @@ def episodic_sums(x=None, initial=None, *, rewards=None, terminated=None, trunca
                   mask=None, out_dtype=None, backend="auto"):
     r"""Running sums within episodes, forward in time: ``S_t = x_t + (1−d_{t−1})S_{t−1}``.
 
-    ``x`` defaults to ``rewards`` (the running undiscounted episode return). ``final`` is
+    ``x`` defaults to ``rewards`` (the running undiscounted episode return); passing both is a
+    ``TypeError`` (``rewards`` would be ignored). ``final`` is
     ``(1−d_{T−1})·S_{T−1}``: the unfinished episodes' sums, to pass as the next ``initial``.
     """
     return call("episodic_sums", dict(x=x, initial=initial, rewards=rewards, terminated=terminated,
@@ -497,7 +527,9 @@ def affine_scan(alpha, beta, reverse=False, initial=None, *, backend="auto"):
     r"""The generic primitive: ``y_t = α_t + β_t·y_{t−1}`` (or ``y_{t+1}`` with ``reverse=True``).
 
     ``alpha`` and ``beta`` are ``[*B, T]``; ``initial`` (``[*B]``, default 0) is ``y`` just outside
-    the row (``y_{−1}``, or ``y_T`` when reversed). Returns ``y`` ``[*B, T]``.
+    the row (``y_{−1}``, or ``y_T`` when reversed). Returns ``y`` ``[*B, T]`` in the promoted dtype
+    of ``alpha`` and ``beta``; the scan accumulates in float64 when any of ``alpha``, ``beta``,
+    ``initial`` is float64 (else float32).
     """
     validation.check_bool("reverse", reverse)
     alpha = validation.main_tensor("alpha", alpha)
@@ -512,7 +544,7 @@ def affine_scan(alpha, beta, reverse=False, initial=None, *, backend="auto"):
         if initial.device != c.device:
             raise ValueError(f"initial is on {initial.device} but alpha is on {c.device}")
     be = backends.resolve(backend, c.device)
-    compute, out = c.dtypes(None)
+    compute, out = c.dtypes(None, initial)  # a float64 initial makes the scan float64
     N = 1
     for b in B:
         N *= b

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import operator
+import sys
 
 import torch
 from tensordict import tensorclass
@@ -11,19 +12,75 @@ from rollbuf import functional as F
 from rollbuf import windows
 from rollbuf.boundary import conventions as C
 
+def _index(v) -> int | None:
+    """``v`` as an int: a Python int, a NumPy integer or a 0-d integer tensor; ``None`` for anything
+    else (a ``bool``, NumPy's or a bool tensor included: a flag is not a size or a step)."""
+    if isinstance(v, bool) or (isinstance(v, torch.Tensor) and (v.dtype == torch.bool or v.dim())):
+        return None
+    try:
+        return operator.index(v)
+    except TypeError:
+        return None
+
+
 def _sizes(name, v) -> tuple[int, ...]:
     """``v`` as a tuple of non-negative ints (an int or a sequence of them), else a ValueError naming it."""
     items = (v,) if not isinstance(v, (tuple, list, torch.Size)) else tuple(v)
     out = []
     for x in items:
-        try:
-            n = None if isinstance(x, bool) else operator.index(x)
-        except TypeError:
-            n = None
+        n = _index(x)
         if n is None or n < 0:
             raise ValueError(f"{name} must be a non-negative int or a tuple of them, got {v!r}")
         out.append(n)
     return tuple(out)
+
+
+def _real_tensor(name, value, device) -> torch.Tensor:
+    """``value`` as a tensor on ``device`` (``torch.as_tensor``); a complex value is refused (writing
+    it into a real field would drop its imaginary part)."""
+    value = torch.as_tensor(value, device=device)
+    if value.is_complex():
+        raise TypeError(f"{name} must be real, got a complex value ({value.dtype}); its imaginary part "
+                        "would be dropped")
+    return value
+
+
+def _is_numpy(v) -> bool:
+    """Whether ``v`` is a NumPy array or scalar (NumPy is not imported for this: without it loaded,
+    nothing is one)."""
+    np = sys.modules.get("numpy")
+    return np is not None and isinstance(v, (np.ndarray, np.number))
+
+
+def _stamp(t: torch.Tensor) -> tuple:
+    """``(t, its version counter, its storage address)``: a later stamp of the same tensor differs
+    once it was written in place (``x[...] = y``, ``copy_``, ...) or given new storage (``x.data = y``).
+    Both are host-side counters: no device sync."""
+    return (t, t._version, t.data_ptr())
+
+
+class _Placeholders(dict):
+    """A rollout's never-written fields by name (:func:`_stamp` of each). Tied to this rollout's
+    tensors, so a copy of the rollout starts without any (it counts as built from tensors)."""
+
+    def __copy__(self):
+        return _Placeholders()
+
+    def __deepcopy__(self, memo):
+        return _Placeholders()
+
+    def __reduce__(self):
+        return _Placeholders, ()
+
+
+# The fields Rollout.empty allocates as NaN placeholders, and the call that writes each: an
+# estimator that reads one that was never written raises, naming it (no NaN outputs to chase).
+_WRITTEN_BY = {
+    "rewards": "record(t, rewards=...)",
+    "values": "record(t, values=...)",
+    "log_probs": "record(t, log_probs=...)",
+    "bootstrap_values": "Rollout.bootstrap(last_values)",
+}
 
 
 _STEP_FIELDS = ("rewards", "values", "terminated", "truncated", "log_probs", "bootstrap_values", "mask")
@@ -86,8 +143,10 @@ _ROLLOUT_DOC = """A window of ``[*B, T]`` steps (``B`` = envs, or envs × agents
     step). Flags are transition-aligned: a flag at ``t`` says what happened after ``a_t``.
 
     Fill it while collecting with :meth:`record`, close the window with :meth:`bootstrap`, then call
-    an estimator. Tensorclass indexing (``ro[:16]``, ``ro[..., :64]``), ``ro.to(device)``,
-    ``torch.stack`` and ``torch.cat`` work as for any tensorclass.
+    an estimator (one that reads a field :meth:`empty` left unwritten, or the window end of a window
+    never closed, raises a ``ValueError`` naming it and the call that writes it). Tensorclass
+    indexing (``ro[:16]``, ``ro[..., :64]``), ``ro.to(device)``, ``torch.stack`` and ``torch.cat``
+    work as for any tensorclass.
     """
 
 
@@ -119,10 +178,21 @@ class Rollout:
     @classmethod
     def empty(cls, num_envs, horizon, *, device=None, dtype=torch.float32, with_mask=False):
         """A window to fill with :meth:`record`: float fields NaN (so a step never recorded shows
-        up), flags False. ``num_envs`` may be an int or a tuple of leading batch dims."""
+        up), flags False. ``num_envs`` may be an int or a tuple of leading batch dims; it and
+        ``horizon`` take Python ints, NumPy integers and 0-d integer tensors (never a bool).
+
+        The rollout tracks which float fields were written — recorded, written in place or
+        assigned — by their version counters (host-side, no device sync, the data never read):
+        an estimator method that reads one never written raises a ``ValueError`` naming it and
+        ``record(t, <field>=...)``; one that reads the window end (``window_end='bootstrap'``,
+        no ``carry=``) before :meth:`bootstrap` closed the window raises naming
+        ``Rollout.bootstrap(last_values)`` (bootstrap values recorded with :meth:`record`, V(s'_t)
+        after truncations, do not close it). A rollout built from tensors has no such placeholder."""
         B = _sizes("num_envs", num_envs)
-        if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 0:
+        T = _index(horizon)
+        if T is None or T < 0:
             raise ValueError(f"horizon must be a non-negative int, got {horizon!r}")
+        horizon = T
         if dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
             raise TypeError(f"dtype must be a floating-point dtype, got {dtype}")
         shape = (*B, horizon)
@@ -133,27 +203,75 @@ class Rollout:
         def false():
             return torch.zeros(shape, dtype=torch.bool, device=device)
 
-        return cls(
+        ro = cls(
             rewards=nan(), values=nan(), terminated=false(), truncated=false(), log_probs=nan(),
             bootstrap_values=nan(), mask=torch.ones(shape, dtype=torch.bool, device=device) if with_mask else None,
             batch_size=list(shape), device=device,
         )
+        # the NaN placeholders, each with its version counter (bumped by every in-place write, on
+        # the host: no device sync) and storage address: one counts as written once it is recorded,
+        # written in place or assigned (:meth:`_unwritten`); bootstrap_values once the window is closed
+        pending = _Placeholders()
+        for name in _WRITTEN_BY:
+            pending[name] = _stamp(getattr(ro, name))
+        object.__setattr__(ro, "_pending", pending)  # an instance attribute, not a field
+        return ro
+
+    def _unwritten(self, name, current=None) -> bool:
+        """Whether field ``name`` is still the NaN placeholder :meth:`empty` allocated, never written:
+        not recorded, not written in place, not assigned (``bootstrap_values``: the window never
+        closed with :meth:`bootstrap`). A rollout built from tensors (the constructor,
+        :meth:`from_torchrl`, or indexing, ``.to``, stacking another rollout) has none."""
+        pending = self.__dict__.get("_pending")
+        hit = None if pending is None else pending.get(name)
+        if hit is None:
+            return False
+        if (getattr(self, name) if current is None else current) is hit[0] and _stamp(hit[0]) == hit:
+            return True
+        del pending[name]  # assigned, or written in place, since
+        return False
+
+    def _require(self, method, names):
+        """Raise a ValueError naming the first of ``names`` that :meth:`method` would read unwritten."""
+        if not self.__dict__.get("_pending"):
+            return
+        for name in names:
+            if not self._unwritten(name):
+                continue
+            if name == "bootstrap_values":
+                raise ValueError(
+                    f"Rollout.{method} reads bootstrap_values at the window end (V(s_T)), but this "
+                    "rollout's window was never closed: call Rollout.bootstrap(last_values) first "
+                    "(or pass window_end='terminal' if the window ends in terminal states, or carry= "
+                    "to chain it)"
+                )
+            raise ValueError(
+                f"Rollout.{method} reads {name}, which was never written (Rollout.empty fills it with "
+                f"NaN): record it with {_WRITTEN_BY[name]}, or assign it"
+            )
+
+    def _needs(self, method, args, *names, end=True):
+        """:meth:`_require` for an estimator call: ``names``, and bootstrap_values where the window
+        end bootstraps (``window_end='bootstrap'``, no ``carry=``; ``end=False``: never)."""
+        if not self.__dict__.get("_pending"):
+            return
+        if end and args.get("window_end", "bootstrap") == "bootstrap" and args.get("carry") is None:
+            names = (*names, "bootstrap_values")
+        self._require(method, names)
 
     def record(self, t, **step):
         """Write step ``t`` of every env: ``record(t, rewards=r, values=v, terminated=te, ...)``.
 
-        Each value is ``[*B]`` (one entry per env). ``bootstrap_values`` is V(s'_t) of the *true*
-        successor (Gymnasium's final observation on truncation); record it where truncated.
+        Each value is ``[*B]`` (one entry per env; anything ``torch.as_tensor`` takes, but not a
+        complex value: a TypeError naming the field). ``t`` is an integer in ``[-T, T)`` (negative:
+        from the end). ``bootstrap_values`` is V(s'_t) of the *true* successor (Gymnasium's final
+        observation on truncation); record it where truncated.
         """
         T = self.batch_size[-1]
         t_in = t
-        try:  # ints, NumPy integers, 0-d integer tensors; never a bool
-            t = None if isinstance(t, bool) or (isinstance(t, torch.Tensor) and (t.dtype == torch.bool or t.dim())) \
-                else operator.index(t)
-        except TypeError:
-            t = None
+        t = _index(t)  # ints, NumPy integers, 0-d integer tensors; never a bool
         if t is None or not -T <= t < T:
-            raise IndexError(f"t must be an int step index in [0, {T}), got {t_in!r}")
+            raise IndexError(f"t must be an int step index in [{-T}, {T}) (negative: from the end), got {t_in!r}")
         for name, value in step.items():
             if name not in _STEP_FIELDS:
                 raise TypeError(f"record() got an unknown field {name!r}; fields: {_STEP_FIELDS}")
@@ -162,22 +280,35 @@ class Rollout:
             col = getattr(self, name)
             if col is None:
                 raise ValueError(f"{name} was not allocated for this rollout; construct it with that field")
-            value = torch.as_tensor(value, device=col.device)
+            value = _real_tensor(f"{name} at step {t}", value, col.device)
             if tuple(value.shape) != tuple(col.shape[:-1]):
                 raise ValueError(f"{name} at step {t} must have shape {tuple(col.shape[:-1])}, got {tuple(value.shape)}")
+            # a recorded bootstrap value (V(s'_t) after a truncation) does not close the window:
+            # bootstrap_values stays unwritten for the window end until bootstrap()
+            end_open = name == "bootstrap_values" and self._unwritten(name, col)
             col[..., t] = value
+            if end_open:
+                self.__dict__["_pending"][name] = _stamp(col)
+            elif name in _WRITTEN_BY:
+                self._unwritten(name, col)  # drops it from the placeholders (written in place now)
         return self
 
     def bootstrap(self, last_values):
-        """Close the window: ``V(s_T)``, the value of the state after the last step, ``[*B]``.
+        """Close the window: ``V(s_T)``, the value of the state after the last step, ``[*B]`` (a
+        tensor or a NumPy array, as :meth:`record` takes them).
 
         Written into ``bootstrap_values`` at each row's window end — the last step, or the last
         unmasked step when there is a ``mask`` (that is where the estimators read it) —
         where that step did not end its episode (a truncated last step keeps the value of its true
         final state recorded with it). A row with no unmasked step gets it in its last column.
         """
+        if _is_numpy(last_values):  # as record() takes them
+            last_values = torch.as_tensor(last_values, device=self.values.device)
         if not isinstance(last_values, torch.Tensor):
-            raise TypeError(f"last_values must be a torch.Tensor, got {type(last_values).__name__}")
+            raise TypeError(f"last_values must be a torch.Tensor or a NumPy array, got {type(last_values).__name__}")
+        if last_values.is_complex():
+            raise TypeError(f"last_values must be real, got a complex value ({last_values.dtype}); its "
+                            "imaginary part would be dropped")
         B = tuple(self.batch_size[:-1])
         if tuple(last_values.shape) != B:
             raise ValueError(f"last_values must have shape {B}, got {tuple(last_values.shape)}")
@@ -185,7 +316,7 @@ class Rollout:
             self.bootstrap_values = torch.full_like(self.values, float("nan"))
         T = self.batch_size[-1]
         if T == 0:
-            return self
+            return self._closed()
         j = windows.window_end_index(self.mask, self.batch_size, self.values.device)
         live_end = (j >= 0).unsqueeze(-1)  # a row with no unmasked step: its last column, flags ignored
         j = torch.where(j < 0, T - 1, j).unsqueeze(-1)
@@ -196,6 +327,13 @@ class Rollout:
         col = self.bootstrap_values.gather(-1, j)
         new = torch.where(done, col, last_values.unsqueeze(-1).to(col.dtype))
         self.bootstrap_values.scatter_(-1, j, new)
+        return self._closed()
+
+    def _closed(self):
+        """Mark the window closed (bootstrap_values written for the window end); returns ``self``."""
+        pending = self.__dict__.get("_pending")
+        if pending is not None:
+            pending.pop("bootstrap_values", None)
         return self
 
     # -- estimators -----------------------------------------------------------------------------
@@ -221,6 +359,8 @@ class Rollout:
         types = tuple(map(type, args.values()))
         if torch.compiler.is_compiling() or not _PLAIN.issuperset(types) or not _OWN_SET.isdisjoint(args):
             # (a field given twice: the functional call raises the TypeError)
+            if _OWN_SET.isdisjoint(args):
+                self._reads(function, args)
             return getattr(F, function)(**args, **(fields or self._fields()))
         try:
             # by name, value and type (1, 1.0 and True are three keys); in the order given, so the same
@@ -230,9 +370,12 @@ class Rollout:
             bound = self.__dict__.get("_bound")
             hit = None if bound is None else bound.get(key)
         except (TypeError, AttributeError):  # an unhashable argument, another storage
+            self._reads(function, args)
             return getattr(F, function)(**args, **(fields or self._fields()))
         if hit is not None and _still_bound(entries, hit[1]):
+            # (bound after the check below: a field once written stays written, so it still holds)
             return hit[2]()
+        self._reads(function, args)
         tensors = tuple(map(entries.get, _OWN))
         own = self._fields()
         if any(own[n] is not t for n, t in zip(_OWN, tensors)):
@@ -243,6 +386,13 @@ class Rollout:
             object.__setattr__(self, "_bound", bound)  # an instance attribute, not a field
         bound.keep(key, (tensors, _checks(tensors), b))
         return b()
+
+    def _reads(self, function, args):
+        """The unwritten-field check (:meth:`_needs`) of a TD(λ)-family call."""
+        if function == "discounted_returns":  # values is not read; Monte Carlo reads no bootstrap
+            self._needs(function, args, "rewards", end=args.get("bootstrap", True) is not False)
+        else:
+            self._needs(function, args, "rewards", "values")
 
     def _rerun(self, key):
         """The call bound under ``key`` (as :meth:`_estimate` keys it), run again, or ``None`` where
@@ -285,11 +435,13 @@ class Rollout:
 
     def vtrace(self, target_log_probs, gamma, rho_bar=1.0, c_bar=1.0, pg_rho_bar=None, lam=1.0, **kw):
         """V-trace: :func:`rollbuf.functional.vtrace` (``log_probs`` is the behaviour policy)."""
+        self._needs("vtrace", kw, "rewards", "values", "log_probs")
         return F.vtrace(target_log_probs, gamma, rho_bar, c_bar, pg_rho_bar, lam,
                         log_probs=self._log_probs(), **self._fields(), **kw)
 
     def retrace(self, q_values, target_log_probs, gamma, lam=1.0, c_bar=1.0, **kw):
         """Retrace(λ): :func:`rollbuf.functional.retrace` (``values`` = E_π Q(s_t, ·))."""
+        self._needs("retrace", kw, "rewards", "values", "log_probs")
         return F.retrace(q_values, target_log_probs, gamma, lam, c_bar,
                          log_probs=self._log_probs(), **self._fields(), **kw)
 
@@ -300,6 +452,8 @@ class Rollout:
 
     def episodic_sums(self, x=None, initial=None, **kw):
         """Running within-episode sums (default: of rewards): :func:`rollbuf.functional.episodic_sums`."""
+        if x is None:
+            self._require("episodic_sums", ("rewards",))
         return F.episodic_sums(self.rewards if x is None else x, initial, terminated=self.terminated,
                                truncated=self.truncated, mask=self.mask, **kw)
 

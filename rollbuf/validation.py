@@ -149,14 +149,28 @@ def check_tensor(name, x, kinds, kind_text):
     return x
 
 
-def _same(name, x, shape, device):
+def _same(name, x, shape, device, reference=None):
     if x.shape != shape:  # torch.Size against a tuple: element-wise
+        whose = f": that of {reference}" if reference else ""
         raise ValueError(
-            f"{name} must have shape {tuple(shape)} (the shape of the rollout, [*batch, T]), "
+            f"{name} must have shape {tuple(shape)} (the shape of the rollout, [*batch, T]{whose}), "
             f"got {tuple(x.shape)}; nothing is broadcast"
         )
     if x.device != device:
         raise ValueError(f"{name} is on {x.device} but the rollout is on {device}")
+
+
+def _layout(named):
+    """The ``[*B, T]`` of a call and the fields that have it: of ``named`` (``(name, shape)`` of the
+    per-step tensors, in the signature's order), the shape most of them have, ties going to the
+    earliest (the first field of the signature is the layout reference). So a field that disagrees
+    with the others is the one named, whichever it is. Returns ``(shape, names)``."""
+    counts: dict = {}
+    for _, shape in named:
+        counts[shape] = counts.get(shape, 0) + 1
+    best = max(counts.values())
+    shape = next(s for _, s in named if counts[s] == best)
+    return shape, [n for n, s in named if s == shape]
 
 
 def check_bool(name, v):
@@ -174,8 +188,9 @@ def chain_choice(name, v, options):
 class Fields:
     """The checked fields of one call (``shape`` = ``[*B, T]``)."""
 
-    def __init__(self, shape, device):
+    def __init__(self, shape, device, reference=None):
         self.shape, self.device = shape, device
+        self.reference = reference  # the fields that fix the shape, for the error messages
         self.fields: dict[str, torch.Tensor | None] = {}
         self.floats: list[torch.Tensor] = []
 
@@ -186,14 +201,14 @@ class Fields:
             self.fields[name] = None
             return
         check_tensor(name, x, FLOATS, _FLOAT_TEXT)
-        _same(name, x, self.shape, self.device)
+        _same(name, x, self.shape, self.device, self.reference)
         self.floats.append(x)
         self.fields[name] = x
 
     def add_flag(self, name, x):
         if x is not None:
             check_tensor(name, x, FLAGS, _FLAG_TEXT)
-            _same(name, x, self.shape, self.device)
+            _same(name, x, self.shape, self.device, self.reference)
         self.fields[name] = x
 
     def add_bootstrap(self, bv, window_end, needed: bool):
@@ -236,8 +251,12 @@ class Fields:
         f = self.fields
         check_window_end_column(f.get("terminated"), f["truncated"], f.get("mask"), self.device)
 
-    def dtypes(self, out_dtype):
-        compute = torch.float64 if any(x.dtype == torch.float64 for x in self.floats) else torch.float32
+    def dtypes(self, out_dtype, carry=None):
+        """``(compute dtype, output dtype)``: float64 accumulation when any floating input is float64,
+        the carry (``initial``) included; the outputs in ``out_dtype``, else the fields' promoted
+        dtype (the carry is always in an accumulation dtype, so it does not widen the outputs)."""
+        compute = torch.float64 if any(x.dtype == torch.float64 for x in self.floats) or (
+            carry is not None and carry.dtype == torch.float64) else torch.float32
         if out_dtype is None:
             out = self.floats[0].dtype
             for x in self.floats[1:]:
@@ -406,7 +425,7 @@ def _validate(est: Estimator, fields: Mapping, params: Mapping, *, carry, return
         if carry.device != c.device:
             raise ValueError(f"{carry_name} is on {carry.device} but the rollout is on {c.device}")
         carry = carry.reshape(N, *carry.shape[len(B):])
-    compute, out = c.dtypes(out_dtype)
+    compute, out = c.dtypes(out_dtype, carry)
     kw = dict(est.problem_params(prm))
     kw.setdefault("window_end", window_end)
     generic = est.family == Family.GENERIC
@@ -429,7 +448,12 @@ _PROBLEM_PARAMS = set(Problem._fields) - {
 def _backward_fields(est: Estimator, fields: Mapping, window_end, carry) -> Fields:
     first = est.fields[0]
     main = main_tensor(first.name, fields.get(first.name))
-    c = Fields(tuple(main.shape), main.device)
+    # [*B, T] is the shape most per-step fields have (ties: the first field's), so that the one
+    # field that disagrees is named (a transposed rewards is blamed on rewards, not on values)
+    named = [(f.name, tuple(x.shape)) for f in est.fields if f.kind in ("float", "flag")
+             for x in (fields.get(f.name),) if isinstance(x, torch.Tensor) and x.dim() >= 1]
+    shape, have = _layout(named) if named else (tuple(main.shape), [first.name])
+    c = Fields(shape, fields.get(have[0]).device, ", ".join(have))
     boot = None
     for f in est.fields:
         x = fields.get(f.name)
@@ -441,7 +465,7 @@ def _backward_fields(est: Estimator, fields: Mapping, window_end, carry) -> Fiel
             c.add_float(f.name, x, required=f.required)
         elif x is not None:  # accepted, not read
             check_tensor(f.name, x, FLOATS, _FLOAT_TEXT)
-            _same(f.name, x, c.shape, c.device)
+            _same(f.name, x, c.shape, c.device, c.reference)
     chain_choice("window_end", window_end, WINDOW_ENDS)
     if boot is not None:
         if boot.read:
@@ -459,28 +483,43 @@ def _forward_fields(est: Estimator, fields: Mapping):
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     check_tensor("x", x, FLOATS, "a floating-point tensor")
-    flags = [fields.get(f.name) for f in est.fields if f.kind == "flag"]
-    flags = [f for f in flags if f is not None]
+    flags = [(f.name, fields.get(f.name)) for f in est.fields if f.kind == "flag"]
+    flags = [(n, f) for n, f in flags if f is not None]
     if not flags:
         raise ValueError(
             f"{est.name} needs terminated, truncated or mask of shape [*B, T] to place x's time "
             "dimension; pass terminated=torch.zeros(...) for a single episode"
         )
-    if not isinstance(flags[0], torch.Tensor) or flags[0].dim() < 1:
-        raise TypeError("terminated/truncated/mask must be tensors of shape [*B, T]")
-    shape = tuple(flags[0].shape)
-    k = len(shape)
-    if x.dim() < k or tuple(x.shape[:k]) != shape:
-        raise ValueError(f"x must have shape [*B, T, *F] with [*B, T] = {shape}, got {tuple(x.shape)}")
-    if x.device != flags[0].device:
-        raise ValueError("x and the flags must be on the same device")
-    c = Fields(shape, x.device)
+    # [*B, T] is x's leading dims (x comes first: the layout reference), as many as the flags
+    # have; the flags that agree with x's leading dims choose them (the most, ties: the first), and
+    # a flag that disagrees is named. Where none agrees, x is named when two or more flags agree
+    # with each other, else the first flag.
+    tensors = [(n, f) for n, f in flags if isinstance(f, torch.Tensor) and f.dim() >= 1]
+    fits = [(n, tuple(f.shape)) for n, f in tensors if tuple(x.shape[:f.dim()]) == tuple(f.shape)]
+    if fits:
+        shape, have = _layout(fits)
+    else:
+        name, first = flags[0]
+        check_tensor(name, first, FLAGS, _FLAG_TEXT)
+        if first.dim() < 1:
+            raise ValueError(f"{name} must have shape [*B, T], got a 0-d tensor")
+        shape, have = _layout([(n, tuple(f.shape)) for n, f in tensors])
+        if len(have) < 2:
+            raise ValueError(
+                f"{name} must have shape [*B, T], the leading dims of x ([*B, T, *F], shape "
+                f"{tuple(x.shape)}), got {tuple(first.shape)}; nothing is broadcast"
+            )
+        raise ValueError(
+            f"x must have shape [*B, T, *F] with [*B, T] = {shape} (the shape of {', '.join(have)}), "
+            f"got {tuple(x.shape)}"
+        )
+    c = Fields(shape, x.device, f"x's leading dims and {', '.join(have)}")
     for f in est.fields:
         if f.kind == "flag":
             c.add_flag(f.name, fields.get(f.name))
     c.fields["x"] = x
     c.floats.append(x)
-    return c, tuple(x.shape[k:])
+    return c, tuple(x.shape[len(shape):])
 
 
 def finish(p: Problem, outs, carry):

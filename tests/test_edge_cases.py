@@ -367,6 +367,18 @@ def test_record_refuses_a_step_that_is_not_an_index(t):
         Rollout.empty(2, 5).record(t, rewards=torch.ones(2))
 
 
+@pytest.mark.parametrize("t", [5, -6, 16, -17])
+def test_record_names_the_range_it_accepts(t):
+    """Negative steps count from the end (as Python indexes): the message says [-T, T)."""
+    with pytest.raises(IndexError, match=r"t must be an int step index in \[-5, 5\)"):
+        Rollout.empty(2, 5).record(t, rewards=torch.ones(2))
+    ro = Rollout.empty(2, 16)
+    with pytest.raises(IndexError, match=r"in \[-16, 16\)"):
+        ro.record(-17, rewards=torch.ones(2))
+    ro.record(-16, rewards=torch.ones(2))  # the first step
+    assert ro.rewards[:, 0].tolist() == [1.0, 1.0] and ro.rewards[:, 1:].isnan().all()
+
+
 @pytest.mark.parametrize("n", [-2, (3, -1), 2.5, True])
 def test_empty_names_num_envs(n):
     with pytest.raises(ValueError, match="num_envs must be a non-negative int"):

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from rollbuf import Rollout
+from rollbuf import Rollout, backends
 from rollbuf import functional as F
 from rollbuf.testing import assert_matches_reference, make_rollout
 
@@ -495,3 +495,173 @@ def test_new_storage_in_place_drops_every_call_bound_to_the_old():
     assert dict((n, a) for n, _, a in checks)["rewards"] == ro.rewards.data_ptr() != old
     _same_results(ro.gae(0.8, 0.8, backend="torch"), F.gae(0.8, 0.8, **ro._fields(), backend="torch"))
     assert len(bound) == 2
+
+
+# ---- a field never written: the estimator names it and the call that writes it ----------------
+
+ROLLOUT_BACKENDS = ["reference", "torch"] + (["numba"] if backends.numba_available() else []) + (
+    ["triton"] if backends.triton_available() else [])
+
+_METHODS = {  # name -> (call, whether it reads values, whether it reads log_probs)
+    "gae": (lambda ro, **kw: ro.gae(0.9, 0.8, **kw), True, False),
+    "advantages": (lambda ro, **kw: ro.advantages(0.9, 0.8, **kw), True, False),
+    "lambda_returns": (lambda ro, **kw: ro.lambda_returns(0.9, 0.8, **kw), True, False),
+    "discounted_returns": (lambda ro, **kw: ro.discounted_returns(0.9, **kw), False, False),
+    "vtrace": (lambda ro, **kw: ro.vtrace(torch.zeros(ro.batch_size, device=ro.device), 0.9, **kw), True, True),
+    "retrace": (lambda ro, **kw: ro.retrace(torch.zeros(ro.batch_size, device=ro.device),
+                                            torch.zeros(ro.batch_size, device=ro.device), 0.9, **kw), True, True),
+}
+
+
+def _collected(n=3, t=4, device="cpu", log_probs=True, **extra):
+    """A window filled as a Gymnasium loop fills it: every step recorded, bootstrap_values included
+    (NaN where not truncated), but not closed with bootstrap()."""
+    ro = Rollout.empty(n, t, device=device)
+    for s in range(t):
+        ro.record(s, rewards=torch.ones(n), values=torch.full((n,), 0.5), terminated=torch.zeros(n, dtype=torch.bool),
+                  truncated=torch.zeros(n, dtype=torch.bool), bootstrap_values=torch.full((n,), NAN),
+                  log_probs=torch.zeros(n) if log_probs else None, **extra)
+    return ro
+
+
+@pytest.mark.parametrize("backend", ROLLOUT_BACKENDS)
+@pytest.mark.parametrize("name", list(_METHODS))
+def test_forgetting_bootstrap_is_an_error_naming_it(name, backend):
+    """Rollout.empty fills bootstrap_values with NaN; an estimator that reads the window end of a
+    window never closed raises (it used to return NaN advantages), naming bootstrap_values and
+    Rollout.bootstrap(last_values). Recorded bootstrap values (V(s'_t) after truncations) do not
+    close the window; bootstrap() does, and the results then equal the functional ones."""
+    call = _METHODS[name][0]
+    dev = "cuda" if backend == "triton" and torch.cuda.is_available() else "cpu"
+    ro = _collected(device=dev)
+    for _ in range(2):  # the second call takes the same (cold) path: nothing was bound
+        with pytest.raises(ValueError, match=r"bootstrap_values.*Rollout\.bootstrap\(last_values\)"):
+            call(ro, backend=backend)
+    if backend != "reference":  # chained: the window end is not read
+        assert not _as_tuple(call(ro, carry=torch.zeros((3, 2) if name == "vtrace" else (3,), device=dev),
+                                  backend=backend))[0].isnan().any()
+    assert not _as_tuple(call(ro, window_end="terminal", backend=backend))[0].isnan().any()
+    if name == "discounted_returns":
+        assert not ro.discounted_returns(0.9, bootstrap=False, backend=backend).isnan().any()
+    ro.bootstrap(torch.full((3,), 2.0, device=dev))
+    got = call(ro, backend=backend)
+    assert not _as_tuple(got)[0].isnan().any()
+    want = call(_from_fields({**ro._fields(), "log_probs": ro.log_probs}), backend=backend)  # built from tensors
+    _same_results(got, want)
+    _same_results(call(ro, backend=backend), want)  # again (bound where it can be)
+
+
+def _as_tuple(x):
+    return x if isinstance(x, tuple) else (x,)
+
+
+@pytest.mark.parametrize("name", list(_METHODS))
+def test_a_field_never_recorded_is_named_with_the_call_that_writes_it(name):
+    call, reads_values, reads_log_probs = _METHODS[name]
+    ro = Rollout.empty(3, 4).bootstrap(torch.zeros(3))
+    with pytest.raises(ValueError, match=r"rewards.*record\(t, rewards=\.\.\.\)"):
+        call(ro, backend="torch")
+    ro.record(0, rewards=torch.ones(3))  # one step is enough to count as written (a missed step is NaN)
+    if reads_values:
+        with pytest.raises(ValueError, match=r"values.*record\(t, values=\.\.\.\)"):
+            call(ro, backend="torch")
+    ro.values.zero_()  # written in place: counts
+    if reads_log_probs:
+        with pytest.raises(ValueError, match=r"log_probs.*record\(t, log_probs=\.\.\.\)"):
+            call(ro, backend="torch")
+        ro.log_probs = torch.zeros(3, 4)  # assigned: counts
+    call(ro, backend="torch")
+
+
+def test_episodic_sums_of_rewards_never_recorded_is_named():
+    ro = Rollout.empty(2, 3)
+    with pytest.raises(ValueError, match=r"rewards.*record\(t, rewards=\.\.\.\)"):
+        ro.episodic_sums()
+    assert ro.episodic_sums(torch.ones(2, 3)).sums[:, -1].tolist() == [3.0, 3.0]  # x given: rewards unread
+    with pytest.raises(TypeError, match="unexpected keyword argument 'rewards'"):
+        ro.episodic_sums(torch.ones(2, 3), rewards=torch.ones(2, 3))
+
+
+def test_the_written_check_reads_no_data():
+    """The check tracks writes on the host (version counters), never the values: it works on a
+    device whose data cannot be read back at all (meta), so on CUDA it costs no sync."""
+    ro = _collected(device="meta")
+    with pytest.raises(ValueError, match=r"Rollout\.bootstrap\(last_values\)"):
+        ro.gae(0.9, 0.8, backend="torch")
+    ro = Rollout.empty(2, 3, device="meta")
+    with pytest.raises(ValueError, match="rewards"):
+        ro.vtrace(torch.zeros(2, 3, device="meta"), 0.9, backend="torch")
+
+
+def test_rollouts_built_from_tensors_count_as_written():
+    """The constructor, from_torchrl and rollouts made from another (indexing, clone, .to) hold
+    tensors the caller gave: nothing is a placeholder, NaN or not (check_finite finds NaN values)."""
+    f = make_rollout(3, 5, seed=0)
+    f["bootstrap_values"] = torch.full((3, 5), NAN)
+    ro = _from_fields(f)
+    assert ro.gae(0.9, 0.8, backend="torch").advantages.isnan().any()
+    ro = _collected()
+    for other in (ro[:2], ro.clone(), ro[..., :3]):
+        assert other.gae(0.9, 0.8, backend="torch").advantages.isnan().any()
+    td = pytest.importorskip("tensordict")
+    data = td.TensorDict({"state_value": torch.zeros(2, 3), "next": td.TensorDict(
+        {"reward": torch.ones(2, 3), "terminated": torch.zeros(2, 3, dtype=torch.bool),
+         "truncated": torch.zeros(2, 3, dtype=torch.bool), "state_value": torch.zeros(2, 3)}, [2, 3])}, [2, 3])
+    assert not Rollout.from_torchrl(data).gae(0.9, 0.8, backend="torch").advantages.isnan().any()
+
+
+def test_assigning_or_new_storage_writes_a_field():
+    ro = Rollout.empty(2, 3)
+    ro.rewards = torch.ones(2, 3)
+    ro.values.data = torch.zeros(2, 3)  # the same tensor object, new storage: written
+    ro.bootstrap_values = torch.zeros(2, 3)  # assigned: the window end too
+    assert ro.gae(0.9, 0.8, backend="torch").advantages.tolist() == F.gae(
+        0.9, 0.8, **ro._fields(), backend="torch").advantages.tolist()
+
+
+# ---- NumPy and tensor integers, NumPy arrays, complex values ------------------------------------
+
+
+@pytest.mark.parametrize("horizon", ["np.int64", "np.int32", "tensor"])
+def test_empty_takes_integer_scalars_for_horizon(horizon):
+    np = pytest.importorskip("numpy")
+    h = {"np.int64": np.int64(4), "np.int32": np.int32(4), "tensor": torch.tensor(4)}[horizon]
+    ro = Rollout.empty(3, h)
+    assert tuple(ro.batch_size) == (3, 4) and type(ro.batch_size[-1]) is int
+    assert tuple(Rollout.empty(np.int64(3), h).batch_size) == (3, 4)
+
+
+@pytest.mark.parametrize("horizon", ["bool", "np.bool_", "bool tensor", "float tensor", "1-d tensor", "np.float"])
+def test_empty_refuses_horizons_that_are_not_integers(horizon):
+    np = pytest.importorskip("numpy")
+    h = {"bool": True, "np.bool_": np.bool_(True), "bool tensor": torch.tensor(True),
+         "float tensor": torch.tensor(4.0), "1-d tensor": torch.tensor([4]), "np.float": np.float64(4.0)}[horizon]
+    with pytest.raises(ValueError, match="horizon must be a non-negative int"):
+        Rollout.empty(3, h)
+
+
+@pytest.mark.parametrize("field", ["rewards", "values", "log_probs", "bootstrap_values", "terminated"])
+def test_record_refuses_complex_values_naming_the_field(field):
+    np = pytest.importorskip("numpy")
+    ro = Rollout.empty(2, 4)
+    before = getattr(ro, field).clone()
+    for value in (np.array([1 + 2j, 0]), torch.ones(2, dtype=torch.complex64), [1j, 0.0]):
+        with pytest.raises(TypeError, match=f"{field} at step 1 must be real.*complex"):
+            ro.record(1, **{field: value})
+    torch.testing.assert_close(getattr(ro, field), before, rtol=0, atol=0, equal_nan=True)  # nothing written
+
+
+def test_bootstrap_takes_numpy_arrays_as_record_does():
+    np = pytest.importorskip("numpy")
+    a, b = _collected(), _collected()
+    a.bootstrap(np.array([1.0, 2.0, 3.0]))
+    b.bootstrap(torch.tensor([1.0, 2.0, 3.0]))
+    torch.testing.assert_close(a.bootstrap_values, b.bootstrap_values, rtol=0, atol=0, equal_nan=True)
+    _same_results(a.gae(0.9, 0.8, backend="torch"), b.gae(0.9, 0.8, backend="torch"))
+    with pytest.raises(ValueError, match=r"last_values must have shape \(3,\)"):
+        _collected().bootstrap(np.zeros(4))
+    with pytest.raises(TypeError, match="last_values must be real"):
+        _collected().bootstrap(np.ones(3, dtype=np.complex128))
+    one = Rollout.empty((), 3)  # no batch dims: V(s_T) is a 0-d array or a NumPy scalar
+    one.bootstrap(np.float32(5.0))
+    assert one.bootstrap_values[-1].item() == 5.0

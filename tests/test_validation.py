@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rollbuf import backends
 from rollbuf import functional as F
 
 N, T = 3, 5
@@ -458,3 +459,127 @@ def test_repeated_kernel_calls_follow_the_forced_kernel_choices():
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(b, c, rtol=0, atol=0)
     torch.testing.assert_close(F.gae(0.9, 0.8, **kw).advantages, plain.advantages, rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# the field that is wrong is the one named
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", BACKWARD)
+def test_a_transposed_rewards_is_blamed_on_rewards(name):
+    """[*B, T] is the shape most per-step fields have: the one that disagrees is named, also when it
+    is the first field of the signature."""
+    with _raises(ValueError, "rewards must have shape", str((N, T)), str((T, N))) as info:
+        CALLS[name](rewards=torch.zeros(T, N), backend="torch")
+    assert not str(info.value).startswith("values")
+
+
+def test_a_tie_goes_to_the_first_field_and_names_the_reference():
+    """With only rewards and values, neither outvotes the other: rewards (first) fixes the layout."""
+    with _raises(ValueError, "values must have shape", str((T, N)), "rewards"):
+        F.gae(0.9, 0.9, rewards=torch.zeros(T, N), values=torch.zeros(N, T), bootstrap_values=torch.zeros(T))
+
+
+@pytest.mark.parametrize("flag", ["terminated", "truncated", "mask"])
+@pytest.mark.parametrize("fn", ["eligibility_traces", "episodic_sums"])
+def test_forward_estimators_name_the_wrongly_shaped_flag(fn, flag):
+    args = (torch.zeros(N, T), 0.9, 0.9) if fn == "eligibility_traces" else (torch.zeros(N, T),)
+    kw = dict(terminated=torch.zeros(N, T, dtype=torch.bool), mask=torch.ones(N, T, dtype=torch.bool))
+    for bad in [(N, T - 1), (T, N), (N, T, 1), (N + 1, T)]:
+        with _raises(ValueError, f"{flag} must have shape") as info:
+            getattr(F, fn)(*args, **{**kw, flag: torch.zeros(bad, dtype=torch.bool)})
+        assert str(bad) in str(info.value)
+    with _raises(ValueError, "terminated must have shape", str((N, T - 1))):  # the only flag: x is first
+        getattr(F, fn)(*args, terminated=torch.zeros(N, T - 1, dtype=torch.bool))
+    with _raises(ValueError, "terminated", "0-d"):
+        getattr(F, fn)(*args, terminated=torch.tensor(False))
+    # x itself is named where the flags agree with each other and not with it
+    args = (torch.zeros(T, N), *args[1:])
+    with _raises(ValueError, "x must have shape", str((N, T)), "terminated, mask"):
+        getattr(F, fn)(*args, **kw)
+
+
+def test_episodic_sums_refuses_rewards_beside_x():
+    x, k = torch.ones(N, T), torch.zeros(N, T, dtype=torch.bool)
+    with _raises(TypeError, "unexpected keyword argument 'rewards'"):
+        F.episodic_sums(x, rewards=torch.zeros(N, T), terminated=k)
+    assert F.episodic_sums(rewards=x, terminated=k).sums[:, -1].tolist() == [float(T)] * N
+
+
+# ---------------------------------------------------------------------------------------------
+# NumPy scalars as hyper-parameters
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["float32", "float64", "float16", "int64"])
+@pytest.mark.parametrize("name", BACKWARD)
+def test_numpy_scalars_are_real_numbers(name, kind):
+    np = pytest.importorskip("numpy")
+    value = getattr(np, kind)(1 if kind == "int64" else 0.5)
+    for param in SCALARS[name]:
+        got = CALLS[name](**{param: value}, backend="torch")
+        want = CALLS[name](**{param: float(value)}, backend="torch")
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+    if name == "vtrace":
+        got = CALLS[name](rho_bar=np.float32(0.5), c_bar=np.float32(2.0), backend="torch")
+        want = CALLS[name](rho_bar=0.5, c_bar=2.0, backend="torch")
+        torch.testing.assert_close(got.vs, want.vs, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("value", ["bool_", "tensor64"])
+def test_numpy_bools_and_tensors_are_not_numbers(value):
+    np = pytest.importorskip("numpy")
+    v = np.bool_(True) if value == "bool_" else torch.tensor(0.9, dtype=torch.float64)
+    with _raises(TypeError, "gamma", "real number"):
+        CALLS["gae"](gamma=v, backend="torch")
+    with _raises(TypeError, "gamma", "real number"):
+        F.eligibility_traces(torch.zeros(N, T), v, 0.9, terminated=torch.zeros(N, T, dtype=torch.bool))
+
+
+# ---------------------------------------------------------------------------------------------
+# a float64 initial / carry makes the accumulation float64
+# ---------------------------------------------------------------------------------------------
+
+_BACKENDS = (["reference", "torch"] + (["numba"] if backends.numba_available() else [])
+             + (["triton"] if backends.triton_available() else []))
+_CHAINED = [(fn, be) for fn in ("affine_scan", "eligibility_traces", "episodic_sums", "gae", "vtrace")
+            for be in _BACKENDS if not (be == "reference" and fn in ("gae", "vtrace"))]  # (no carry= there)
+
+
+@pytest.mark.parametrize("fn, backend", _CHAINED)
+def test_a_float64_initial_or_carry_makes_the_accumulation_float64(fn, backend):
+    """Every floating input takes part in the compute dtype, the chained state included: 1e8 + t
+    is exact in float64 and stuck at 1e8 (step 8) in float32, so float32 fields with a float64
+    initial/carry of 1e8 must give 1e8 + t (rounded once, to the float32 output)."""
+    dev = "cuda" if backend == "triton" and torch.cuda.is_available() else "cpu"
+    Tn = 16
+    one, zero = torch.ones(1, Tn, device=dev), torch.zeros(1, Tn, device=dev)
+    k = torch.zeros(1, Tn, dtype=torch.bool, device=dev)
+    big = torch.tensor([1e8], dtype=torch.float64, device=dev)
+    steps = torch.arange(1, Tn + 1, dtype=torch.float64)
+    if fn == "affine_scan":
+        y = F.affine_scan(one, one, initial=big, backend=backend)
+        want = 1e8 + steps
+    elif fn == "eligibility_traces":
+        y, final = F.eligibility_traces(one, 1.0, 1.0, big, terminated=k, backend=backend)
+        assert final.dtype == torch.float64 and final.tolist() == [1e8 + Tn]
+        want = 1e8 + steps
+    elif fn == "episodic_sums":
+        y, final = F.episodic_sums(one, big, terminated=k, backend=backend)
+        assert final.dtype == torch.float64 and final.tolist() == [1e8 + Tn]
+        want = 1e8 + steps
+    elif fn == "gae":
+        (_, y), carry = F.gae(1.0, 1.0, rewards=one, values=zero, terminated=k, carry=big, return_carry=True,
+                              backend=backend)
+        assert carry.dtype == torch.float64 and carry.tolist() == [1e8 + Tn]
+        want = 1e8 + steps.flip(0)
+    else:
+        (y, _), carry = F.vtrace(zero, 1.0, rewards=one, values=zero, log_probs=zero, terminated=k,
+                                 carry=torch.tensor([[1e8, 0.0]], dtype=torch.float64, device=dev),
+                                 return_carry=True, backend=backend)
+        assert carry.dtype == torch.float64 and carry[0, 0].item() == 1e8 + Tn
+        want = 1e8 + steps.flip(0)
+    assert y.dtype == torch.float32  # the outputs keep the fields' dtype
+    assert y.cpu().reshape(-1).tolist() == want.float().tolist()

@@ -106,3 +106,60 @@ def test_empty_window_carry_is_the_window_end_value(backend):
                      terminated=torch.zeros(3, 0, dtype=torch.bool, device=dev), bootstrap_values=bv,
                      return_carry=True, backend=backend)
     assert carry.tolist() == bv.tolist()
+
+
+# ---------------------------------------------------------------------------------------------
+# an empty window's carry is V(s_T): a [*B, 0] bootstrap_values has no column for it
+# ---------------------------------------------------------------------------------------------
+
+ALL_BACKENDS = (["reference", "torch"] + (["numba"] if backends.numba_available() else [])
+                + (["triton"] if backends.triton_available() else []))
+
+
+def _empty_window_call(name, T, cut, dev, bootstrap_values, **kw):
+    """``name`` on steps ``cut:`` of the reproducer's row (r = 1, V = 0, γ = λ = 1, no flags)."""
+    r, v = torch.ones(1, T, device=dev), torch.zeros(1, T, device=dev)
+    k = torch.zeros(1, T, dtype=torch.bool, device=dev)
+    s = slice(cut, None)
+    args = dict(rewards=r[:, s], values=v[:, s], terminated=k[:, s], bootstrap_values=bootstrap_values, **kw)
+    if name in ("vtrace", "retrace"):
+        args.update(log_probs=v[:, s], target_log_probs=v[:, s])
+    if name == "retrace":
+        args.update(q_values=v[:, s])
+    params = dict(gamma=1.0) if name in ("discounted_returns", "vtrace", "retrace") else dict(gamma=1.0, lam=1.0)
+    return getattr(F, name)(**params, **args)
+
+
+@pytest.mark.parametrize("name", ["gae", "advantages", "lambda_returns", "discounted_returns", "vtrace", "retrace"])
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+def test_empty_window_with_per_step_bootstrap_values_refuses_its_carry(backend, name):
+    """A T = 0 window's carry is V(s_T) itself; bootstrap_values of shape [*B, 0] has no column for
+    it, so return_carry=True is a ValueError naming bootstrap_values and the [*B] column to pass
+    (it used to return 0: the window before it then bootstrapped from 0)."""
+    dev = "cuda" if backend == "triton" and torch.cuda.is_available() else "cpu"
+    b = torch.full((1, 3), 10.0, device=dev)
+    with pytest.raises(ValueError, match=r"bootstrap_values of shape \(1, 0\).*\[\*B\] column"):
+        _empty_window_call(name, 3, 3, dev, b[:, 3:], return_carry=True, backend=backend)
+    if backend == "reference":  # whole windows only: nothing to chain
+        return
+    # the [*B] column passes V(s_T) through, and chaining at the split k = T is the one-shot row
+    _, carry = _empty_window_call(name, 3, 3, dev, b[:, 2], return_carry=True, backend=backend)
+    want = [[0.0, 10.0]] if name == "vtrace" else [10.0]
+    assert carry.tolist() == want
+    chained = _empty_window_call(name, 3, 0, dev, None, carry=carry, backend=backend)
+    one_shot = _empty_window_call(name, 3, 0, dev, b, backend=backend)
+    for a, c in zip(chained if isinstance(chained, tuple) else (chained,),
+                    one_shot if isinstance(one_shot, tuple) else (one_shot,)):
+        torch.testing.assert_close(a, c, rtol=0, atol=0)
+    if name in ("gae", "lambda_returns", "discounted_returns"):
+        assert (one_shot.returns if name == "gae" else one_shot).tolist() == [[13.0, 12.0, 11.0]]
+    # what stays as it was: no carry asked for, a terminal window end, Monte-Carlo returns
+    out = _empty_window_call(name, 3, 3, dev, b[:, 3:], backend=backend)
+    assert all(o.shape == (1, 0) for o in (out if isinstance(out, tuple) else (out,)))
+    _, zero = _empty_window_call(name, 3, 3, dev, b[:, 3:], window_end="terminal", return_carry=True,
+                                 backend=backend)
+    assert not zero.any()
+    if name == "discounted_returns":
+        _, zero = _empty_window_call(name, 3, 3, dev, b[:, 3:], bootstrap=False, return_carry=True,
+                                     backend=backend)
+        assert not zero.any()
