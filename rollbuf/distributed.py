@@ -35,7 +35,10 @@ the scan does, costs one extra elementwise pass over the shard, and runs on the 
 like a functional call on its shard (so ``bootstrap_values`` is required on every rank unless
 ``carry=`` or ``window_end="terminal"`` is given: any rank may hold a row's window end). ``carry=``
 is read from the last rank, ``initial=`` from rank 0. ``bootstrap_values[..., -1]`` of a rank that
-does not hold the row's window end is not read (unless that step is truncated). ``return_carry=True``
+does not hold the row's window end is not read (unless that step is truncated). A ``[*B]``
+``bootstrap_values`` is the window-end column only, as in :mod:`rollbuf.functional`: a truncation at
+the last live step of a rank that does not hold the row's window end reads NaN, and the row is NaN
+from that step back, on every rank that holds part of it (found with the exchange: no device sync). ``return_carry=True``
 returns the carry of the *whole* window (the state at rank 0's first step) on every rank, and the
 forward estimators' ``final`` is the whole window's ``final`` on every rank: both chain the next
 window without further communication.
@@ -100,9 +103,11 @@ def _apply(maps, z, pair):
     return a + b * z
 
 
-def _exchange(p: Problem, backend, *, group):
+def _exchange(p: Problem, backend, *, group, column=False):
     """The backend seam of a sharded call: this rank's validated shard problem in, its outputs and
-    the whole window's carry out (``run`` of :func:`rollbuf.functional.call`)."""
+    the whole window's carry out (``run`` of :func:`rollbuf.functional.call`). ``column``: the call
+    gave a ``[*B]`` ``bootstrap_values`` with truncations (validation placed it at this shard's
+    window end)."""
     if backend == "reference":
         raise ValueError(
             "rollbuf.distributed runs the torch or triton backend on each shard; backend='reference' "
@@ -140,7 +145,10 @@ def _exchange(p: Problem, backend, *, group):
         if p.carry is not None and rank == world - 1:
             prio = torch.full_like(prio, 3.0)  # a chained window: the state past it is `carry`
         cand = cand.reshape(N, 2 if pair else 1)
-        payload = torch.cat([torch.stack(maps, -1), cand, prio.unsqueeze(-1)], -1)
+        # a [*B] column: whether this shard's last live step is truncated and reads it (interior
+        # to the row when another rank holds the row's window end)
+        reads = _reads_shard_end(p) if column else torch.zeros(N, dtype=torch.bool, device=main.device)
+        payload = torch.cat([torch.stack(maps, -1), cand, reads.to(dt).unsqueeze(-1), prio.unsqueeze(-1)], -1)
 
     # 2. the exchange: one all_gather of O(N) numbers per rank
     g = _all_gather(dist, payload, world, group)  # [N, k, R]
@@ -168,7 +176,16 @@ def _exchange(p: Problem, backend, *, group):
         whole = _apply(tuple(s[:, 0] for s in suffix), z_end, pair)
         mine = z_end if rank == world - 1 else _apply(tuple(s[:, rank + 1] for s in suffix), z_end, pair)
         local = p.evolve(carry=mine)
-        _check_window_end_truncation(p, owner, rank)
+        if column:  # a truncation before the row's window end read the column: NaN from there back
+            interior = (g[:, k + nc, :] != 0) & (ranks != owner.unsqueeze(-1))  # [N, R]
+            later = interior[:, rank + 1:].any(-1)
+            nan = torch.full((), float("nan"), dtype=dt, device=main.device)
+            fields = p.fields
+            if T:  # (an empty shard reads no bootstrap value)
+                bv = fields["bootstrap_values"]
+                fields = dict(fields, bootstrap_values=torch.where(interior[:, rank].unsqueeze(-1), nan.to(bv.dtype), bv))
+            local = p.evolve(carry=torch.where(later.view(N, *([1] * (mine.dim() - 1))), nan, mine), fields=fields)
+            whole = torch.where(interior.any(-1).view(N, *([1] * (whole.dim() - 1))), nan, whole)
 
     # 4. the local estimator on this shard, with its carry
     outs, carry = backends.run(local, backend)
@@ -179,22 +196,14 @@ def _exchange(p: Problem, backend, *, group):
     return outs, carry
 
 
-def _check_window_end_truncation(p: Problem, owner, rank):
-    """A ``[*B]`` ``bootstrap_values`` is V(s_T) only: a truncation at this shard's last live step
-    is interior to the row when a later rank holds the row's window end (functional raises the same
-    for truncations before the window end; one device sync, only in this combination)."""
-    bv, tr = p.fields.get("bootstrap_values"), p.fields.get("truncated")
-    if bv is None or tr is None or bv.dim() != 1 or p.no_bootstrap or tr.shape[-1] == 0:
-        return
-    t = windows.bootstrap_read(p.fields.get("terminated"), tr, p.fields.get("mask"))
+def _reads_shard_end(p: Problem):
+    """``[N]`` bool: this shard's last live step is truncated, not terminated, and so reads
+    ``bootstrap_values`` there."""
+    t = windows.bootstrap_read(p.fields.get("terminated"), p.fields.get("truncated"), p.fields.get("mask"))
+    if t.shape[-1] == 0:  # an empty shard: no step
+        return torch.zeros(t.shape[:-1], dtype=torch.bool, device=t.device)
     j = windows.window_end_index(p.fields.get("mask"), t.shape, t.device)
-    at_end = t.gather(-1, j.clamp(min=0).unsqueeze(-1)).squeeze(-1) & (j >= 0)
-    if bool((at_end & (owner != rank)).any()):
-        raise ValueError(
-            f"bootstrap_values of shape [*B] holds the window-end column only, but truncated has a "
-            f"truncation at the last step of rank {rank}'s shard, before the window end (on a later "
-            "rank); pass bootstrap_values of shape [*B, T_r] (this rank's columns)"
-        )
+    return t.gather(-1, j.clamp(min=0).unsqueeze(-1)).squeeze(-1) & (j >= 0)
 
 
 def _distributed(fn):
@@ -209,7 +218,10 @@ def _distributed(fn):
         for p in sig.parameters.values():  # **kwargs of the wrapper: its keyword arguments by name
             if p.kind == inspect.Parameter.VAR_KEYWORD:
                 arguments.update(arguments.pop(p.name, {}))
-        return functional.call(fn.__name__, arguments, run=functools.partial(_exchange, group=group))
+        bv, tr, r = arguments.get("bootstrap_values"), arguments.get("truncated"), arguments.get("rewards")
+        column = (isinstance(bv, torch.Tensor) and isinstance(r, torch.Tensor) and tr is not None
+                  and bv.dim() == r.dim() - 1)
+        return functional.call(fn.__name__, arguments, run=functools.partial(_exchange, group=group, column=column))
 
     params = list(sig.parameters.values())
     extra = inspect.Parameter("group", inspect.Parameter.KEYWORD_ONLY, default=None)

@@ -82,6 +82,9 @@ class SumsResult(NamedTuple):
 def _real(name, v):
     """A real number as a float: a Python ``int``/``float`` or a NumPy real scalar (``np.float32``,
     ``np.int64``, ...); never a ``bool`` (nor NumPy's) and never a tensor (reading one is a device sync)."""
+    t = type(v)
+    if t is float or t is int:  # the common case, without the ABC check below
+        return float(v)
     if isinstance(v, bool) or not isinstance(v, numbers.Real):
         raise TypeError(f"{name} must be a real number, got {type(v).__name__}")
     return float(v)

@@ -51,6 +51,10 @@ class Family(str, enum.Enum):
         return self.value
 
 
+_MAIN = {Family.TD_LAMBDA: "rewards", Family.RETRACE: "rewards", Family.VTRACE: "rewards", Family.FORWARD: "x",
+         Family.AFFINE: "alpha", Family.TD_LAMBDA_ADJOINT: "grad_returns"}  # the field that fixes [N, T]
+
+
 class Problem(NamedTuple):
     """Immutable (a named tuple, which ``torch.compile`` traces through); :meth:`evolve` returns a
     copy with some fields replaced."""
@@ -89,16 +93,10 @@ class Problem(NamedTuple):
     def main(self) -> torch.Tensor:
         """The field that fixes ``[N, T]``: ``x`` (forward), ``alpha`` (affine), ``grad_returns``
         (adjoint), the estimator's first field (generic), else ``rewards``."""
-        f = self.family
-        if f == Family.FORWARD:
-            return self.fields["x"]
-        if f == Family.AFFINE:
-            return self.fields["alpha"]
-        if f == Family.TD_LAMBDA_ADJOINT:
-            return self.fields["grad_returns"]
-        if f == Family.GENERIC:
+        name = _MAIN.get(self.family)
+        if name is None:  # Family.GENERIC
             return self.fields[self.estimator.fields[0].name]
-        return self.fields["rewards"]
+        return self.fields[name]
 
     @property
     def num_rows(self) -> int:

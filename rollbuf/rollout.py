@@ -85,54 +85,7 @@ _WRITTEN_BY = {
 
 _STEP_FIELDS = ("rewards", "values", "terminated", "truncated", "log_probs", "bootstrap_values", "mask")
 _OWN = ("rewards", "values", "terminated", "truncated", "bootstrap_values", "mask")  # what _fields() passes
-_PLAIN = frozenset((int, float, bool, str, type(None), torch.dtype))  # arguments a bound call may be keyed on
 _OWN_SET = frozenset(_OWN)
-_NUMBERS = (float, int)  # γ and λ of the warm path (:meth:`Rollout._rerun`); bool is an int but not this type
-
-
-def _checks(tensors) -> tuple:
-    """``(name, tensor, storage address)`` of each own field a bound call holds (``None, None`` for
-    an absent one), as :func:`_still_bound` compares them."""
-    return tuple((n, t, None if t is None else t.data_ptr()) for n, t in zip(_OWN, tensors))
-
-
-def _still_bound(entries, checks) -> bool:
-    """Whether the backing TensorDict's ``entries`` hold the very tensors of ``checks`` at the same
-    storage addresses (a field given new storage in place, ``x.data = y``, is a new field)."""
-    for name, t, address in checks:
-        if entries.get(name) is not t or (address is not None and t.data_ptr() != address):
-            return False
-    return True
-
-
-class _BoundCalls(dict):
-    """A rollout's bound estimator calls by their arguments: ``(field tensors, their checks
-    (:func:`_checks`), Bound)``, the most recent :data:`MAX` of them. Bound to this rollout's tensors, so a copy of the
-    rollout starts without any (they are rebuilt on its first call)."""
-
-    MAX = 8  # e.g. gae and advantages at a few values of γ, λ
-
-    def keep(self, key, entry):
-        """Store ``entry`` under ``key``; drop the calls bound to fields that were replaced since (or
-        given new storage in place: a warm plan holds the storage it was bound to), and the oldest
-        beyond :data:`MAX` (no replaced tensor or storage is kept alive, and a schedule of γ or λ
-        does not grow the dict)."""
-        current = dict(zip(_OWN, entry[0]))  # the fields as the entry holds them, by name
-        for k in [k for k, e in self.items() if not _still_bound(current, e[1])]:
-            del self[k]
-        self.pop(key, None)
-        self[key] = entry
-        while len(self) > self.MAX:
-            del self[next(iter(self))]
-
-    def __copy__(self):
-        return _BoundCalls()
-
-    def __deepcopy__(self, memo):
-        return _BoundCalls()
-
-    def __reduce__(self):
-        return _BoundCalls, ()
 
 
 _ROLLOUT_DOC = """A window of ``[*B, T]`` steps (``B`` = envs, or envs × agents; time is the last dim).
@@ -337,55 +290,20 @@ class Rollout:
         return self
 
     # -- estimators -----------------------------------------------------------------------------
-    # A call that reads only the rollout's own fields, with plain arguments (numbers, strings,
-    # dtypes), is bound once (:func:`rollbuf.functional.bind`: validated, its kernel launch built)
-    # and kept on the rollout under its arguments; the next call with the same arguments runs it
-    # again as long as every field is the very tensor it was bound to (``record`` and ``bootstrap``
-    # write in place, so it holds through a training loop; assigning a field drops it).
+    # Each method is the functional call on the rollout's fields as they are now (read through the
+    # public tensorclass API on every call: writes in place, assigned fields and new storage are all
+    # seen), after the host-side check that no field it reads was left unwritten (:meth:`_needs`).
 
     def _fields(self):
-        return dict(rewards=self.rewards, values=self.values, terminated=self.terminated,
-                    truncated=self.truncated, bootstrap_values=self.bootstrap_values, mask=self.mask)
+        """The rollout's own fields by name (the tensors themselves; absent ones ``None``)."""
+        d = self.to_dict()
+        return {name: d.get(name) for name in _OWN}
 
     def _estimate(self, function, args: dict, fields: dict | None = None):
-        """``functional.<function>(**args, **fields)`` (``fields``: the rollout's own by default),
-        through the rollout's bound calls where it can be bound.
-
-        The fields are compared with those a bound call holds as the backing TensorDict's entries
-        (a tensorclass attribute costs microseconds; an absent field is no entry there), by identity
-        and by storage address (a field given new storage in place, ``x.data = y``, is a new field):
-        a rollout whose storage is laid out otherwise (a lazy stack) finds no entries and is never
-        bound."""
-        types = tuple(map(type, args.values()))
-        if torch.compiler.is_compiling() or not _PLAIN.issuperset(types) or not _OWN_SET.isdisjoint(args):
-            # (a field given twice: the functional call raises the TypeError)
-            if _OWN_SET.isdisjoint(args):
-                self._reads(function, args)
-            return getattr(F, function)(**args, **(fields or self._fields()))
-        try:
-            # by name, value and type (1, 1.0 and True are three keys); in the order given, so the same
-            # arguments spelled in another order are bound once more (MAX entries at most)
-            key = (function, *args.items(), *types)
-            entries = self._tensordict._tensordict
-            bound = self.__dict__.get("_bound")
-            hit = None if bound is None else bound.get(key)
-        except (TypeError, AttributeError):  # an unhashable argument, another storage
+        """``functional.<function>(**args, **fields)`` (``fields``: the rollout's own by default)."""
+        if _OWN_SET.isdisjoint(args):  # (a field given twice: the functional call raises the TypeError)
             self._reads(function, args)
-            return getattr(F, function)(**args, **(fields or self._fields()))
-        if hit is not None and _still_bound(entries, hit[1]):
-            # (bound after the check below: a field once written stays written, so it still holds)
-            return hit[2]()
-        self._reads(function, args)
-        tensors = tuple(map(entries.get, _OWN))
-        own = self._fields()
-        if any(own[n] is not t for n, t in zip(_OWN, tensors)):
-            return getattr(F, function)(**args, **(fields or own))
-        b = F.bind(function, dict(args, **(fields or own)))
-        if bound is None:
-            bound = _BoundCalls()
-            object.__setattr__(self, "_bound", bound)  # an instance attribute, not a field
-        bound.keep(key, (tensors, _checks(tensors), b))
-        return b()
+        return getattr(F, function)(**args, **(fields or self._fields()))
 
     def _reads(self, function, args):
         """The unwritten-field check (:meth:`_needs`) of a TD(λ)-family call."""
@@ -394,37 +312,17 @@ class Rollout:
         else:
             self._needs(function, args, "rewards", "values")
 
-    def _rerun(self, key):
-        """The call bound under ``key`` (as :meth:`_estimate` keys it), run again, or ``None`` where
-        there is none or a field was replaced since: the warm path of a call with numbers only."""
-        bound = self.__dict__.get("_bound")
-        if bound is None:
-            return None
-        hit = bound.get(key)
-        if hit is None or torch.compiler.is_compiling():
-            return None
-        return hit[2]() if _still_bound(self._tensordict._tensordict, hit[1]) else None
-
-    def _td(self, function, gamma, lam, kw):
-        """``function(gamma, lam, **kw)`` of the TD(λ) family: a bound call with numbers only is
-        looked up under the key :meth:`_estimate` gives it, without building that key's parts."""
-        if not kw and type(gamma) in _NUMBERS and type(lam) in _NUMBERS:
-            r = self._rerun((function, ("gamma", gamma), ("lam", lam), type(gamma), type(lam)))
-            if r is not None:
-                return r
-        return self._estimate(function, dict(kw, gamma=gamma, lam=lam))
-
     def gae(self, gamma, lam, **kw):
         """GAE advantages and returns: :func:`rollbuf.functional.gae`."""
-        return self._td("gae", gamma, lam, kw)
+        return self._estimate("gae", dict(kw, gamma=gamma, lam=lam))
 
     def advantages(self, gamma, lam, **kw):
         """The default advantage estimator (GAE): :func:`rollbuf.functional.advantages`."""
-        return self._td("advantages", gamma, lam, kw)
+        return self._estimate("advantages", dict(kw, gamma=gamma, lam=lam))
 
     def lambda_returns(self, gamma, lam, **kw):
         """TD(λ) returns: :func:`rollbuf.functional.lambda_returns`."""
-        return self._td("lambda_returns", gamma, lam, kw)
+        return self._estimate("lambda_returns", dict(kw, gamma=gamma, lam=lam))
 
     def discounted_returns(self, gamma, bootstrap=True, **kw):
         """Discounted returns: :func:`rollbuf.functional.discounted_returns`."""
@@ -436,31 +334,36 @@ class Rollout:
     def vtrace(self, target_log_probs, gamma, rho_bar=1.0, c_bar=1.0, pg_rho_bar=None, lam=1.0, **kw):
         """V-trace: :func:`rollbuf.functional.vtrace` (``log_probs`` is the behaviour policy)."""
         self._needs("vtrace", kw, "rewards", "values", "log_probs")
-        return F.vtrace(target_log_probs, gamma, rho_bar, c_bar, pg_rho_bar, lam,
-                        log_probs=self._log_probs(), **self._fields(), **kw)
+        return F.vtrace(target_log_probs, gamma, rho_bar, c_bar, pg_rho_bar, lam, **self._policy_fields(), **kw)
 
     def retrace(self, q_values, target_log_probs, gamma, lam=1.0, c_bar=1.0, **kw):
         """Retrace(λ): :func:`rollbuf.functional.retrace` (``values`` = E_π Q(s_t, ·))."""
         self._needs("retrace", kw, "rewards", "values", "log_probs")
-        return F.retrace(q_values, target_log_probs, gamma, lam, c_bar,
-                         log_probs=self._log_probs(), **self._fields(), **kw)
+        return F.retrace(q_values, target_log_probs, gamma, lam, c_bar, **self._policy_fields(), **kw)
 
     def eligibility_traces(self, x, gamma, lam, initial=None, **kw):
         """Eligibility traces of ``x`` ``[*B, T, *F]``: :func:`rollbuf.functional.eligibility_traces`."""
-        return F.eligibility_traces(x, gamma, lam, initial, terminated=self.terminated,
-                                    truncated=self.truncated, mask=self.mask, **kw)
+        d = self.to_dict()
+        return F.eligibility_traces(x, gamma, lam, initial, terminated=d.get("terminated"),
+                                    truncated=d.get("truncated"), mask=d.get("mask"), **kw)
 
     def episodic_sums(self, x=None, initial=None, **kw):
         """Running within-episode sums (default: of rewards): :func:`rollbuf.functional.episodic_sums`."""
         if x is None:
             self._require("episodic_sums", ("rewards",))
-        return F.episodic_sums(self.rewards if x is None else x, initial, terminated=self.terminated,
-                               truncated=self.truncated, mask=self.mask, **kw)
+        d = self.to_dict()
+        return F.episodic_sums(d.get("rewards") if x is None else x, initial, terminated=d.get("terminated"),
+                               truncated=d.get("truncated"), mask=d.get("mask"), **kw)
 
-    def _log_probs(self):
-        if self.log_probs is None:
+    def _policy_fields(self):
+        """The own fields and the behaviour policy's ``log_probs`` (a ValueError naming it when absent)."""
+        d = self.to_dict()
+        lp = d.get("log_probs")
+        if lp is None:
             raise ValueError("log_probs (the behaviour policy's log-probabilities) is required by this estimator")
-        return self.log_probs
+        f = {name: d.get(name) for name in _OWN}
+        f["log_probs"] = lp
+        return f
 
     # -- TorchRL interop ------------------------------------------------------------------------
     # Not named from_tensordict/to_tensordict: those are tensorclass's own API (the decorator

@@ -3,8 +3,13 @@
 
 Every check names the argument and what was expected; nothing is broadcast, coerced or dropped.
 What each estimator takes comes from its :class:`~rollbuf.estimators.Estimator` entry (field kinds,
-parameter checks); the window rules used here (which truncations a ``[*B]`` bootstrap column can
-serve) come from :mod:`rollbuf.windows`.
+parameter checks); the window rules used here (which step a ``[*B]`` bootstrap column serves) come
+from :mod:`rollbuf.windows`.
+
+Every call is validated (no cache): the checks read shapes, dtypes and devices on the host, never
+the data, so no call synchronises the host with the device. What only the data could tell is left
+to the arithmetic (a ``[*B]`` window-end column read by a truncation before the window end gives
+NaN there, docs/semantics.md) or to :class:`check_finite`, the debug mode that reads the inputs back.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from rollbuf.estimators import Estimator
 from rollbuf.problem import Family, Problem
 
 __all__ = ["FLOATS", "FLAGS", "WINDOW_ENDS", "Fields", "check_tensor", "check_bool", "main_tensor", "prepare",
-           "finish", "recheck", "chain_choice", "check_window_end_column", "check_finite", "checking_finite",
+           "finish", "chain_choice", "check_window_end_column", "check_finite", "checking_finite",
            "first_non_finite"]
 
 FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -186,11 +191,12 @@ def chain_choice(name, v, options):
 
 
 class Fields:
-    """The checked fields of one call (``shape`` = ``[*B, T]``)."""
+    """The checked fields of one call (``shape`` = ``[*B, T]``). ``reference``: the fields that fix
+    the shape, for the error messages."""
 
     def __init__(self, shape, device, reference=None):
         self.shape, self.device = shape, device
-        self.reference = reference  # the fields that fix the shape, for the error messages
+        self.reference = reference
         self.fields: dict[str, torch.Tensor | None] = {}
         self.floats: list[torch.Tensor] = []
 
@@ -212,8 +218,13 @@ class Fields:
         self.fields[name] = x
 
     def add_bootstrap(self, bv, window_end, needed: bool):
-        """``bootstrap_values`` is ``[*B, T]`` or ``[*B]`` (window-end column only)."""
-        tr = self.fields.get("truncated")
+        """``bootstrap_values`` is ``[*B, T]`` or ``[*B]`` (window-end column only). With truncations,
+        a ``[*B]`` column becomes ``[*B, T]`` bootstrap values holding it at each row's window-end
+        step and NaN at every other step (:func:`rollbuf.windows.window_end_column`): a truncation
+        before the window end reads NaN (no device sync; under :class:`check_finite` it is an error
+        naming it)."""
+        f = self.fields
+        tr = f.get("truncated")
         if bv is None:
             if needed and window_end == "bootstrap":
                 raise ValueError(
@@ -227,61 +238,72 @@ class Fields:
                     "bootstrap_values is required when truncated is given: a truncated step "
                     "bootstraps from bootstrap_values[t] = V(s'_t)"
                 )
-            self.fields["bootstrap_values"] = None
+            f["bootstrap_values"] = None
             return
         check_tensor("bootstrap_values", bv, FLOATS, "a floating-point tensor")
-        B = self.shape[:-1]
-        if tuple(bv.shape) == tuple(self.shape):
+        shape = self.shape
+        bs = bv.shape
+        if bs == shape:
             pass
-        elif tuple(bv.shape) == tuple(B):
-            if tr is not None and not torch.compiler.is_compiling():
-                self.check_window_end_column()
+        elif bs == shape[:-1]:
+            if bv.device != self.device:
+                raise ValueError(f"bootstrap_values is on {bv.device} but the rollout is on {self.device}")
+            if tr is not None and shape[-1]:  # truncations: the column serves the window end only
+                if _FINITE["on"] and not torch.compiler.is_compiling():
+                    check_window_end_column(f.get("terminated"), tr, f.get("mask"))
+                self.floats.append(bv)
+                bv = windows.window_end_column(bv, f.get("mask"), shape)
+                f["bootstrap_values"] = bv
+                return
         else:
             raise ValueError(
-                f"bootstrap_values must have shape {tuple(self.shape)} or {tuple(B)} "
-                f"(window-end column only), got {tuple(bv.shape)}"
+                f"bootstrap_values must have shape {tuple(shape)} or {tuple(shape[:-1])} "
+                f"(window-end column only), got {tuple(bs)}"
             )
         if bv.device != self.device:
             raise ValueError(f"bootstrap_values is on {bv.device} but the rollout is on {self.device}")
         self.floats.append(bv)
-        self.fields["bootstrap_values"] = bv
-
-    def check_window_end_column(self):
-        """A ``[*B]`` bootstrap column serves the window end only: no truncation before it."""
-        f = self.fields
-        check_window_end_column(f.get("terminated"), f["truncated"], f.get("mask"), self.device)
+        f["bootstrap_values"] = bv
 
     def dtypes(self, out_dtype, carry=None):
         """``(compute dtype, output dtype)``: float64 accumulation when any floating input is float64,
         the carry (``initial``) included; the outputs in ``out_dtype``, else the fields' promoted
         dtype (the carry is always in an accumulation dtype, so it does not widen the outputs)."""
-        compute = torch.float64 if any(x.dtype == torch.float64 for x in self.floats) or (
-            carry is not None and carry.dtype == torch.float64) else torch.float32
-        if out_dtype is None:
-            out = self.floats[0].dtype
-            for x in self.floats[1:]:
-                out = torch.promote_types(out, x.dtype)
-        else:
+        floats = self.floats
+        f64 = torch.float64
+        out = floats[0].dtype
+        compute = f64 if out is f64 else torch.float32
+        for x in floats[1:]:
+            dt = x.dtype
+            if dt is not out:
+                out = torch.promote_types(out, dt)
+            if dt is f64:
+                compute = f64
+        if carry is not None and carry.dtype is f64:
+            compute = f64
+        if out_dtype is not None:
             if out_dtype not in FLOATS:
                 raise TypeError(f"out_dtype must be a floating-point dtype, got {out_dtype}")
             out = out_dtype
         return compute, out
 
 
-def check_window_end_column(terminated, truncated, mask, device):
-    """A ``[*B]`` ``bootstrap_values`` holds the window-end column only: refuse truncations before
-    the window end. One device sync, only for this combination; pass ``[*B, T]`` bootstrap values to
-    avoid it (and inside a CUDA graph capture, where no sync can happen)."""
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+def check_window_end_column(terminated, truncated, mask):
+    """The check of a ``[*B]`` ``bootstrap_values`` (the window-end column only) against the
+    truncations, under :class:`check_finite`: a truncation before the window end is an error naming
+    it (one device sync). Without the check, such a step reads NaN (docs/semantics.md)."""
+    interior = windows.interior_truncation(terminated, truncated, mask)
+    if bool(interior.any()):
+        flat = int(torch.nonzero(interior.reshape(-1))[0])
+        T = interior.shape[-1]
+        row, step = flat // T, flat % T
+        B = tuple(interior.shape[:-1])
+        index = tuple(int(i) for i in torch.unravel_index(torch.tensor(row), B)) if B else ()
         raise ValueError(
-            "bootstrap_values of shape [*B] (the window-end column only) with truncated is "
-            "validated by reading the flags back, a device sync that a CUDA graph capture "
-            "cannot hold; pass bootstrap_values of shape [*B, T] when capturing"
-        )
-    if bool(windows.interior_truncation(terminated, truncated, mask).any()):
-        raise ValueError(
-            "bootstrap_values of shape [*B] holds the window-end column only, but truncated "
-            "has truncations before the window end; pass bootstrap_values of shape [*B, T]"
+            "bootstrap_values of shape [*B] holds the window-end column only, but truncated has a "
+            f"truncation before the window end (row {index[0] if len(index) == 1 else index}, step {step}), "
+            "which would read NaN; pass bootstrap_values of shape [*B, T] "
+            "(rollbuf.check_finite is on: it names what would read NaN)"
         )
 
 
@@ -296,29 +318,14 @@ def main_tensor(name, x):
 def _params(est: Estimator, params: Mapping) -> dict:
     out = {}
     for prm in est.params:
-        if prm.name in params:
-            out[prm.name] = prm.check(prm.name, params[prm.name])
+        name = prm.name
+        if name in params:
+            out[name] = prm.check(name, params[name])
         elif prm.required:
-            raise TypeError(f"{est.function_name}() missing the parameter {prm.name!r}")
+            raise TypeError(f"{est.function_name}() missing the parameter {name!r}")
         else:
-            out[prm.name] = prm.default
+            out[name] = prm.default
     return out
-
-
-# Validated calls, by a cheap signature (estimator, parameters, keywords, and each field's shape,
-# dtype and device): a call that matches one skips every check that depends only on the signature
-# and rebinds its tensors to the validated problem. The checks that read data (a [*B] bootstrap
-# column against the truncations; check_finite) run on every call.
-_PLANS: dict = {}
-_PLANS_MAX = 1024
-
-
-def _tensor_key(x):
-    if x is None:
-        return None
-    if not isinstance(x, torch.Tensor):
-        raise TypeError  # not cacheable: the full path gives the error
-    return (x.shape, x.dtype, x.device)
 
 
 def prepare(est: Estimator, fields: Mapping, params: Mapping, *, carry=None, return_carry=False,
@@ -326,67 +333,13 @@ def prepare(est: Estimator, fields: Mapping, params: Mapping, *, carry=None, ret
     """Check one call of ``est`` and build its :class:`Problem` (batch dims flattened to one).
 
     ``fields``: the per-step tensors by name (absent ones ``None``); ``params``: the scalar
-    parameters; ``carry``: the chained window's carry (forward estimators: ``initial``). A call
-    with the signature of an earlier valid call (the same estimator, parameters, keywords, and
-    fields of the same shapes, dtypes and devices) reuses its validation.
+    parameters; ``carry``: the chained window's carry (forward estimators: ``initial``). Every
+    check reads shapes, dtypes and devices only; with :class:`check_finite` on, the inputs are then
+    read back (one device sync) and the first non-finite value read is named.
     """
-    key = None
-    if not torch.compiler.is_compiling():
-        try:
-            key = (est.name, window_end, return_carry, out_dtype, reverse, tuple((k, type(v), v) for k, v in params.items()),
-                   _tensor_key(carry), *[_tensor_key(fields.get(n)) for n in est.field_names])
-            plan = _PLANS.get(key)
-        except TypeError:  # an unhashable parameter or a field that is not a tensor: validate in full
-            key = plan = None
-        if plan is not None and plan[0] is est:
-            return _checked(_bind(plan[1], est, fields, carry), data_only=True)
     p = _validate(est, fields, params, carry=carry, return_carry=return_carry, out_dtype=out_dtype,
                   window_end=window_end, reverse=reverse)
-    if key is not None:
-        if len(_PLANS) >= _PLANS_MAX:
-            _PLANS.clear()
-        # the skeleton keeps each field's flattened shape, never the tensors (no memory held alive)
-        skeleton = p._replace(fields={k: (None if v is None else v.shape) for k, v in p.fields.items()},
-                              carry=None if p.carry is None else p.carry.shape)
-        _PLANS[key] = (est, skeleton)
-    return _checked(p, data_only=False)
-
-
-def _bind(template: Problem, est: Estimator, fields: Mapping, carry) -> Problem:
-    """``template`` (the skeleton of a validated problem of the same signature: each field's and
-    the carry's flattened shape in place of the tensor) with this call's tensors."""
-    flat = {}
-    for name, shape in template.fields.items():
-        x = fields.get(name)
-        flat[name] = None if x is None or shape is None else (x if x.shape == shape else x.reshape(shape))
-    if carry is not None:
-        carry = carry if carry.shape == template.carry else carry.reshape(template.carry)
-    return template._replace(fields=flat, carry=carry)
-
-
-def recheck(p: Problem) -> Problem:
-    """The checks of a validated problem that read its data, for a caller that runs it again on new
-    contents (:class:`rollbuf.functional.Bound`): a ``[*B]`` bootstrap column against the
-    truncations and, when on, :func:`check_finite`."""
-    return _checked(p, data_only=True)
-
-
-def checks_column(p: Problem) -> bool:
-    """Whether a run of ``p`` on new contents checks a ``[*B]`` bootstrap column against the
-    truncations (:func:`recheck`): the one data check besides :func:`check_finite`."""
-    bv = p.fields.get("bootstrap_values")
-    return bv is not None and bv.dim() == 1 and p.fields.get("truncated") is not None
-
-
-def _checked(p: Problem, data_only: bool) -> Problem:
-    """The checks that read the data: a ``[*B]`` bootstrap column against the truncations (on a
-    rebound problem; a new one had it in :func:`_validate`) and, when on, :func:`check_finite`."""
-    if torch.compiler.is_compiling():
-        return p
-    f = p.fields
-    if data_only and checks_column(p):
-        check_window_end_column(f.get("terminated"), f["truncated"], f.get("mask"), f["bootstrap_values"].device)
-    if _FINITE["on"]:
+    if _FINITE["on"] and not torch.compiler.is_compiling():
         hit = first_non_finite(p)
         if hit is not None:
             _raise_non_finite(p, hit)
@@ -402,18 +355,21 @@ def _validate(est: Estimator, fields: Mapping, params: Mapping, *, carry, return
     else:
         c = _backward_fields(est, fields, window_end, carry)
         feature_shape = ()
-    B, T = c.shape[:-1], c.shape[-1]
-    N = math.prod(B)
-    flat = {}
-    for name, x in c.fields.items():
-        if x is None:
-            flat[name] = None
-        elif name == "x":
-            flat[name] = x.reshape(N, T, *x.shape[len(c.shape):])
-        elif name == "bootstrap_values" and x.dim() == len(B):
-            flat[name] = x if x.dim() == 1 else x.reshape(N)
-        else:
-            flat[name] = x if x.dim() == 2 else x.reshape(N, T)
+    shape = c.shape
+    B, T = shape[:-1], shape[-1]
+    nb = len(B)
+    flat = c.fields
+    if nb != 1:  # [*B, T] -> [N, T] (a [B, T] call, the common one, is passed as it is)
+        N = math.prod(B)
+        for name, x in flat.items():
+            if x is None:
+                continue
+            if name == "x":
+                flat[name] = x.reshape(N, T, *x.shape[len(shape):])
+            elif name == "bootstrap_values" and x.dim() == nb:
+                flat[name] = x.reshape(N)
+            else:
+                flat[name] = x.reshape(N, T)
     if carry is not None:
         if est.direction == "forward":
             carry_name, carry_shape = "initial", (*B, *feature_shape)
@@ -424,12 +380,16 @@ def _validate(est: Estimator, fields: Mapping, params: Mapping, *, carry, return
             raise ValueError(f"{carry_name} must have shape {tuple(carry_shape)}, got {tuple(carry.shape)}")
         if carry.device != c.device:
             raise ValueError(f"{carry_name} is on {carry.device} but the rollout is on {c.device}")
-        carry = carry.reshape(N, *carry.shape[len(B):])
+        if nb != 1:
+            carry = carry.reshape(math.prod(B), *carry.shape[nb:])
     compute, out = c.dtypes(out_dtype, carry)
-    kw = dict(est.problem_params(prm))
-    kw.setdefault("window_end", window_end)
+    kw = est.problem_params(prm)
     generic = est.family == Family.GENERIC
     problem_kw = {k: v for k, v in kw.items() if k in _PROBLEM_PARAMS}
+    problem_kw.setdefault("window_end", window_end)
+    if generic:
+        kw = dict(kw)
+        kw.setdefault("window_end", window_end)
     return Problem(
         family=est.family, outputs=est.outputs, fields=flat, carry=carry, want_carry=return_carry,
         compute_dtype=compute, out_dtype=out, batch_shape=tuple(B), feature_shape=feature_shape,
@@ -438,19 +398,97 @@ def _validate(est: Estimator, fields: Mapping, params: Mapping, *, carry, return
     )
 
 
-
-
-_PROBLEM_PARAMS = set(Problem._fields) - {
+_PROBLEM_PARAMS = frozenset(Problem._fields) - {
     "family", "outputs", "fields", "carry", "want_carry", "compute_dtype", "out_dtype", "batch_shape",
     "feature_shape", "estimator", "params", "reverse"}
+_STEP_KINDS = ("float", "flag")
+_FLOAT_SET, _FLAG_SET = frozenset(FLOATS), frozenset(FLAGS)
+_Tensor = torch.Tensor
 
 
 def _backward_fields(est: Estimator, fields: Mapping, window_end, carry) -> Fields:
+    """The checked fields of a backward estimator's call: :func:`_backward_plain` for the calls
+    whose every tensor is a plain tensor of the call's shape, device and a dtype of its kind (one
+    pass, no message built), else :func:`_backward_checked`, which checks the same and raises the
+    error that names the argument."""
+    c = _backward_plain(est, fields, window_end, carry)
+    return _backward_checked(est, fields, window_end, carry) if c is None else c
+
+
+def _backward_plain(est: Estimator, fields: Mapping, window_end, carry) -> Fields | None:
+    """:func:`_backward_checked`'s result for a call that passes every one of its checks with the
+    main field's shape as ``[*B, T]``; ``None`` for any other call (it then goes through
+    :func:`_backward_checked`, which accepts it or names what is wrong)."""
+    if window_end not in WINDOW_ENDS:
+        return None
+    main = fields.get(est.fields[0].name)
+    if type(main) is not _Tensor:
+        return None
+    shape = main.shape
+    if not shape:
+        return None
+    device = main.device
+    out: dict = {}
+    floats: list = []
+    boot = None
+    for f in est.fields:
+        name = f.name
+        kind = f.kind
+        if kind == "bootstrap":
+            boot = f
+            continue
+        x = fields.get(name)
+        if x is None:
+            if kind == "float" and f.read and f.required:
+                return None
+            out[name] = None
+            continue
+        if type(x) is not _Tensor or x.shape != shape or x.device != device:
+            return None
+        if kind == "flag":
+            if x.dtype not in _FLAG_SET:
+                return None
+        elif kind == "float":
+            if x.dtype not in _FLOAT_SET:
+                return None
+            if f.read:
+                floats.append(x)
+        else:
+            return None
+        out[name] = x if f.read else None
+    if boot is not None:
+        name = boot.name
+        bv = fields.get(name)
+        if not boot.read:
+            out[name] = None
+        elif bv is None:
+            if (carry is None and window_end == "bootstrap") or out.get("truncated") is not None:
+                return None  # required: the checked path names it
+            out[name] = None
+        else:
+            if type(bv) is not _Tensor or bv.dtype not in _FLOAT_SET or bv.device != device:
+                return None
+            floats.append(bv)
+            bs = bv.shape
+            if bs != shape:
+                if bs != shape[:-1]:
+                    return None
+                if out.get("truncated") is not None and shape[-1]:  # the window-end column only
+                    if _FINITE["on"]:
+                        return None  # the checked path reads the flags and names an interior truncation
+                    bv = windows.window_end_column(bv, out.get("mask"), shape)
+            out[name] = bv
+    c = Fields(shape, device)
+    c.fields, c.floats = out, floats
+    return c
+
+
+def _backward_checked(est: Estimator, fields: Mapping, window_end, carry) -> Fields:
     first = est.fields[0]
     main = main_tensor(first.name, fields.get(first.name))
     # [*B, T] is the shape most per-step fields have (ties: the first field's), so that the one
     # field that disagrees is named (a transposed rewards is blamed on rewards, not on values)
-    named = [(f.name, tuple(x.shape)) for f in est.fields if f.kind in ("float", "flag")
+    named = [(f.name, tuple(x.shape)) for f in est.fields if f.kind in _STEP_KINDS
              for x in (fields.get(f.name),) if isinstance(x, torch.Tensor) and x.dim() >= 1]
     shape, have = _layout(named) if named else (tuple(main.shape), [first.name])
     c = Fields(shape, fields.get(have[0]).device, ", ".join(have))

@@ -17,7 +17,12 @@ The rules (docs/semantics.md, "Boundaries"):
   ``carry`` (a chained window: the window end is no boundary at all); 0 for
   ``window_end="terminal"`` and for Monte-Carlo returns; else ``V(s_T)``, i.e. ``bootstrap_values``
   at the window-end step (the ``[N]`` column itself when given as ``[N]``), 0 where that step is
-  terminated. It enters the scan carry, never a local term, so it is counted once.
+  terminated. It enters the scan carry, never a local term, so it is counted once;
+* a ``[*B]`` ``bootstrap_values`` is the **window-end column** only: it serves the window-end step
+  (a truncation there, and the window-end carry). With truncations it is read as ``[*B, T]``
+  bootstrap values holding it at each row's window-end step and NaN at every other step
+  (:func:`window_end_column`), so a truncation before the window end reads NaN: the result is NaN
+  from that step back, never a silently wrong number, and nothing reads the flags on the host.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ __all__ = [
     "window_end_index",
     "bootstrap_read",
     "interior_truncation",
+    "window_end_column",
     "window_end_value",
     "window_end_carry",
 ]
@@ -81,6 +87,22 @@ def interior_truncation(terminated, truncated, mask) -> torch.Tensor:
     T = read.shape[-1]
     j = window_end_index(mask, read.shape, read.device)
     return read & (torch.arange(T, device=read.device) < j.unsqueeze(-1))
+
+
+def window_end_column(column: torch.Tensor, mask, shape) -> torch.Tensor:
+    """A ``[*B]`` window-end column as ``[*B, T]`` bootstrap values (``shape`` = ``[*B, T]``, T > 0):
+    ``column`` at each row's window-end step (its last column for a row with no unmasked step), NaN
+    at every other step, so that a truncation before the window end reads NaN. Differentiable in
+    ``column``; no device sync."""
+    shape = tuple(shape)
+    T = shape[-1]
+    steps = torch.arange(T, device=column.device)
+    if mask is None:
+        at_end = steps == T - 1
+    else:
+        j = window_end_index(mask, shape, column.device)
+        at_end = steps == torch.where(j < 0, T - 1, j).unsqueeze(-1)
+    return torch.where(at_end, column.unsqueeze(-1), float("nan"))
 
 
 def window_end_value(bootstrap_values: torch.Tensor, terminated, mask, shape) -> torch.Tensor:

@@ -162,3 +162,28 @@ def test_architecture_doc_names_every_layer():
 def _layers_block() -> str:
     text = (ROOT / "pyproject.toml").read_text()
     return text[text.index("layers = ["):text.index("]", text.index("layers = ["))]
+
+
+# Attributes with a leading underscore that the package reads on objects other than its own
+# ``self``/``cls``, each with its reason: nothing private of Triton or tensordict (the kernels are
+# launched through Triton's public JIT call, a Rollout's fields read through tensorclass's public API).
+PRIVATE_ATTRIBUTES = {
+    "_version": "torch.Tensor's version counter: the host-side bookkeeping of written Rollout fields and of "
+                "TorchRL's scalar buffers (no device sync)",
+    "_fields": "the NamedTuple API of Problem",
+    "_backward": "rollbuf's own autograd Function (rollbuf.backends.autograd)",
+}
+
+
+def test_no_private_attributes_of_other_libraries():
+    """No ``x._name`` outside an object's own methods but the listed ones (the benchmark CLI aside)."""
+    bad = []
+    for f in FILES:
+        if f.is_relative_to(PKG / "bench"):
+            continue
+        for node in ast.walk(ast.parse(f.read_text(), str(f))):
+            if (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
+                    and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
+                    and node.attr not in PRIVATE_ATTRIBUTES):
+                bad.append(f"{_module(f)}:{node.lineno} {ast.unparse(node)}")
+    assert not bad, "private attributes read across libraries:\n" + "\n".join(bad)

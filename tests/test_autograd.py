@@ -191,12 +191,14 @@ def test_full_size_gradients_on_gpu(name):
         assert err < 1e-4, f"{name} d/d{k}: relative error {err:.2e}"
 
 
-@pytest.mark.parametrize("variant", ["carry-out", "terminal", "boot-vector", "carry-in", "mc"])
+@pytest.mark.parametrize("variant", ["carry-out", "terminal", "boot-vector", "boot-vector-truncated", "carry-in",
+                                     "mc"])
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_lambda_family_adjoint_variants(backend, variant):
     """The TD(λ) family's analytic adjoint (triton) at every way the window end is fed: the carry
-    out differentiated, a terminal window end, ``[N]`` bootstrap values, an explicit carry in, and
-    Monte-Carlo returns (no bootstrap)."""
+    out differentiated, a terminal window end, ``[N]`` bootstrap values (without truncations, and
+    with truncations at the window end only: the column is then read as ``[N, T]`` values holding it
+    at the window end), an explicit carry in, and Monte-Carlo returns (no bootstrap)."""
     from rollbuf.backends import autograd as AG
     from rollbuf import functional as F
 
@@ -213,8 +215,14 @@ def test_lambda_family_adjoint_variants(backend, variant):
         kw = dict(terminated=f["terminated"], truncated=f["truncated"], mask=f["mask"], backend=backend)
         if variant == "boot-vector":
             kw["truncated"] = None
+        if variant == "boot-vector-truncated":  # truncations at each row's window end only
+            from rollbuf import windows
+
+            m = f["mask"] != 0
+            end = windows.window_end_index(m, m.shape, m.device)
+            kw["truncated"] = torch.arange(m.shape[-1], device=DEV) == end.unsqueeze(-1)
         init = torch.randn(2, dtype=torch.float64, device=DEV, requires_grad=True)
-        boot = f["bootstrap_values"][:, -1].clone() if variant == "boot-vector" else f["bootstrap_values"]
+        boot = f["bootstrap_values"][:, -1].clone() if variant.startswith("boot-vector") else f["bootstrap_values"]
 
         def fn(r, v, bv, init):
             if variant == "mc":

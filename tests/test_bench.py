@@ -213,8 +213,8 @@ def test_ab_lists_the_compiled_kernels():
     from rollbuf.kernels.host import Strategy
 
     fake = types.SimpleNamespace(n_regs=80, n_spills=0)
-    compiled = types.SimpleNamespace(compiled=(None, None, None, fake), warps=8)
-    never = types.SimpleNamespace(compiled=None, warps=1)
+    compiled = types.SimpleNamespace(binary=fake, warps=8)
+    never = types.SimpleNamespace(binary=None, warps=1)
     launch = types.SimpleNamespace(family="lambda", strategy=Strategy(1, 2048, True, 8, 8, True, True),
                                    passes=(compiled, never))
     lines = ab.compiled_kernels({"key": launch})

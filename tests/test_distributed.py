@@ -243,7 +243,8 @@ def _worker(rank, world, init_file, out_prefix, dist_backend):
             out = getattr(D, fn)(**kw, group=groups[rank // 2])
             results[("subgroups", "vtrace")] = ("ok", tuple(o.cpu() for o in out), [])
         # a [N] bootstrap value with a truncation at rank 0's last step before the window end: an
-        # interior truncation; rank 0 raises after the exchange, the others return
+        # interior truncation, which reads NaN: row 1 is NaN on rank 0 up to that step, the later
+        # ranks' steps are exact
         fields = _rollout(LAYOUTS[world][next(iter(LAYOUTS[world]))])
         cuts = LAYOUTS[world][next(iter(LAYOUTS[world]))]
         _, kw = _call_kwargs("gae", fields, cuts[rank], cuts[rank + 1], device)
@@ -252,11 +253,17 @@ def _worker(rank, world, init_file, out_prefix, dist_backend):
         trunc = torch.zeros(N, cuts[-1], dtype=torch.bool)
         trunc[1, cuts[1] - 1] = True  # the last step of rank 0's shard; later ranks hold steps
         kw["truncated"] = trunc[:, cuts[rank]:cuts[rank + 1]].to(device)
+        _, whole = _call_kwargs("gae", fields, 0, cuts[-1], device)  # the unsharded call
+        whole.update(bootstrap_values=kw["bootstrap_values"], mask=None, truncated=trunc.to(device))
+        (w_adv, w_ret), w_carry = F.gae(**whole, return_carry=True)
+        lo, hi = cuts[rank], cuts[rank + 1]
         try:
-            D.gae(**kw)
-            results["interior-truncation"] = ("ok", (), [])
+            (adv, ret), carry = D.gae(**kw, return_carry=True)
+            results["interior-truncation"] = ("ok", (adv.cpu(), ret.cpu(), carry.cpu()), [])
         except ValueError as e:
             results["interior-truncation"] = ("error", str(e), [])
+        results["interior-truncation-unsharded"] = ("ok", (w_adv[:, lo:hi].cpu(), w_ret[:, lo:hi].cpu(),
+                                                           w_carry.cpu()), [])
     finally:
         dist.all_gather = real
         torch.save(results, f"{out_prefix}.{rank}")
@@ -298,9 +305,10 @@ def _check(per_rank, world, layout, case, backend):
     for r, res in enumerate(per_rank):
         status, out, gathered = res[(layout, case, backend)]
         assert status == "ok", f"rank {r}: {out}"
-        # one collective per call, O(N) numbers: per row 2 map coefficients + candidate + priority
-        # (V-trace: 5 + 2 + 1), forward: the features' α + β
-        k = {"vtrace": 8, "eligibility_traces": 3, "episodic_sums": 2}.get(fn, 4)
+        # one collective per call, O(N) numbers: per row 2 map coefficients + candidate + whether the
+        # shard's last live step reads a [*B] column + priority (V-trace: 5 + 2 + 1 + 1), forward:
+        # the features' α + β
+        k = {"vtrace": 9, "eligibility_traces": 3, "episodic_sums": 2}.get(fn, 5)
         assert gathered == [N * k], f"rank {r}: all_gather payloads {gathered}, expected one of {N * k}"
         outs.append(out)
     # the whole window's final / carry is the same on every rank
@@ -361,13 +369,20 @@ def test_subgroups(tmp_path_factory):
 
 
 @pytest.mark.parametrize("world", [2, 4])
-def test_interior_truncation_with_window_end_bootstrap_raises(world, tmp_path_factory):
+def test_interior_truncation_with_window_end_bootstrap_reads_nan(world, tmp_path_factory):
     """A ``[*B]`` bootstrap value and a truncation at the last step of a shard that is not the row's
-    window end: the rank holding it raises (after the exchange, so nobody hangs)."""
+    window end: the truncation reads NaN, as in the unsharded functional call, whose slice each rank
+    returns, NaN included (found with the exchange, no device sync): the row is NaN from that step
+    back on rank 0, and so is its whole window's carry on every rank."""
     per_rank = _run_world(world, "gloo", tmp_path_factory)
-    status = [res["interior-truncation"] for res in per_rank]
-    assert status[0][0] == "error" and "window-end column only" in status[0][1], status[0]
-    assert all(s[0] == "ok" for s in status[1:]), status
+    for r, res in enumerate(per_rank):
+        status, got, _ = res["interior-truncation"]
+        assert status == "ok", (r, got)
+        want = res["interior-truncation-unsharded"][1]
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, equal_nan=True)
+        assert got[2][1].isnan()  # row 1's whole-window carry
+    assert per_rank[0]["interior-truncation"][1][0][1].isnan().all()  # row 1 on rank 0: up to the truncation
 
 
 @nccl_only

@@ -580,87 +580,57 @@ def test_more_than_2_31_elements():
     assert rel_err(ret[rows], ref.returns) < 2e-2
 
 
-@pytest.mark.skipif(CUDA, reason="fakes the compiled kernel; on a GPU test_direct_launch_respecializes runs the real one")
-def test_direct_launch_bookkeeping(monkeypatch):
-    """A launch's kernel goes through Triton's JIT launch once, then is launched directly from the
-    compiled kernel with the same arguments (checked with a stand-in for Triton's compiled kernel,
-    so that it runs on the CPU too); a misaligned input, another dtype or another shape is another
-    signature, so another launch; a full cache starts over; every result equals the reference."""
-    import types
+def test_launch_cache_bookkeeping(monkeypatch):
+    """A launch is built once per signature and reused: a misaligned input, another dtype or another
+    shape is another signature, so another launch; a full cache starts over; forced choices are part
+    of the key; every result equals the reference, and every kernel pass is launched on each call."""
+    from rollbuf.kernels import host as H
 
-    calls = {"jit": 0, "direct": 0}
+    built, launched = [], []
 
-    class Compiled:
-        packed_metadata, function = object(), object()
-
-        def __init__(self, jit, grid):
-            self.jit = jit
-
-        def _init_handles(self):
-            pass
-
-        def launch_metadata(self, *a):
-            return None
-
-        def run(self, g0, g1, g2, stream, function, meta, lm, enter, exit_, *args):
-            assert (g1, g2, stream, function, meta) == (1, 1, "stream", self.function, self.packed_metadata)
-            calls["direct"] += 1
-            self.jit[(g0,)](*args)
-
-    class Jit:
-        def __init__(self, real):
-            self.real = real
-
-        def __getitem__(self, grid):
-            def launch(*a, num_warps=None):
-                calls["jit"] += 1
-                self.real[grid](*a, num_warps=num_warps)
-                return Compiled(self.real, grid)
-            return launch
+    class Counting(H.Launch):
+        def __init__(self, p, force=()):
+            built.append(force)
+            super().__init__(p, force)
 
     real_call = H.Kernel.__call__
 
-    def on_gpu(self, grid, args, device):  # the interpreter's kernel, treated as a GPU launch
-        if not isinstance(self.jit, Jit):
-            self.jit = Jit(self.jit)
-        return real_call(self, grid, args, 0)
+    def counting(self, grid, args, device):
+        launched.append(grid)
+        return real_call(self, grid, args, device)
 
-    hooks = types.SimpleNamespace(launch_enter_hook=None, launch_exit_hook=None)
-    monkeypatch.setattr(H, "_DRIVER", [(lambda device: "stream", hooks)])
-    monkeypatch.setattr(H.Kernel, "__call__", on_gpu)
+    monkeypatch.setattr(H, "Launch", Counting)
+    monkeypatch.setattr(H.Kernel, "__call__", counting)
     monkeypatch.setattr(H, "LAUNCHES", {})
-    monkeypatch.setattr(F, "_CALLS", {})  # functional's repeated calls hold their launch: start both empty
     f = make(3, 37, "term+trunc+mask", seed=9)
     ref = call("gae", f, "reference")
 
     def offset(x):  # same values, one element in: not 16-byte aligned
-        y = torch.empty(x.numel() + 1, dtype=x.dtype)[1:].view(x.shape)
+        y = torch.empty(x.numel() + 1, dtype=x.dtype, device=x.device)[1:].view(x.shape)
         return y.copy_(x)
 
-    def check(fields, jit, direct):
-        before = dict(calls)
+    def check(fields, new, passes=1):
+        b, n = len(built), len(launched)
         assert_ref(call("gae", fields, "triton"), ref, 1e-5)
-        assert (calls["jit"] - before["jit"], calls["direct"] - before["direct"]) == (jit, direct)
+        assert (len(built) - b, len(launched) - n) == (new, passes)
 
-    check(f, 1, 0)  # compiled, remembered
-    check(f, 0, 1)  # hit
-    check(dict(f, rewards=offset(f["rewards"])), 1, 0)  # alignment differs: miss
-    check(dict(f, rewards=offset(f["rewards"])), 0, 1)
-    check(dict(f, terminated=f["terminated"].to(torch.uint8)), 1, 0)  # dtype differs: miss
-    check(f, 0, 1)
+    check(f, 1)  # built, remembered
+    check(f, 0)  # hit
+    check(dict(f, rewards=offset(f["rewards"])), 1)  # alignment differs: miss
+    check(dict(f, rewards=offset(f["rewards"])), 0)
+    check(dict(f, terminated=f["terminated"].to(torch.uint8)), 1)  # dtype differs: miss
+    check(f, 0)
     assert len(H.LAUNCHES) == 3
     monkeypatch.setattr(H, "LAUNCHES_MAX", 3)
-    check(dict(f, values=offset(f["values"])), 1, 0)  # a fourth key: the cache starts over
+    check(dict(f, values=offset(f["values"])), 1)  # a fourth key: the cache starts over
     assert len(H.LAUNCHES) == 1
-    check(f, 0, 1)  # functional's repeated call still holds the launch it was built with
-    F._CALLS.clear()
-    check(f, 1, 0)  # through the kernel cache again: compiled anew
+    check(f, 1)  # built anew
     monkeypatch.setattr(H, "LAUNCHES_MAX", 4096)
     with K.forced(split=True, presolve=True):  # three passes: two family launches and the resolve kernel
-        check(f, 3, 0)
+        check(f, 1, 3)
         check(f, 0, 3)
-        with K.forced(resolve_block_r=1):  # another launch: all three compiled for it
-            check(f, 3, 0)
+        with K.forced(resolve_block_r=1):  # another launch
+            check(f, 1, 3)
             check(f, 0, 3)
 
 
@@ -678,10 +648,10 @@ def test_signature_is_cheap_and_complete():
 
 @pytest.mark.gpu
 def test_direct_launch_respecializes():
-    """The compiled kernels launched directly are reused only for calls Triton would specialise the
-    same way: calls of one shape whose inputs differ in 16-byte alignment (views at an odd element
-    offset), dtype, strides (time-major) or flag dtype each give the reference result, in an order
-    that hits the cache between them, and equal a fresh launch through Triton's JIT exactly."""
+    """A cached launch is reused only for calls Triton would specialise the same way: calls of one
+    shape whose inputs differ in 16-byte alignment (views at an odd element offset), dtype, strides
+    (time-major) or flag dtype each give the reference result, in an order that hits the cache
+    between them, and equal a freshly built launch exactly."""
     N, T = 64, 300
     base = make(N, T, "term+trunc+mask", seed=5)
 

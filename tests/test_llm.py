@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import rollbuf
 import rollbuf.functional as F
 from rollbuf import backends
 from rollbuf.integrations import llm
@@ -229,8 +230,21 @@ def test_masked_whiten_ignores_nan_and_shift_mean():
     assert_close(w[m != 0], e[m != 0])
     w2 = llm.masked_whiten(x, m, shift_mean=False)
     assert_close(w2[m != 0], e[m != 0] + 2.75)
-    with pytest.raises(ValueError, match="at least two"):
-        llm.masked_whiten(x, torch.tensor([[1, 0, 0], [0, 0, 0]]))
+    # fewer than two masked-in entries: the variance is undefined; NaN, not a host read (check_finite: an error)
+    for few in (torch.tensor([[1, 0, 0], [0, 0, 0]]), torch.zeros(2, 3, dtype=torch.int64)):
+        assert llm.masked_whiten(x, few).isnan().all()
+        with rollbuf.check_finite(), pytest.raises(ValueError, match="at least two"):
+            llm.masked_whiten(x, few)
+
+
+def test_masked_whiten_reads_no_data():
+    """The count and the Bessel correction are tensor arithmetic: masked_whiten runs on tensors
+    without data (meta), where any host read would raise; so does the verl drop-in with whitening."""
+    x = torch.zeros(4, 9, device="meta")
+    m = torch.ones(4, 9, dtype=torch.bool, device="meta")
+    assert llm.masked_whiten(x, m).device.type == "meta"
+    adv, ret = llm.compute_gae_advantage_return(x, x, m, 1.0, 0.95, whiten=True, backend="torch")
+    assert adv.device.type == "meta" and adv.shape == (4, 9)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -453,12 +467,21 @@ def test_packed_is_one_functional_call(monkeypatch):
 def test_packed_validation():
     r = torch.zeros(6)
     m = torch.ones(6, dtype=torch.bool)
-    with pytest.raises(ValueError, match="cu_seqlens"):
-        llm.packed_gae(r, r, m, torch.tensor([1, 6], dtype=torch.int32), 1.0, 1.0)
-    with pytest.raises(ValueError, match="cu_seqlens"):
-        llm.packed_gae(r, r, m, torch.tensor([0, 4, 2], dtype=torch.int32), 1.0, 1.0)
-    with pytest.raises(ValueError, match="cu_seqlens"):
-        llm.packed_gae(r, r, m, torch.tensor([0, 7], dtype=torch.int32), 1.0, 1.0)
+    # cu_seqlens that break the convention: checked on the device (every output NaN, no host read);
+    # under check_finite an error naming cu_seqlens; check=False skips the check
+    for bad in ([1, 6], [0, 4, 2], [0, 7]):
+        cu = torch.tensor(bad, dtype=torch.int32)
+        adv, ret = llm.packed_gae(r, r, m, cu, 1.0, 1.0)
+        assert adv.isnan().all() and ret.isnan().all(), bad
+        assert llm.packed_discounted_returns(r, m, cu, 1.0).isnan().all(), bad
+        with rollbuf.check_finite(), pytest.raises(ValueError, match="cu_seqlens"):
+            llm.packed_gae(r, r, m, cu, 1.0, 1.0)
+        with rollbuf.check_finite(), pytest.raises(ValueError, match="cu_seqlens"):
+            llm.packed_discounted_returns(r, m, cu, 1.0)
+    good = torch.tensor([0, 2, 6], dtype=torch.int32)
+    assert not llm.packed_gae(r, r, m, good, 1.0, 1.0).advantages.isnan().any()
+    assert not llm.packed_gae(r, r, m, torch.tensor([0, 7], dtype=torch.int32), 1.0, 1.0,
+                              check=False).advantages.isnan().all()
     with pytest.raises(ValueError, match="cu_seqlens"):
         llm.packed_gae(r, r, m, torch.tensor([0.0, 6.0]), 1.0, 1.0)
     with pytest.raises(ValueError, match=r"\[1, total\]"):

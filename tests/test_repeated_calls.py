@@ -1,10 +1,9 @@
-"""Repeated functional calls (``rollbuf.functional``'s call cache) on the ``triton`` backend.
+"""Repeated functional calls on the ``triton`` backend.
 
-The second call of a signature runs without validation, straight from the arguments into the
-kernel launch built by the first (the fast path), or, where the problem's tensors are reshaped
-arguments or a data check must run, through the validated problem (the general path). Either way
-it must equal the float64 reference on its own new data, with outputs poisoned with NaN before
-the launch. Under Triton's interpreter in CI (small odd shapes); compiled on a GPU machine.
+Every call is validated; the second call of a signature reuses the kernel launch cached under it
+(``rollbuf.kernels.LAUNCHES``) with its own tensors. It must equal the float64 reference on its own
+new data, with outputs poisoned with NaN before the launch. Under Triton's interpreter in CI (small
+odd shapes); compiled on a GPU machine.
 """
 
 from __future__ import annotations
@@ -38,29 +37,15 @@ def _fresh(seed, **kw):
     return make_rollout(3, 37, seed=seed, device=DEV, **kw)
 
 
-def _no_validation(monkeypatch):
-    """Make any further validation fail the test: a repeated call must not validate."""
-    def refuse(*a, **k):
-        raise AssertionError("a repeated call was validated again")
-
-    monkeypatch.setattr(validation, "prepare", refuse)
-
-
-def _which_path(name, fields, prm):
-    """The repeated-call entry of this call's signature (``fast`` or ``general``)."""
-    call = estimator_call(name, fields, backend="triton", **prm)
-    hits = [r for r in F._CALLS.values() if r.estimator.name == name]
-    assert hits, f"{name}: the first call left no repeated-call entry"
-    return call, hits
+def _launches():
+    return set(map(id, K.LAUNCHES.values()))
 
 
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("case", ["column", "per-step", "mask", "bf16"])
-def test_a_repeated_call_equals_the_reference_on_new_data(name, case, monkeypatch):
-    """Every estimator, twice with one signature and new data each time: the second call equals the
-    reference on its own data and is not validated; the fast path is the one taken wherever the
-    arguments go to the kernel as they are."""
-    monkeypatch.setattr(F, "_CALLS", {})
+def test_a_repeated_call_equals_the_reference_on_new_data(name, case):
+    """Every estimator, twice with one signature and new data each time: the second call reuses the
+    first one's launch (no launch is built) and equals the reference on its own data."""
     kw = dict(p_masked=0.2 if case == "mask" else None)
     if case == "bf16":
         kw["dtype"] = torch.bfloat16
@@ -71,28 +56,22 @@ def test_a_repeated_call_equals_the_reference_on_new_data(name, case, monkeypatc
             f["bootstrap_values"] = f["bootstrap_values"][:, -1].clone()
     prm = params(name)
     estimator_call(name, first, backend="triton", **prm)()
-    (entry,) = F._CALLS.values()
-    with monkeypatch.context() as m:
-        _no_validation(m)
-        out = estimator_call(name, second, backend="triton", **prm)()
-    assert len(F._CALLS) == 1
+    built = _launches()
+    out = estimator_call(name, second, backend="triton", **prm)()
+    assert _launches() == built, f"{name} ({case}): a repeated call built another launch"
     assert_matches_reference(name, out, second, **prm)
-    assert entry.fast, f"{name} ({case}) took the general path"
 
 
 @pytest.mark.parametrize("name", ["gae", "vtrace", "eligibility_traces"])
-def test_the_general_path_serves_what_the_fast_path_does_not(name, monkeypatch):
-    """A [*B] window-end column with truncations (checked against them on every call), batch
-    dimensions flattened by a reshape, a carry in: repeated without validation, through the
-    validated problem, equal to the reference on new data."""
-    monkeypatch.setattr(F, "_CALLS", {})
+def test_repeated_calls_with_reshaped_fields_a_carry_or_a_column(name):
+    """A [*B] window-end column with truncations at the window end, batch dimensions flattened by a
+    reshape, a carry in: repeated with new data, equal to the reference."""
     prm = params(name)
     forward = estimators.get(name).direction == "forward"
     cases = {"batch [2, 3, T]": dict(batch_shape=(2, 3)), "carry": {}}
     if not forward:
         cases["[N] column with truncations"] = dict()
     for label, kw in cases.items():
-        F._CALLS.clear()
         first, second = (make_rollout(t=29, seed=s, device=DEV, **kw) if kw else make_rollout(6, 29, seed=s, device=DEV)
                          for s in (3, 4))
         extra = {}
@@ -106,11 +85,7 @@ def test_the_general_path_serves_what_the_fast_path_does_not(name, monkeypatch):
                 f["truncated"][:, -1] = end | (torch.arange(6, device=DEV) % 2 == 0)
                 f["bootstrap_values"] = torch.randn(6, device=DEV)
         estimator_call(name, first, backend="triton", **prm, **extra)()
-        (entry,) = F._CALLS.values()
-        assert not entry.fast, label
-        with monkeypatch.context() as m:
-            _no_validation(m)
-            out = estimator_call(name, second, backend="triton", **prm, **extra)()
+        out = estimator_call(name, second, backend="triton", **prm, **extra)()
         if label == "carry" and not forward:  # the reference computes whole windows: the torch backend
             want = estimator_call(name, second, backend="torch", **prm, **extra)()
             for a, b in zip(out, want):
@@ -120,19 +95,16 @@ def test_the_general_path_serves_what_the_fast_path_does_not(name, monkeypatch):
 
 
 def test_repeated_calls_keep_the_data_checks_and_gradients(monkeypatch):
-    """On the fast path too: check_finite names the bad input, inputs that require grad get
-    gradients; an estimator registered again under its name is validated from its new entry."""
+    """check_finite names the bad input, inputs that require grad get gradients; an estimator
+    registered again under its name is validated from its new entry."""
     from rollbuf import check_finite
 
-    monkeypatch.setattr(F, "_CALLS", {})
     f = _fresh(5)
     f["truncated"] = None
     f["bootstrap_values"] = f["bootstrap_values"][:, -1].clone()
     kw = dict(rewards=f["rewards"], values=f["values"], terminated=f["terminated"],
               bootstrap_values=f["bootstrap_values"], backend="triton")
     F.advantages(0.97, 0.9, **kw)
-    (entry,) = F._CALLS.values()
-    assert entry.fast
     bad = f["rewards"].clone()
     bad[1, 4] = float("nan")
     with check_finite(), pytest.raises(ValueError, match="rewards"):
@@ -140,15 +112,14 @@ def test_repeated_calls_keep_the_data_checks_and_gradients(monkeypatch):
     r = f["rewards"].clone().requires_grad_(True)
     (g,) = torch.autograd.grad(F.advantages(0.97, 0.9, **dict(kw, rewards=r)).sum(), r)
     assert torch.isfinite(g).all() and g.abs().sum() > 0
-    # the fast path's entry is keyed by the registry entry it was built from
     entry_now = estimators.REGISTRY["advantages"]
-    monkeypatch.setitem(estimators.REGISTRY, "advantages", estimators.Estimator(**{
-        **{a.name: getattr(entry_now, a.name) for a in entry_now.__attrs_attrs__}}))
-    calls = []
+    new_entry = estimators.Estimator(**{a.name: getattr(entry_now, a.name) for a in entry_now.__attrs_attrs__})
+    monkeypatch.setitem(estimators.REGISTRY, "advantages", new_entry)
+    seen = []
     real = validation.prepare
-    monkeypatch.setattr(validation, "prepare", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(validation, "prepare", lambda est, *a, **k: seen.append(est) or real(est, *a, **k))
     F.advantages(0.97, 0.9, **kw)
-    assert calls, "a call under a re-registered name reused the old entry's path"
+    assert seen == [new_entry], "a call under a re-registered name was not validated from its new entry"
 
 
 def test_outputs_are_allocated_in_the_call_layout():
@@ -171,28 +142,27 @@ def test_outputs_are_allocated_in_the_call_layout():
 
 
 def test_the_cache_holds_no_tensor_of_a_call():
-    """Neither path keeps a call's tensors alive (the cache holds shapes, never tensors)."""
+    """The launch cache keeps no tensor of a call alive (it holds shapes, strides and dtypes)."""
     import gc
     import weakref
 
-    for column in (True, False):  # the fast path ([N] column, no truncations) and the general one
-        F._CALLS.clear()
+    for column in (True, False):  # the [N] column as the carry in, and [N, T] values with truncations
         f = _fresh(7)
         if column:
             f["truncated"] = None
             f["bootstrap_values"] = f["bootstrap_values"][:, -1].clone()
         refs = [weakref.ref(t) for t in f.values() if isinstance(t, torch.Tensor)]
         out = estimator_call("gae", f, backend="triton", gamma=0.97, lam=0.9)()
-        assert F._CALLS
+        assert K.LAUNCHES
         del f, out
         gc.collect()
-        assert all(r() is None for r in refs), "the call cache holds a caller's tensor"
+        assert all(r() is None for r in refs), "the launch cache holds a caller's tensor"
 
 
-def test_arguments_are_mapped_to_fields_as_the_full_call_maps_them(monkeypatch):
-    """episodic_sums(rewards=...) (its x), discounted_returns(bootstrap=False) given bootstrap values
-    it does not read, a forward estimator's `initial` through `estimate` (which wins over `carry`,
-    as in the full call): the repeated call, not validated, equals the full call on new data."""
+def test_arguments_are_mapped_to_fields_as_their_spelled_out_call():
+    """episodic_sums(rewards=...) is episodic_sums(x=...); discounted_returns(bootstrap=False) given
+    bootstrap values it does not read is the call without them; a forward estimator's `initial`
+    through `estimate` wins over `carry`: repeated on new data, equal to the spelled-out call."""
     g = torch.Generator().manual_seed(8)
 
     def data():
@@ -200,66 +170,56 @@ def test_arguments_are_mapped_to_fields_as_the_full_call_maps_them(monkeypatch):
                 torch.randn(4, 19, generator=g).to(DEV), torch.randn(4, generator=g).to(DEV))
 
     calls = {
-        "episodic_sums(rewards=)": lambda r, k, b, c: F.episodic_sums(rewards=r, terminated=k, backend="triton"),
-        "monte carlo with bootstrap_values": lambda r, k, b, c: F.discounted_returns(
-            0.9, rewards=r, terminated=k, truncated=~k & (b > 1.5), bootstrap_values=b, bootstrap=False,
-            backend="triton"),
-        "estimate(initial=, carry=)": lambda r, k, b, c: F.estimate(
-            "eligibility_traces", x=r, terminated=k, gamma=0.9, lam=0.8, carry=c + 7.0, initial=c,
-            backend="triton"),
+        "episodic_sums(rewards=)": (
+            lambda r, k, b, c: F.episodic_sums(rewards=r, terminated=k, backend="triton"),
+            lambda r, k, b, c: F.episodic_sums(r, terminated=k, backend="triton")),
+        "monte carlo with bootstrap_values": (
+            lambda r, k, b, c: F.discounted_returns(0.9, rewards=r, terminated=k, truncated=~k & (b > 1.5),
+                                                    bootstrap_values=b, bootstrap=False, backend="triton"),
+            lambda r, k, b, c: F.discounted_returns(0.9, rewards=r, terminated=k, truncated=~k & (b > 1.5),
+                                                    bootstrap=False, backend="triton")),
+        "estimate(initial=, carry=)": (
+            lambda r, k, b, c: F.estimate("eligibility_traces", x=r, terminated=k, gamma=0.9, lam=0.8, carry=c + 7.0,
+                                          initial=c, backend="triton"),
+            lambda r, k, b, c: F.eligibility_traces(r, 0.9, 0.8, c, terminated=k, backend="triton")),
     }
-    for label, fn in calls.items():
-        F._CALLS.clear()
-        fn(*data())
-        assert len(F._CALLS) == 1, f"{label}: not cached"
-        new = data()
-        with monkeypatch.context() as m:
-            _no_validation(m)
-            got = fn(*new)
-        F._CALLS.clear()
-        want = fn(*new)  # the full call
-        for a, b in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
-            torch.testing.assert_close(a, b, rtol=0, atol=0, msg=label)
+    for label, (fn, spelled) in calls.items():
+        for _ in range(2):
+            new = data()
+            got, want = fn(*new), spelled(*new)
+            for a, b in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+                torch.testing.assert_close(a, b, rtol=0, atol=0, msg=label)
 
 
-def test_other_forced_choices_take_the_full_path(monkeypatch):
-    """A repeated call under other forced kernel choices than its launch was built under goes
-    through the backend seam (a new launch for those choices), not the remembered launch."""
-    from rollbuf import backends
-
-    F._CALLS.clear()
+def test_other_forced_choices_build_their_own_launch():
+    """A call under forced kernel choices runs the launch built under those choices (a launch is
+    cached per signature and choices), and gives the reference's values."""
     f = _fresh(9)
     f["truncated"] = None
     f["bootstrap_values"] = f["bootstrap_values"][:, -1].clone()
     call = estimator_call("advantages", f, backend="triton", gamma=0.97, lam=0.9)
     call()
-    seam = []
-    real = backends.run
-    monkeypatch.setattr(backends, "run", lambda p, be: seam.append(be) or real(p, be))
-    call()
-    assert seam == []  # the fast path
+    plain = {la for la in K.LAUNCHES.values() if la.force == (("poison", True),)}
     with K.forced(split=True, block_t=8, poison=True):
         out = call()
-    assert seam == ["triton"]
+    forced = [la for la in K.LAUNCHES.values() if dict(la.force).get("split") and la.family == "lambda"
+              and la.N == 3 and la.T == 37]
+    assert forced and forced[0] not in plain and forced[0].strategy.split
     assert_matches_reference("advantages", out, f, gamma=0.97, lam=0.9)
 
 
-def test_a_repeated_call_keeps_the_layout_and_dtype_of_its_outputs(monkeypatch):
+def test_a_repeated_call_keeps_the_layout_and_dtype_of_its_outputs():
     """Time-major inputs and an out_dtype: the repeated call's outputs have the first call's
     strides and dtype, and equal the reference."""
     for time_major in (False, True):
         for out_dtype in (None, torch.float64):
-            F._CALLS.clear()
             outs = []
             for seed in (10, 11):
                 f = _fresh(seed)
                 if time_major:
                     f = {k: (v.t().contiguous().t() if isinstance(v, torch.Tensor) and v.dim() == 2 else v)
                          for k, v in f.items()}
-                with monkeypatch.context() as m:
-                    if seed == 11:
-                        _no_validation(m)
-                    res = estimator_call("gae", f, backend="triton", gamma=0.97, lam=0.9, out_dtype=out_dtype)()
+                res = estimator_call("gae", f, backend="triton", gamma=0.97, lam=0.9, out_dtype=out_dtype)()
                 outs.append(res)
                 assert_matches_reference("gae", res, f, gamma=0.97, lam=0.9, rtol=1e-4, atol=5e-5)
             for a, b in zip(*outs):

@@ -306,7 +306,7 @@ def test_truncated_is_optional_for_rows_that_never_truncate():
     torch.testing.assert_close(ret, ref.returns.float())
 
 
-# ---- bound calls: a rollout's repeated estimator calls reuse one validated, pre-built call ----------
+# ---- repeated calls: every method call reads the rollout's fields as they are now ----------------
 
 
 def _bound_rollout(n=5, t=23, seed=0, backend_device="cpu"):
@@ -319,13 +319,17 @@ def _same_results(a, b):
         torch.testing.assert_close(x, y, rtol=0, atol=0, equal_nan=True)
 
 
+def _first(x):
+    return x[0] if isinstance(x, tuple) else x
+
+
 @pytest.mark.parametrize("backend", ["torch", "numba", "reference", "auto"])
 @pytest.mark.parametrize("call", ["gae", "advantages", "lambda_returns", "discounted_returns", "monte_carlo"])
-def test_bound_call_follows_in_place_writes_and_replaced_fields(call, backend, monkeypatch):
-    """The second call reads what ``record`` wrote in place since the first; a replaced field (also
-    one given new storage in place), other arguments and another rollout each get their own call;
-    every result equals the functional one. ``auto``: the calls name no backend, as a training loop
-    writes them (the warm path of γ and λ alone)."""
+def test_methods_follow_in_place_writes_and_replaced_fields(call, backend):
+    """A repeated call reads what ``record`` wrote in place since the last one; a replaced field, one
+    given new storage in place (``x.data = y``, ``set_``), other arguments and another rollout are
+    all seen; every result equals the functional one. ``auto``: the calls name no backend, as a
+    training loop writes them."""
     kw = {} if backend == "auto" else {"backend": backend}
     fn = {"gae": lambda ro, g: ro.gae(g, 0.8, **kw),
           "advantages": lambda ro, g: ro.advantages(g, 0.8, **kw),
@@ -344,31 +348,29 @@ def test_bound_call_follows_in_place_writes_and_replaced_fields(call, backend, m
 
     ro = _bound_rollout()
     _same_results(fn(ro, 0.9), functional(ro, 0.9))
-    assert len(ro.__dict__["_bound"]) == 1
+    before = _first(fn(ro, 0.9))
     ro.record(3, rewards=torch.full((5,), 7.0), values=torch.full((5,), -2.0))  # in place
-    _same_results(fn(ro, 0.9), functional(ro, 0.9))
-    if not kw and call in ("gae", "advantages", "lambda_returns"):
-        with monkeypatch.context() as m:  # the warm path finds the bound call by itself
-            m.setattr(Rollout, "_estimate", lambda *a, **k: pytest.fail("the warm path missed its bound call"))
-            _same_results(fn(ro, 0.9), functional(ro, 0.9))
-    _same_results(fn(ro, 0.5), functional(ro, 0.5))  # other arguments: another bound call
-    assert len(ro.__dict__["_bound"]) == 2
+    after = _first(fn(ro, 0.9))
+    _same_results(after, _first(functional(ro, 0.9)))
+    assert not torch.equal(before[:, :4], after[:, :4])
+    _same_results(fn(ro, 0.5), functional(ro, 0.5))  # other arguments
     ro.rewards = ro.rewards * 3  # a replaced field
     _same_results(fn(ro, 0.9), functional(ro, 0.9))
-    before = fn(ro, 0.9)
-    bound_before = {id(e[2]) for e in ro.__dict__["_bound"].values()}
+    before = _first(fn(ro, 0.9))
     ro.rewards.data = ro.rewards.data * 2  # the same tensor object, new storage
     _same_results(fn(ro, 0.9), functional(ro, 0.9))
-    newest = list(ro.__dict__["_bound"].values())[-1][2]
-    assert id(newest) not in bound_before  # bound again to the new storage
-    assert not torch.equal((before if isinstance(before, tuple) else (before,))[0],
-                           (lambda r: r if isinstance(r, tuple) else (r,))(fn(ro, 0.9))[0])
+    assert not torch.equal(before, _first(fn(ro, 0.9)))
+    before = _first(fn(ro, 0.9))
+    ro.values.set_(ro.values.detach() - 1.0)  # set_: new storage again
+    _same_results(fn(ro, 0.9), functional(ro, 0.9))
+    if call != "discounted_returns" and call != "monte_carlo":  # (they do not read values)
+        assert not torch.equal(before, _first(fn(ro, 0.9)))
     other = _bound_rollout(seed=1)
     _same_results(fn(other, 0.9), functional(other, 0.9))
     _same_results(fn(ro, 0.9), functional(ro, 0.9))
 
 
-def test_bound_call_keeps_every_error_and_the_checks_that_read_data():
+def test_methods_keep_every_error_and_the_checks_that_read_data():
     from rollbuf import check_finite
 
     ro = _bound_rollout()
@@ -381,10 +383,10 @@ def test_bound_call_keeps_every_error_and_the_checks_that_read_data():
     if ro.mask is not None:
         ro.mask[0, 2] = True
     with check_finite(), pytest.raises(ValueError, match="rewards"):
-        ro.gae(0.9, 0.9, backend="torch")  # the bound call reruns the data check
+        ro.gae(0.9, 0.9, backend="torch")  # the repeated call runs the data check
 
 
-def test_bound_call_takes_the_autograd_path_when_a_field_starts_requiring_grad():
+def test_methods_take_the_autograd_path_when_a_field_starts_requiring_grad():
     ro = _bound_rollout()
     ro.gae(0.9, 0.8, backend="torch")
     ro.values.requires_grad_(True)
@@ -398,9 +400,9 @@ def test_bound_call_takes_the_autograd_path_when_a_field_starts_requiring_grad()
 
 
 @pytest.mark.filterwarnings("ignore:The method:UserWarning")  # tensorclass's deepcopy fallback
-def test_copies_of_a_rollout_never_run_a_call_bound_to_other_tensors():
-    """Copies, deep copies and unpickled rollouts compute from their own fields (a bound call is
-    used only on the very tensors it holds), and pickling does not trip over the bound calls."""
+def test_copies_of_a_rollout_compute_from_their_own_fields():
+    """Copies, deep copies, unpickled and cloned rollouts compute from their own fields, and the
+    original from its own, after calls on either."""
     import copy
     import pickle
 
@@ -412,29 +414,40 @@ def test_copies_of_a_rollout_never_run_a_call_bound_to_other_tensors():
         _same_results(ro.gae(0.9, 0.8, backend="torch"), F.gae(0.9, 0.8, **ro._fields(), backend="torch"))
 
 
+@pytest.mark.filterwarnings("ignore:The method:UserWarning")
 @pytest.mark.interpret
-def test_bound_call_on_the_triton_backend_launches_the_kernel_plan():
-    """Under the interpreter: the bound call is the kernel's pre-bound plan, and follows writes."""
-    from rollbuf import kernels
+def test_methods_on_the_triton_backend_follow_writes_and_copies():
+    """Under the interpreter (compiled on a GPU): the triton backend's calls read the current
+    contents, in place writes and new storage alike, on the rollout and on its copies."""
+    import copy
+    import pickle
 
     ro = _bound_rollout(n=4, t=37, seed=3, backend_device="cuda" if torch.cuda.is_available() else "cpu")
+
+    def reference(r):
+        cpu = {k: (None if v is None else v.cpu()) for k, v in r._fields().items()}
+        return F.advantages(0.9, 0.8, **cpu, backend="reference")
+
     adv = ro.advantages(0.9, 0.8, backend="triton")
-    (tensors, checks, bound), = ro.__dict__["_bound"].values()
-    assert isinstance(bound._run, kernels.Plan)
-    def reference():
-        cpu = {k: (None if v is None else v.cpu()) for k, v in ro._fields().items()}
-        return F.advantages(0.9, 0.8, **cpu, backend="reference").to(adv.dtype)
-
-    torch.testing.assert_close(adv.cpu(), reference(), rtol=1e-5, atol=1e-5)
-    ro.record(36, rewards=torch.full((4,), 3.0))
+    torch.testing.assert_close(adv.cpu(), reference(ro).to(adv.dtype), rtol=1e-5, atol=1e-5)
+    ro.record(36, rewards=torch.full((4,), 3.0, device=ro.device))
     again = ro.advantages(0.9, 0.8, backend="triton")
-    torch.testing.assert_close(again.cpu(), reference(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(again.cpu(), reference(ro).to(adv.dtype), rtol=1e-5, atol=1e-5)
     assert not torch.equal(adv, again)
+    ro.values.data = ro.values.data + 1.0
+    torch.testing.assert_close(ro.advantages(0.9, 0.8, backend="triton").cpu(), reference(ro).to(adv.dtype),
+                               rtol=1e-5, atol=1e-5)
+    for other in (copy.deepcopy(ro), pickle.loads(pickle.dumps(ro))):
+        other.rewards.mul_(2.0)
+        torch.testing.assert_close(other.advantages(0.9, 0.8, backend="triton").cpu(),
+                                   reference(other).to(adv.dtype), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ro.advantages(0.9, 0.8, backend="triton").cpu(), reference(ro).to(adv.dtype),
+                               rtol=1e-5, atol=1e-5)
 
 
-def test_bound_call_of_a_slice_sees_writes_through_the_parent():
-    """A slice of an [E, A, T] rollout cannot be flattened to [E·A', T] without a copy: its calls are
-    not bound to that copy, so writes into the parent (the slice's own storage) are always seen."""
+def test_a_slice_sees_writes_through_the_parent():
+    """A slice of an [E, A, T] rollout cannot be flattened to [E·A', T] without a copy: its calls
+    flatten a copy each time, so writes into the parent (the slice's own storage) are always seen."""
     ro = Rollout.empty((4, 3), 16)
     g = torch.Generator().manual_seed(1)
     for t in range(16):
@@ -455,16 +468,14 @@ def test_a_field_given_again_to_a_method_is_an_error():
             ro.gae(0.9, 0.8, **{name: None})
 
 
-def test_bound_calls_are_few_and_hold_no_replaced_field():
-    """A schedule of γ keeps at most a few bound calls, and a replaced field is not kept alive by one;
-    a field given new storage in place (``x.data = y``) is a new field."""
+def test_a_rollout_holds_no_replaced_field():
+    """A schedule of γ keeps nothing on the rollout, and a replaced field is not kept alive by it."""
     import gc
     import weakref
 
     ro = _bound_rollout()
     for i in range(20):
         ro.gae(0.5 + i / 100, 0.8, backend="torch")
-    assert len(ro.__dict__["_bound"]) <= 8
     refs = []
     for i in range(5):
         refs.append(weakref.ref(ro.values))
@@ -472,29 +483,17 @@ def test_bound_calls_are_few_and_hold_no_replaced_field():
         ro.gae(0.9, 0.8 - i / 100, backend="torch")
     gc.collect()
     assert sum(r() is not None for r in refs[:-1]) == 0
-    ro.gae(0.9, 0.8, backend="torch")
-    ro.rewards.data = ro.rewards.data * 2 + 1
-    _same_results(ro.gae(0.9, 0.8, backend="torch"), F.gae(0.9, 0.8, **ro._fields(), backend="torch"))
 
 
-def test_new_storage_in_place_drops_every_call_bound_to_the_old():
-    """A field given new storage in place (``x.data = y``) rebinds the call made next and drops the
-    rollout's other calls bound to the old storage (a warm kernel plan holds the storage it was
-    bound to, so a kept call would keep the old memory alive)."""
+def test_the_rollout_reads_its_fields_through_the_public_tensorclass_api():
+    """The estimator methods read the rollout's fields with ``to_dict()`` (tensorclass's public API),
+    the very tensors the rollout holds, absent ones ``None``."""
     ro = _bound_rollout()
-    ro.gae(0.9, 0.8, backend="torch")
-    ro.gae(0.8, 0.8, backend="torch")
-    ro.advantages(0.7, 0.8, backend="torch")
-    bound = ro.__dict__["_bound"]
-    assert len(bound) == 3
-    old = ro.rewards.data_ptr()
-    ro.rewards.data = ro.rewards.data * 2 + 1
-    _same_results(ro.gae(0.9, 0.8, backend="torch"), F.gae(0.9, 0.8, **ro._fields(), backend="torch"))
-    assert len(bound) == 1  # only the call just bound again
-    (tensors, checks, _), = bound.values()
-    assert dict((n, a) for n, _, a in checks)["rewards"] == ro.rewards.data_ptr() != old
-    _same_results(ro.gae(0.8, 0.8, backend="torch"), F.gae(0.8, 0.8, **ro._fields(), backend="torch"))
-    assert len(bound) == 2
+    f = ro._fields()
+    assert all(f[k] is getattr(ro, k) for k in f)
+    ro2 = Rollout(rewards=torch.ones(2, 3), values=torch.zeros(2, 3), terminated=torch.zeros(2, 3, dtype=torch.bool),
+                  batch_size=[2, 3])
+    assert ro2._fields()["truncated"] is None and ro2._fields()["mask"] is None
 
 
 # ---- a field never written: the estimator names it and the call that writes it ----------------
@@ -534,7 +533,7 @@ def test_forgetting_bootstrap_is_an_error_naming_it(name, backend):
     call = _METHODS[name][0]
     dev = "cuda" if backend == "triton" and torch.cuda.is_available() else "cpu"
     ro = _collected(device=dev)
-    for _ in range(2):  # the second call takes the same (cold) path: nothing was bound
+    for _ in range(2):  # the second call raises too: nothing was remembered
         with pytest.raises(ValueError, match=r"bootstrap_values.*Rollout\.bootstrap\(last_values\)"):
             call(ro, backend=backend)
     if backend != "reference":  # chained: the window end is not read
@@ -548,7 +547,7 @@ def test_forgetting_bootstrap_is_an_error_naming_it(name, backend):
     assert not _as_tuple(got)[0].isnan().any()
     want = call(_from_fields({**ro._fields(), "log_probs": ro.log_probs}), backend=backend)  # built from tensors
     _same_results(got, want)
-    _same_results(call(ro, backend=backend), want)  # again (bound where it can be)
+    _same_results(call(ro, backend=backend), want)  # again
 
 
 def _as_tuple(x):

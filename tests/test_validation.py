@@ -237,33 +237,63 @@ def test_truncated_without_bootstrap_values(name, how):
         CALLS[name](bootstrap_values=None, **kw, backend="torch")
 
 
+COLUMN_BACKENDS = ["reference", "torch"] + (["numba"] if backends.numba_available() else []) + (
+    ["triton"] if backends.triton_available() else [])
+
+
+def _outputs(res):
+    return tuple(res) if isinstance(res, tuple) else (res,)
+
+
 @pytest.mark.parametrize("with_mask", [False, True])
+@pytest.mark.parametrize("backend", COLUMN_BACKENDS)
 @pytest.mark.parametrize("name", BACKWARD)
-def test_window_end_column_bootstrap_with_interior_truncation(name, with_mask):
+def test_window_end_column_bootstrap_with_interior_truncation(name, backend, with_mask):
+    """A [*B] bootstrap_values is the window-end column only: a truncation before the window end
+    reads NaN (no host read of the flags decides it), so the row's outputs are NaN from that step
+    back and exact after it; the other rows are untouched. Under check_finite it is an error naming
+    bootstrap_values and the [*B, T] shape to pass."""
+    if backend == "triton" and torch.cuda.is_available():
+        pytest.skip("CPU tensors: the interpreter's triton backend (the GPU test covers CUDA)")
     tr = torch.zeros(N, T, dtype=torch.bool)
-    tr[1, 2] = True
-    kw = dict(truncated=tr, bootstrap_values=torch.zeros(N))
+    tr[1, 2] = True  # interior: row 1's window end is step T - 1
+    tr[0, T - 1] = True  # at the window end: read from the column
+    col = torch.randn(N, generator=torch.Generator().manual_seed(1))
+    kw = dict(truncated=tr, bootstrap_values=col, backend=backend)
     if with_mask:
-        kw["mask"] = torch.ones(N, T, dtype=torch.bool)
-    with _raises(ValueError, "bootstrap_values", "[*B, T]"):
-        CALLS[name](**kw, backend="torch")
+        m = torch.ones(N, T, dtype=torch.bool)
+        m[1, 1] = False
+        kw["mask"] = m
+    got = _outputs(CALLS[name](**kw))
+    # the same column given as [*B, T] values: V(s_T) at the window end, what a truncation reads elsewhere
+    per_step = torch.full((N, T), 7.0)
+    per_step[:, -1] = col
+    want = _outputs(CALLS[name](**dict(kw, bootstrap_values=per_step)))
+    live = torch.ones(N, T, dtype=torch.bool) if not with_mask else kw["mask"]
+    for a, b in zip(got, want):
+        assert a[1, :3][live[1, :3]].isnan().all(), (name, backend, a[1])
+        torch.testing.assert_close(a[1, 3:], b[1, 3:], rtol=0, atol=0)
+        torch.testing.assert_close(a[[0, 2]], b[[0, 2]], rtol=0, atol=0)
+        if with_mask:
+            assert a[1, 1] == 0  # a masked step's output stays 0
+    from rollbuf import check_finite
+
+    with check_finite(), _raises(ValueError, "bootstrap_values", "[*B, T]", "before the window end", "row 1, step 2"):
+        CALLS[name](**kw)
 
 
-def test_window_end_column_bootstrap_check_refuses_a_graph_capture(monkeypatch):
-    """The [*B] bootstrap column with truncations is checked by a device sync; inside a CUDA graph
-    capture that sync is impossible, so the call names the argument and the way out instead of
-    failing in the driver (the capture is simulated: the check is on the host)."""
-    tr = torch.zeros(N, T, dtype=torch.bool)
-    tr[:, -1] = True
-    from rollbuf import validation
-
-    c = validation.Fields((N, T), torch.device("cpu"))
-    c.add_float("rewards", torch.zeros(N, T))
-    c.add_flag("truncated", tr)
-    c.device = torch.device("cuda", 0)  # as if the rollout were on a GPU being captured
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
-    with _raises(ValueError, "bootstrap_values", "[*B, T]", "capturing"):
-        c.check_window_end_column()
+def test_window_end_column_bootstrap_reads_no_data():
+    """The [*B] column with truncations is checked without reading the flags: the call validates
+    and runs on tensors that have no data at all (meta), where any host read would raise."""
+    kw = dict(_base(), truncated=torch.zeros(N, T, dtype=torch.bool), bootstrap_values=torch.zeros(N))
+    meta = {k: v.to("meta") for k, v in kw.items()}
+    for name in BACKWARD:
+        extra = {k: torch.zeros(N, T, device="meta") for k in ("log_probs", "target_log_probs", "q_values")}
+        extra = {k: v for k, v in extra.items() if k in {"vtrace": ("log_probs", "target_log_probs"),
+                                                         "retrace": ("log_probs", "target_log_probs", "q_values")
+                                                         }.get(name, ())}
+        out = _outputs(CALLS[name](**meta, **extra, backend="torch"))
+        assert all(o.device.type == "meta" and o.shape == (N, T) for o in out)
 
 
 @pytest.mark.parametrize("name", BACKWARD)
@@ -366,67 +396,44 @@ def test_row_bootstrap_with_a_terminated_and_truncated_interior_step_is_accepted
     got = F.gae(0.9, 0.8, rewards=r, values=v, terminated=k, truncated=tr, bootstrap_values=bv, backend="torch")
     ref = F.gae(0.9, 0.8, rewards=r, values=v, terminated=k, truncated=tr, bootstrap_values=bv, backend="reference")
     torch.testing.assert_close(got.advantages, ref.advantages.float())
-    tr[1, 4] = True  # a truncation that does read: still an error
-    with pytest.raises(ValueError, match="bootstrap_values"):
+    tr[1, 4] = True  # a truncation that does read: NaN from there back (check_finite: an error)
+    out = F.gae(0.9, 0.8, rewards=r, values=v, terminated=k, truncated=tr, bootstrap_values=bv, backend="torch")
+    assert out.advantages[1, :5].isnan().all() and not out.advantages[1, 5:].isnan().any()
+    from rollbuf import check_finite
+
+    with check_finite(), pytest.raises(ValueError, match="bootstrap_values"):
         F.gae(0.9, 0.8, rewards=r, values=v, terminated=k, truncated=tr, bootstrap_values=bv, backend="torch")
 
 
-def test_validated_calls_are_reused_without_holding_tensors():
-    """A call with the signature of an earlier one reuses its validation (same results as a fresh
-    one) and the cache keeps no tensor of any call alive."""
-    import gc
-    import weakref
-
-    from rollbuf import validation
-
-    g = torch.Generator().manual_seed(3)
-    r, v = torch.randn(3, 9, generator=g), torch.randn(3, 9, generator=g)
-    k = torch.rand(3, 9, generator=g) < 0.2
-    first = F.gae(0.9, 0.8, rewards=r, values=v, terminated=k, bootstrap_values=torch.zeros(3), backend="torch")
-    n = len(validation._PLANS)
-    r2 = torch.randn(3, 9, generator=g)
-    again = F.gae(0.9, 0.8, rewards=r2, values=v, terminated=k, bootstrap_values=torch.zeros(3), backend="torch")
-    assert len(validation._PLANS) == n  # the same signature: no new entry
-    want = F.gae(0.9, 0.8, rewards=r2.double(), values=v.double(), terminated=k, bootstrap_values=torch.zeros(3),
-                 backend="reference")
-    torch.testing.assert_close(again.advantages.double(), want.advantages, rtol=1e-5, atol=1e-5)
-    assert not torch.equal(first.advantages, again.advantages)
-    ref = weakref.ref(r2)
-    del r2, again
-    gc.collect()
-    assert ref() is None, "the validation cache holds a caller's tensor"
-
-
-def test_repeated_calls_run_the_validated_problem_and_keep_every_check():
-    """A call with the signature of an earlier valid one (shapes, strides, dtypes, devices, numbers)
-    runs that call's validated problem with its own tensors; a signature it cannot key (a number
-    given as a tensor) or a wrong keyword still goes through validation, every error intact; inputs
-    that require grad get gradients; the cache holds no tensor."""
+def test_repeated_calls_are_validated_and_hold_no_tensors():
+    """Every call is validated on its own tensors (no cache but the kernels' launches): a repeated
+    call equals a fresh one on its new data, keeps every error, the data check and gradients, and
+    nothing keeps a caller's tensor alive."""
     import gc
     import weakref
 
     from rollbuf import check_finite
-    from rollbuf import functional as Fn
 
     g = torch.Generator().manual_seed(5)
     r, v = torch.randn(4, 11, generator=g), torch.randn(4, 11, generator=g)
     k = torch.rand(4, 11, generator=g) < 0.2
     bv = torch.randn(4, generator=g)
     kw = dict(values=v, terminated=k, bootstrap_values=bv, backend="torch")
-    F.advantages(0.9, 0.8, rewards=r, **kw)
-    n = len(Fn._CALLS)
+    first = F.advantages(0.9, 0.8, rewards=r, **kw)
     r2 = torch.randn(4, 11, generator=g)
     got = F.advantages(0.9, 0.8, rewards=r2, **kw)
-    assert len(Fn._CALLS) == n
     want = F.advantages(0.9, 0.8, rewards=r2.double(), values=v.double(), terminated=k,
                         bootstrap_values=bv.double(), backend="reference")
     torch.testing.assert_close(got.double(), want, rtol=1e-6, atol=1e-6)
+    assert not torch.equal(first, got)
     with pytest.raises(ValueError, match="gamma"):
         F.advantages(1.5, 0.8, rewards=r2, **kw)
     with pytest.raises(TypeError, match="return_carry"):
         F.gae(0.9, 0.8, rewards=r2, return_carry=1, **kw)  # 1 == True, but not a bool
-    with pytest.raises(TypeError, match="gamma"):  # a tensor where a number goes: not keyed, validated
+    with pytest.raises(TypeError, match="gamma"):  # a tensor where a number goes
         F.advantages(torch.tensor(0.9), 0.8, rewards=r2, **kw)
+    with pytest.raises(ValueError, match="rewards"):  # another shape
+        F.advantages(0.9, 0.8, rewards=r2[:, :5], **kw)
     bad = r2.clone()
     bad[1, 3] = float("nan")
     with check_finite(), pytest.raises(ValueError, match="rewards"):
@@ -437,7 +444,53 @@ def test_repeated_calls_run_the_validated_problem_and_keep_every_check():
     ref = weakref.ref(r2)
     del r2, got, rg, grad
     gc.collect()
-    assert ref() is None, "the call cache holds a caller's tensor"
+    assert ref() is None, "a caller's tensor is kept alive"
+
+
+def test_the_plain_and_the_checked_validation_agree():
+    """Validation takes one pass over a call whose tensors are all plain, of one shape, device and
+    kind-right dtype (no message built), else the path that names what is wrong. On every call the
+    first accepts, both build the same fields; any call the first does not accept goes to the other."""
+    from rollbuf import estimators, validation
+
+    g = torch.Generator().manual_seed(11)
+    base = dict(_base(), mask=torch.rand(N, T, generator=g) < 0.8, log_probs=torch.zeros(N, T),
+                target_log_probs=torch.zeros(N, T), q_values=torch.zeros(N, T))
+    variants = {
+        "as is": {}, "no truncated": dict(truncated=None), "[N] column": dict(bootstrap_values=torch.zeros(N)),
+        "[N] column, no truncated": dict(bootstrap_values=torch.zeros(N), truncated=None),
+        "no mask": dict(mask=None), "uint8 flags": dict(terminated=torch.zeros(N, T, dtype=torch.uint8)),
+        "float64 values": dict(values=torch.zeros(N, T, dtype=torch.float64)),
+        "no bootstrap values": dict(bootstrap_values=None, truncated=None),
+        "a transposed field": dict(values=torch.zeros(T, N)), "an int field": dict(rewards=torch.zeros(N, T, dtype=torch.int32)),
+        "a subclass": dict(values=torch.nn.Parameter(torch.zeros(N, T), requires_grad=False)),
+        "a 0-d field": dict(values=torch.tensor(1.0)), "a list": dict(values=[0.0] * T),
+        "[N, 1] bootstrap": dict(bootstrap_values=torch.zeros(N, 1)),
+    }
+    for name in ("gae", "discounted_returns", "monte_carlo_returns", "vtrace", "retrace"):
+        est = estimators.get(name)
+        for label, change in variants.items():
+            for window_end, carry in (("bootstrap", None), ("terminal", None), ("bootstrap", torch.zeros(N)),
+                                      ("sideways", None)):
+                fields = {f.name: dict(base, **change).get(f.name) for f in est.fields}
+                plain = validation._backward_plain(est, fields, window_end, carry)
+                try:
+                    checked = validation._backward_checked(est, fields, window_end, carry)
+                except (TypeError, ValueError):
+                    assert plain is None, (name, label, window_end)
+                    continue
+                if plain is None:
+                    assert label in ("a subclass",), (name, label, window_end)
+                    continue
+                assert tuple(plain.shape) == tuple(checked.shape) and plain.device == checked.device
+                assert list(plain.fields) == list(checked.fields) or set(plain.fields) == set(checked.fields)
+                for key, x in checked.fields.items():
+                    y = plain.fields[key]
+                    if x is None or y is None:
+                        assert x is y, (name, label, key)
+                    else:
+                        torch.testing.assert_close(y, x, rtol=0, atol=0, equal_nan=True)
+                assert [t.dtype for t in plain.floats] == [t.dtype for t in checked.floats]
 
 
 @pytest.mark.interpret

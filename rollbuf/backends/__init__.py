@@ -29,7 +29,7 @@ import torch
 from rollbuf.backends import autograd, reference, torch_backend
 from rollbuf.problem import Family, Problem
 
-__all__ = ["BACKENDS", "resolve", "run", "bind", "launch_for", "triton_available", "numba_available"]
+__all__ = ["BACKENDS", "resolve", "run", "triton_available", "numba_available"]
 
 BACKENDS = ("auto", "triton", "torch", "reference", "numba")
 
@@ -90,23 +90,3 @@ def run(p: Problem, backend: str):
         return compiled_cpu.run(p)
     raise ValueError(f"no backend {backend!r}; resolve() it first")
 
-
-def bind(p: Problem, backend: str):
-    """``p`` on the concrete ``backend`` bound once: a callable that reruns it on the current contents of
-    ``p``'s tensors, ``(outputs, carry)`` each call. On the ``triton`` backend, for a call with no
-    gradients and something to launch, the kernel's pre-bound :class:`~rollbuf.kernels.Plan`
-    (nothing built or checked per call); otherwise :func:`run` each call."""
-    if (backend == "triton" and p.family != Family.GENERIC and p.num_rows and p.num_steps
-            and not autograd.needs_grad(p)):
-        from rollbuf.backends import triton_backend  # imports triton: only when asked for
-
-        return triton_backend.bind(p)
-    return lambda: run(p, backend)
-
-
-def launch_for(p: Problem):
-    """The ``triton`` backend's cached kernel launch of ``p``'s signature (``launch(q)`` runs any problem
-    of that signature: ``(outputs, carry)`` as :func:`run` gives them, no gradients)."""
-    from rollbuf.backends import triton_backend  # imports triton: only when asked for
-
-    return triton_backend.launch_for(p)

@@ -1,6 +1,7 @@
 """The ``triton`` backend: the fused kernels of :mod:`rollbuf.kernels`.
 
-* eager, no gradients: :func:`rollbuf.kernels.run` launches the kernel directly;
+* eager, no gradients: :func:`rollbuf.kernels.run`, the launch cached under the call's signature
+  (Triton's JIT call by keyword);
 * eager, inputs that require grad: the kernel as one autograd node whose backward is the family's
   analytic adjoint (:mod:`rollbuf.backends.autograd`);
 * under ``torch.compile``: the custom op ``rollbuf::scan`` (:mod:`rollbuf.kernels.op`), one opaque
@@ -18,14 +19,15 @@ from rollbuf.backends import autograd, torch_backend
 from rollbuf.kernels import op
 from rollbuf.problem import Family, Problem
 
-__all__ = ["run", "plain_run", "bind", "launch_for"]
+__all__ = ["run", "plain_run"]
 
 
 def plain_run(p: Problem):
     """The forward computation, no autograd: ``(outputs, carry)``."""
     if p.family == Family.GENERIC:
         return torch_backend.run(p, fused=True)
-    if p.num_steps == 0 or p.num_rows == 0:  # nothing to launch: empty outputs, the carry passed through
+    shape = p.main.shape
+    if not (shape[0] and shape[1]):  # nothing to launch: empty outputs, the carry passed through
         return torch_backend.run(p)
     outs, carry = kernels.run(p)
     if p.family in (Family.FORWARD, Family.AFFINE):  # (y, final): final is an output here
@@ -42,13 +44,3 @@ def run(p: Problem):
         return autograd.run(p, plain_run)
     return plain_run(p)
 
-
-def bind(p: Problem):
-    """The kernel's pre-bound plan of ``p`` (a call with no gradients, not ``Family.GENERIC``, with
-    something to launch): ``plan()`` reruns it on the current contents of ``p``'s tensors."""
-    return kernels.plan(p)
-
-
-def launch_for(p: Problem):
-    """The kernel launch cached under ``p``'s signature (:func:`rollbuf.kernels.launch_for`)."""
-    return kernels.launch_for(p)

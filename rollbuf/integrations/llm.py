@@ -150,9 +150,10 @@ def masked_whiten(values, mask, shift_mean: bool = True, *, out_dtype=None):
     As verl (``verl.utils.torch_functional.masked_whiten``): every entry is whitened, the masked
     ones too (with the masked-in statistics); ``shift_mean=False`` adds the mean back. Unlike the
     multiplication ``values * mask`` of older verl versions, entries at masked positions never enter
-    the statistics, even NaN. Computed in float32 (float64 for float64 input). Raises ``ValueError``
-    when fewer than two entries are masked in (verl does too; the check reads one number on the
-    host, a device sync on CUDA).
+    the statistics, even NaN. Computed in float32 (float64 for float64 input), on the device: the
+    count and the correction ``n/(n−1)`` are tensor arithmetic, so no device sync. Fewer than two
+    masked-in entries (where verl raises) leave the variance undefined and every output NaN; under
+    :class:`rollbuf.check_finite` that is a ``ValueError`` instead (the check reads the count back).
     """
     _float_tensor("values", values)
     if not isinstance(mask, torch.Tensor):
@@ -163,14 +164,14 @@ def masked_whiten(values, mask, shift_mean: bool = True, *, out_dtype=None):
     dt = torch.float64 if values.dtype == torch.float64 else torch.float32
     x = values.to(dt)
     n = m.sum()
-    if not torch.compiler.is_compiling():
-        count = int(n)
+    if validation.checking_finite() and not torch.compiler.is_compiling():
+        count = int(n)  # the debug mode reads it back
         if count < 2:
             raise ValueError(
                 f"masked_whiten needs at least two masked-in entries (Bessel correction n/(n−1)), "
-                f"got {count}"
+                f"got {count} (rollbuf.check_finite is on; without it the outputs are NaN)"
             )
-    n = n.to(dt)
+    n = n.to(dt)  # 0 entries: the mean is 0/0; one: n/(n−1) = 1/0 and the variance 0·inf: NaN
     zero = torch.zeros((), dtype=dt, device=x.device)
     mean = torch.where(m, x, zero).sum() / n
     var = torch.where(m, (x - mean) ** 2, zero).sum() / n * (n / (n - 1))
@@ -310,12 +311,16 @@ def _packed_layout(rewards, response_mask, cu_seqlens, truncated, bootstrap_valu
     device = rewards.device
     S = cu_seqlens.numel() - 1
     cu = cu_seqlens.to(torch.int64)
-    if check and not torch.compiler.is_compiling():  # one host read (a sync on CUDA); check=False skips it
-        ok = bool((cu[0] == 0) & (cu[-1] <= total) & ((cu[1:] >= cu[:-1]).all() if S else True))
-        if not ok:
+    bad = None
+    if check:  # on the device: NaN outputs, no host read (check_finite reads it back and raises)
+        bad = (cu[0] != 0) | (cu[-1] > total)
+        if S:
+            bad = bad | (cu[1:] < cu[:-1]).any()
+        if validation.checking_finite() and not torch.compiler.is_compiling() and bool(bad):
             raise ValueError(
                 f"cu_seqlens must start at 0, be non-decreasing and end at most at total = {total} "
-                "(flash-attention varlen convention)"
+                "(flash-attention varlen convention; rollbuf.check_finite is on: without it every "
+                "output is NaN)"
             )
     m = response_mask.reshape(-1) if isinstance(response_mask, torch.Tensor) else response_mask
     f = fields_from_verl(rewards.reshape(-1), rewards.reshape(-1), m)
@@ -348,7 +353,12 @@ def _packed_layout(rewards, response_mask, cu_seqlens, truncated, bootstrap_valu
     if tr_tok is not None:
         out["truncated"] = tr_tok.reshape(shape)
         out["bootstrap_values"] = boot_tok.reshape(shape)
-    return out, seg.reshape(shape)
+    return out, seg.reshape(shape), bad
+
+
+def _poisoned(x, bad):
+    """``x`` with every element NaN where ``bad`` (a 0-d bool tensor: cu_seqlens broke the convention)."""
+    return x if bad is None else torch.where(bad, torch.full((), float("nan"), dtype=x.dtype, device=x.device), x)
 
 
 def packed_gae(token_level_rewards, values, response_mask, cu_seqlens, gamma, lam, truncated=None,
@@ -369,21 +379,24 @@ def packed_gae(token_level_rewards, values, response_mask, cu_seqlens, gamma, la
     no model token contributes nothing (outputs 0). Computed as **one** call of
     :func:`rollbuf.functional.gae` on the packed row, with ``terminated``/``truncated`` flags (and
     bootstrap values) placed at each sequence's last model token by vectorised ops.
-    ``fill_masked="carry"`` carries within a sequence only. ``check=False`` skips the validation of
-    ``cu_seqlens`` (one host read).
+    ``fill_masked="carry"`` carries within a sequence only. ``check=True`` checks ``cu_seqlens``
+    on the device: cu_seqlens that do not start at 0, decrease or end past ``total`` make every
+    output NaN (no device sync; under :class:`rollbuf.check_finite` a ``ValueError`` naming
+    cu_seqlens instead); ``check=False`` skips the check.
 
     Returns ``GAEResult(advantages, returns)`` in the input's shape.
     """
     gamma, lam = _scalar("gamma", gamma), _scalar("lam", lam)
     _fill_choice(fill_masked)
-    flags, seg = _packed_layout(token_level_rewards, response_mask, cu_seqlens, truncated,
-                                bootstrap_values, check)
+    flags, seg, bad = _packed_layout(token_level_rewards, response_mask, cu_seqlens, truncated,
+                                     bootstrap_values, check)
     _float_tensor("values", values)
     if tuple(values.shape) != tuple(token_level_rewards.shape):
         raise ValueError(f"values must have shape {tuple(token_level_rewards.shape)}, got {tuple(values.shape)}")
     res = F.gae(gamma, lam, rewards=token_level_rewards, values=values, window_end="terminal",
                 out_dtype=out_dtype, backend=backend, **flags)
-    return _finish_gae(res, values, flags["mask"], fill_masked, whiten, segment=seg)
+    adv, ret = _finish_gae(res, values, flags["mask"], fill_masked, whiten, segment=seg)
+    return GAEResult(_poisoned(adv, bad), _poisoned(ret, bad))
 
 
 def packed_discounted_returns(token_level_rewards, response_mask, cu_seqlens, gamma, truncated=None,
@@ -392,8 +405,8 @@ def packed_discounted_returns(token_level_rewards, response_mask, cu_seqlens, ga
     """:func:`discounted_returns` on packed sequences (``cu_seqlens`` as in :func:`packed_gae`)."""
     gamma = _scalar("gamma", gamma)
     _fill_choice(fill_masked)
-    flags, seg = _packed_layout(token_level_rewards, response_mask, cu_seqlens, truncated,
-                                bootstrap_values, check)
+    flags, seg, bad = _packed_layout(token_level_rewards, response_mask, cu_seqlens, truncated,
+                                     bootstrap_values, check)
     g = F.discounted_returns(gamma, rewards=token_level_rewards, bootstrap=True, window_end="terminal",
                              out_dtype=out_dtype, backend=backend, **flags)
-    return _carry_fill(g, flags["mask"], seg) if fill_masked == "carry" else g
+    return _poisoned(_carry_fill(g, flags["mask"], seg) if fill_masked == "carry" else g, bad)

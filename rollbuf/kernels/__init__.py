@@ -1,4 +1,4 @@
-"""The ``triton`` backend: one small kernel per estimator family behind a pre-bound launch.
+"""The ``triton`` backend: one small kernel per estimator family behind a cached launch.
 
 * :mod:`~rollbuf.kernels.core`: what every family shares (loads, a chunk's scan, the carry past
   the window, the decoupled look-back, the driver that walks a row or takes one chunk of it);
@@ -9,8 +9,8 @@
   :mod:`~rollbuf.kernels.affine` (the generic scan), :mod:`~rollbuf.kernels.adjoint` (the TD(λ)
   family's backward); :mod:`~rollbuf.kernels.resolve`, the middle pass of a split single row;
 * :mod:`~rollbuf.kernels.host`: the strategy table, the :class:`Launch` built once per call
-  signature (layout, strategy, grid, constexprs, then the compiled kernel launched directly), the
-  :class:`Plan` that binds one to a caller's tensors, and :func:`run`.
+  signature (layout, strategy, grid, constexprs) and cached under it, launched by keyword through
+  Triton's JIT call, and :func:`run`.
 
 The arithmetic of every estimator comes from :mod:`rollbuf.boundary.coefficients`, compiled into
 the kernels from the same source the torch backend runs.
@@ -24,8 +24,8 @@ from rollbuf.kernels.host import (  # noqa: F401
     MAX_CHUNK,
     PRESOLVE_MAX_ROWS,
     TILE,
+    LAUNCHES,
     Launch,
-    Plan,
     Strategy,
     device_sms,
     forced,
@@ -36,7 +36,3 @@ from rollbuf.kernels.host import (  # noqa: F401
     strategy,
 )
 
-
-def plan(p) -> Plan:
-    """A :class:`Plan`: the launch of ``p`` bound to its tensors; ``plan()`` re-runs it."""
-    return Plan(p)

@@ -1,24 +1,25 @@
-"""Host side of the kernels: the strategy table, the launch plan and its cache.
+"""Host side of the kernels: the strategy table, the launch and its cache.
 
 A :class:`Launch` is everything about a call that does not change while its tensors' shapes,
 strides, dtypes, alignment and device stay the same: the family's kernel, the call's layout (which
-fields must be made to match it), the strategy, the grid, the constexprs and, after its first
-launch on a GPU, the compiled kernels themselves, launched directly from then on (not through
-Triton's JIT binder, which re-specialises every argument on every call). Launches are cached under
-a cheap signature of the call (:func:`signature`); a :class:`Plan` binds one to a call's tensors for
-callers that own fixed storage (``Rollout``), so that repeated calls skip the signature too.
+fields must be made to match it), the strategy, the grid and the constexprs. Launches are cached
+under a cheap signature of the call (:func:`signature`, :data:`LAUNCHES`: the one signature cache of
+the package). Each run launches the family's kernel through Triton's public JIT call with keyword
+arguments, ``kernel[grid](fields=..., p_adv=..., R=..., gamma=..., CARRY_IN=..., num_warps=...)``:
+the names are the kernel's parameter names (checked against its signature when the launch is
+built), so no argument order is written down outside the kernel itself.
 
 Nothing is shared between calls: outputs, the carry out and the split rows' scratch are allocated
 per call from PyTorch's caching allocator on the current stream (the scratch's flag words zeroed
 there too), so calls on two streams, from several threads or replayed from a CUDA graph cannot
-collide. A launch runs under the device of its tensors.
+collide. A launch runs under the device of its tensors; under Triton's interpreter
+(``TRITON_INTERPRET=1``) one launch runs at a time (the interpreter keeps its grid state global).
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
-import copy
 import functools
 import math
 import threading
@@ -280,8 +281,9 @@ def forced(**choices):
 
 # ---- the families --------------------------------------------------------------------------------
 # Field names in the order of each kernel's ``fields`` tuple (None: a slot the family leaves empty),
-# and the kernel's output slots by the names in Problem.outputs. The affine primitive's and the
-# adjoint's field names are the only place here that names them.
+# the kernel's outputs by the names in Problem.outputs, and the kernel parameter each output is
+# passed as. The affine primitive's and the adjoint's field names are the only place here that
+# names them.
 
 _BOUNDARY = ("terminated", "truncated", "bootstrap_values", "mask")
 AFFINE_FIELDS = ("alpha", "beta")
@@ -292,27 +294,28 @@ ADJOINT_FIELDS = ("grad_returns", "grad_advantages")
 class _Family:
     kernel: str  # module.function under rollbuf.kernels
     fields: tuple  # field names in the kernel's `fields` tuple order
-    outputs: tuple  # output slot names
+    outputs: tuple  # output names (Problem.outputs)
+    out_params: tuple  # the kernel parameter of each output (the forward families write one: both name it)
     pair: bool = False
     backward: bool = True  # bootstrapped window end (CARRY_IN END_*); else forward/affine
-    scalars: tuple = ()  # Problem attributes passed as float64 scalars, in order
+    scalars: tuple = ()  # Problem attributes passed as float64 scalars, by the kernel parameter of that name
 
 
 FAMILIES = {
     "lambda": _Family("td_lambda.gae_kernel", ("rewards", "values", *_BOUNDARY), ("advantages", "returns"),
-                      scalars=("gamma", "lam")),
+                      ("p_adv", "p_ret"), scalars=("gamma", "lam")),
     "retrace": _Family("retrace.retrace_kernel",
                        ("rewards", "values", *_BOUNDARY, "log_probs", "target_log_probs", "q_values"),
-                       ("q_targets",), scalars=("gamma", "lam", "c_bar")),
+                       ("q_targets",), ("p_q",), scalars=("gamma", "lam", "c_bar")),
     "vtrace": _Family("vtrace.vtrace_kernel", ("rewards", "values", *_BOUNDARY, "log_probs", "target_log_probs"),
-                      ("vs", "pg_advantages"), pair=True,
+                      ("vs", "pg_advantages"), ("p_vs", "p_pg"), pair=True,
                       scalars=("gamma", "lam", "rho_bar", "c_bar", "pg_rho_bar")),
     "trace": _Family("traces.trace_kernel", ("x", None, "terminated", "truncated", None, "mask"),
-                     ("traces", "sums"), backward=False, scalars=("decay",)),
-    "affine": _Family("affine.affine_kernel", AFFINE_FIELDS, ("y",), backward=False),
+                     ("traces", "sums"), ("p_out", "p_out"), backward=False, scalars=("decay",)),
+    "affine": _Family("affine.affine_kernel", AFFINE_FIELDS, ("y",), ("p_out",), backward=False),
     "lambda_adjoint": _Family("adjoint.lambda_adjoint_kernel", (*ADJOINT_FIELDS, "terminated", "truncated", None,
                                                                  "mask"),
-                              ("rewards", "values"), backward=False, scalars=("gamma", "lam")),
+                              ("rewards", "values"), ("p_gr", "p_gv"), backward=False, scalars=("gamma", "lam")),
 }
 
 # CARRY_IN and PASS values (rollbuf.kernels.core holds the same as constexprs)
@@ -375,74 +378,31 @@ def _match(x: torch.Tensor, s_n: int, s_t: int, F: int = 1) -> torch.Tensor:
 # ---- the launch ----------------------------------------------------------------------------------
 
 _INTERPRET_LOCK = threading.Lock()  # the Triton interpreter keeps the grid index and its patches global
-_DRIVER: list = []
-
-
-def _driver():
-    if not _DRIVER:
-        from triton import knobs
-        from triton.runtime.driver import driver
-
-        _DRIVER.append((driver.active.get_current_stream, knobs.runtime))
-    return _DRIVER[0]
-
-
-def _c_launch(run) -> tuple:
-    """``(launch, head)``: what launches a compiled kernel whose launcher is ``run`` (Triton's
-    ``CompiledKernel.run``), called as ``launch(gx, gy, gz, stream, function, *head, metadata,
-    launch metadata, enter hook, exit hook, *args)``.
-
-    On Triton 3.6's CUDA launcher, with no global or profile scratch to allocate (rollbuf's kernels
-    ask for none), that is the C function its Python wrapper calls, and ``head`` the arguments the
-    wrapper would add (cooperative grid, PDL, no scratch): the wrapper's own work per call, about
-    1.2 µs of Python on the development machine, is skipped. On any other launcher or version,
-    ``(run, ())``: Triton's launcher as it is."""
-    import triton
-
-    if (type(run).__name__ == "CudaLauncher" and triton.__version__.split(".")[:2] == ["3", "6"]
-            and getattr(run, "global_scratch_size", 1) == 0 and getattr(run, "profile_scratch_size", 1) == 0
-            and getattr(run, "num_ctas", 0) == 1 and callable(getattr(run, "launch", None))):
-        return run.launch, (bool(run.launch_cooperative_grid), bool(run.launch_pdl), None, None)
-    return run, ()
 
 
 class Kernel:
-    """One jitted kernel of a launch with its constexprs; after the first GPU launch, the compiled
-    kernel, launched directly (:func:`_c_launch`)."""
+    """One jitted kernel of a launch with its constexprs and warps, launched by keyword
+    (``jit[(grid,)](**arguments, **const, num_warps=warps)``). ``binary``: the compiled kernel the
+    last GPU launch returned (Triton's return value of the launch; read by register reports only)."""
 
-    __slots__ = ("jit", "const", "warps", "compiled")
+    __slots__ = ("jit", "const", "warps", "binary")
 
-    def __init__(self, jit, const, warps):
-        self.jit, self.const, self.warps, self.compiled = jit, const, warps, None
+    def __init__(self, jit, const: dict, warps: int, arguments=()):
+        """``arguments``: the names of the runtime arguments every launch passes; with ``const``
+        they must be exactly the kernel's parameters (a ValueError names the difference)."""
+        given = set(arguments) | set(const)
+        want = set(jit.arg_names)  # the kernel's parameter names (Triton's JIT function and its interpreter)
+        if given != want:
+            raise ValueError(f"the launch of {getattr(jit, '__name__', jit)} passes {sorted(given - want)} "
+                             f"that it does not take and misses {sorted(want - given)}")
+        self.jit, self.const, self.warps, self.binary = jit, const, warps, None
 
-    def __call__(self, grid: int, args: tuple, device: int | None):
+    def __call__(self, grid: int, arguments: dict, device: int | None):
         if device is None:  # the interpreter
             with _INTERPRET_LOCK:
-                self.jit[(grid,)](*args, *self.const, num_warps=self.warps)
+                self.jit[(grid,)](**arguments, **self.const, num_warps=self.warps)
             return
-        c = self.compiled
-        if c is None:
-            k = self.jit[(grid,)](*args, *self.const, num_warps=self.warps)
-            if hasattr(k, "packed_metadata"):
-                k._init_handles()
-                c_launch, head = _c_launch(k.run)
-                self.compiled = (c_launch, k.function, k.packed_metadata, k, head)
-            return
-        c_launch, function, meta, k, head = c
-        get_stream, rt = _driver()
-        stream = get_stream(device)
-        enter, leave = rt.launch_enter_hook, rt.launch_exit_hook
-        if _hooked(enter) or _hooked(leave):  # a profiler's hooks: called with the launch's metadata
-            lm = k.launch_metadata((grid, 1, 1), stream, *args, *self.const)
-            c_launch(grid, 1, 1, stream, function, *head, meta, lm, enter, leave, *args, *self.const)
-        else:  # no hook: no metadata built, no empty hook chain called before and after the launch
-            c_launch(grid, 1, 1, stream, function, *head, meta, None, None, None, *args, *self.const)
-
-
-def _hooked(hook) -> bool:
-    """Whether a Triton launch hook would call anything: Triton 3.6 always holds a ``HookChain``
-    (empty unless a profiler added to it), where older versions hold ``None`` or a function."""
-    return hook is not None and bool(getattr(hook, "calls", True))
+        self.binary = self.jit[(grid,)](**arguments, **self.const, num_warps=self.warps)
 
 
 def _nan_fill(outs):
@@ -540,10 +500,15 @@ class Launch:
                           if name is not None and i not in converted and f.get(name) is not None
                           and f[name].dtype == self.out_dtype and tuple(f[name].shape) == (N, T, *feat)
                           and f[name].stride() == s), None)
-        slot_of = [0] if self.forward_final else [fam.outputs.index(o) for o in self.out_names]
-        self.n_slots = 1 if self.forward_final else len(fam.outputs)
-        self.slot_of = None if slot_of == list(range(self.n_slots)) else tuple(slot_of)
-        self.sizes = ((self.R, T, F) if p.family == "trace" else (self.R, T)) + (s_n, s_t, self.s_on, self.s_ot)
+        # the kernel parameter each asked-for output is passed as; the kernel's other outputs get None
+        self.out_params = ((fam.out_params[0],) if self.forward_final
+                           else tuple(fam.out_params[fam.outputs.index(o)] for o in self.out_names))
+        # the runtime arguments that are the same for every call of this signature: the outputs not
+        # asked for, the sizes and the strides
+        self.fixed = dict.fromkeys(set(fam.out_params) - set(self.out_params))
+        self.fixed.update(R=self.R, T=T, s_n=s_n, s_t=s_t, s_on=self.s_on, s_ot=self.s_ot)
+        if p.family == "trace":
+            self.fixed["F"] = F
 
         # -- strategy, grid, constexprs -------------------------------------------------------------
         from triton.language import float32, float64
@@ -573,58 +538,35 @@ class Launch:
         self.grid = tiles * st.num_seg if st.split else tiles
         self.scalars = fam.scalars
         jit = jit_kernel(fam.kernel)
-        pre = (p.reverse,) if p.family == "affine" else ()
+        # the names every launch passes at run time (with the constexprs: the kernel's parameters)
+        names = ("fields", *self.out_params, *self.fixed, "p_ci", "p_co", "p_ws", *self.scalars)
+        pre = {"REVERSE": p.reverse} if p.family == "affine" else {}
 
         def const(pass_):
-            return (*pre, carry_in, acc, st.block_n, st.block_t, pass_, st.shift_load, st.flip)
+            return dict(pre, CARRY_IN=carry_in, ACC=acc, BLOCK_N=st.block_n, BLOCK_T=st.block_t, PASS=pass_,
+                        SHIFT_LOAD=st.shift_load, FLIP=st.flip)
 
         self.pair_maps = pair_maps = fam.pair and f.get("mask") is not None  # V-trace: pair maps with a mask only
         W = 7 if pair_maps else 3
         self.slot_values = W * st.block_n * self.grid if st.split else 0
         if not st.split:  # whole rows: one chunk each (no loop) or walked chunk by chunk
-            self.passes = (Kernel(jit, const(ONE_CHUNK if T <= st.block_t else WALK), st.num_warps),)
+            self.passes = (Kernel(jit, const(ONE_CHUNK if T <= st.block_t else WALK), st.num_warps, names),)
             self.scratch_words = 0
         elif not st.presolve:
-            self.passes = (Kernel(jit, const(LOOKBACK), st.num_warps),)
+            self.passes = (Kernel(jit, const(LOOKBACK), st.num_warps, names),)
             self.scratch_words = 1 + self.grid  # ticket counter, one flag per chunk
         else:
             from rollbuf.kernels.resolve import resolve_kernel
 
             bn = st.block_n
             br = st.resolve_block_r or max(1, min(_pow2(st.num_seg - 1), (2048 if pair_maps else 4096) // bn))
-            self.passes = (Kernel(jit, const(AGGREGATES), st.num_warps),
-                           Kernel(resolve_kernel, (bn, br, pair_maps), max(1, min(8, br * bn // 256))),
-                           Kernel(jit, const(OUTPUTS), st.num_warps))
+            self.passes = (Kernel(jit, const(AGGREGATES), st.num_warps, names),
+                           Kernel(resolve_kernel, dict(BLOCK_N=bn, BLOCK_R=br, PAIR=pair_maps),
+                                  max(1, min(8, br * bn // 256)), ("p_ws", "NUM_SEG")),
+                           Kernel(jit, const(OUTPUTS), st.num_warps, names))
             self.scratch_words = 0
         itemsize = 8 if acc is float64 else 4
         self.scratch_len = self.slot_values + -(-self.scratch_words * 4 // itemsize)
-
-    def current(self) -> bool:
-        """Whether the kernel choices forced now (:func:`forced`) are those it was built under."""
-        return _FORCE.get() == self.force
-
-    # -- for a caller that gathers the inputs itself (rollbuf.functional's repeated calls) ----------
-
-    def direct(self) -> bool:
-        """Whether the kernel reads the problem's fields as they are (none is made to match the
-        launch's layout, none is dropped): :meth:`field_slots` then places them."""
-        return not self.empty and not self.conv
-
-    def field_slots(self) -> tuple:
-        """The problem field read in each slot of the kernel's ``fields`` tuple (``None``: empty),
-        as :meth:`fields` fills it on a :meth:`direct` launch."""
-        return self.slot_names
-
-    def scalar_values(self, p: Problem) -> tuple:
-        """The scalar arguments of ``p`` (γ, λ, the clips) as the kernel takes them."""
-        return tuple(float(getattr(p, s)) for s in self.scalars)
-
-    def carry_source(self) -> str | None:
-        """What the kernel's carry in is read from: ``"carry"`` (the problem's carry, made
-        contiguous), ``"bootstrap_values"`` (the ``[N]`` window-end column) or ``None``."""
-        if self.carry_in == STATE:
-            return "carry"
-        return "bootstrap_values" if self.column else None
 
     # -- per call --------------------------------------------------------------------------------
 
@@ -644,21 +586,18 @@ class Launch:
                 ts[i] = _match(t, self.s_n, self.s_t)
         return tuple(ts)
 
-    def __call__(self, p: Problem, fields: tuple | None = None, carry_in=None, scalars: tuple | None = None):
-        """Run on ``p``; ``fields``, ``carry_in``, ``scalars``: as :meth:`inputs` gives them, when the
-        caller holds them already (a :class:`Plan`)."""
+    def __call__(self, p: Problem):
+        """Run on ``p``: ``(outputs, carry out)`` (see :func:`run`)."""
         if self.empty:
             return self._empty(p)
-        if fields is None:
-            fields, carry_in, scalars = self.inputs(p)
-        args, outs, co, ws = self.prepare(fields, carry_in, scalars)
-        self.launch(args, ws)
+        arguments, outs, co, ws = self.prepare(*self.inputs(p))
+        self.launch(arguments, ws)
         if self.forward_final:
             return (*outs, co), None
         return tuple(outs), co
 
     def inputs(self, p: Problem) -> tuple:
-        """``(fields, carry in, scalars)`` of ``p`` as the kernel reads them."""
+        """``(fields, carry in, scalars)`` of ``p`` as the kernel reads them (scalars by parameter name)."""
         if self.carry_in == STATE:
             ci = p.carry.contiguous()
         elif self.column:
@@ -666,11 +605,11 @@ class Launch:
             ci = ci if ci.is_contiguous() else ci.contiguous()
         else:
             ci = None
-        return self.fields(p), ci, self.scalar_values(p)
+        return self.fields(p), ci, {s: float(getattr(p, s)) for s in self.scalars}
 
-    def prepare(self, fields: tuple, carry_in, scalars: tuple):
-        """``(args, outputs, carry out, scratch)`` of one call: the buffers allocated (the scratch's
-        flag words zeroed on the stream), the kernel's runtime arguments in its signature's order."""
+    def prepare(self, fields: tuple, carry_in, scalars: dict):
+        """``(arguments, outputs, carry out, scratch)`` of one call: the buffers allocated (the
+        scratch's flag words zeroed on the stream), the kernel's runtime arguments by name."""
         dev = self.device
         like = None if self.like is None else fields[self.like]
         if like is not None and type(like) is torch.Tensor:  # a subclass would pass on its type
@@ -683,126 +622,29 @@ class Launch:
             outs = [torch.empty(shape, dtype=self.out_dtype, device=dev) for _ in self.out_names]
         if self.poison:
             _nan_fill(outs)
-        if self.slot_of is None:  # the kernel's output slots in the order asked for
-            slots = outs
-        else:
-            slots = [None] * self.n_slots
-            for i, o in zip(self.slot_of, outs):
-                slots[i] = o
         co = torch.empty(self.carry_shape, dtype=self.compute_dtype, device=dev) if self.want_carry else None
         ws = None
         if self.scratch_len:
             ws = torch.empty(self.scratch_len, dtype=self.compute_dtype, device=dev)
             if self.scratch_words:
                 ws[self.slot_values:].zero_()
-        return (fields, *slots, carry_in, co, ws, *self.sizes, *scalars), outs, co, ws
+        arguments = dict(self.fixed, fields=fields, p_ci=carry_in, p_co=co, p_ws=ws, **scalars)
+        arguments.update(zip(self.out_params, outs))
+        return arguments, outs, co, ws
 
-    def lean(self, fields: tuple | None, carry_in, scalars: tuple):
-        """A function running this launch with the kernel's compiled handle and no per-call
-        bookkeeping, or ``None`` where the launch is not that simple: one pass on a GPU, already
-        compiled, no scratch, no carry out, no poisoned outputs. ``fields`` given: ``go()`` runs on
-        them (a :class:`Plan`'s fixed inputs); ``None``: ``go(fields, carry_in)`` takes them per call
-        (``rollbuf.functional``'s repeated calls, whose layout matches the launch's). ``go`` returns
-        the outputs in the order asked for, as :meth:`__call__` does (its carry out is ``None``);
-        under another current device or a profiler's launch hooks it takes :meth:`__call__`'s path."""
-        if (self.empty or self.dev_index is None or len(self.passes) != 1 or self.scratch_len or self.want_carry
-                or self.poison or self.passes[0].compiled is None):
-            return None
-        k = self.passes[0]
-        run, function, meta, _, head = k.compiled
-        head = (*head, meta, None, None, None)  # no launch metadata, no hooks (plain() checks there are none)
-        get_stream, rt = _driver()
-        dev, grid, like_slot, n_out = self.dev_index, self.grid, self.like, len(self.out_names)
-        tail = (None, None, *self.sizes, *scalars, *k.const)  # the carry out and the scratch: none
-        current_device, empty_like = torch.cuda.current_device, torch.empty_like
-        slot_of = self.slot_of
-        full = self.__call__
-
-        def outputs(fs):
-            like = None if like_slot is None else fs[like_slot]
-            if like is None or type(like) is not torch.Tensor:
-                _, outs, _, _ = self.prepare(fs, None, scalars)  # (a subclass, or no field to copy)
-                return outs
-            return [empty_like(like) for _ in range(n_out)]
-
-        def slots(outs):
-            if slot_of is None:
-                return outs
-            sl = [None] * self.n_slots
-            for i, o in zip(slot_of, outs):
-                sl[i] = o
-            return sl
-
-        def plain() -> bool:
-            return (current_device() == dev and not _hooked(rt.launch_enter_hook)
-                    and not _hooked(rt.launch_exit_hook))
-
-        if fields is not None:
-            fixed = fields
-            # the fixed inputs go to the launcher as their addresses, read once here (the launcher
-            # would read each tensor's data_ptr and query the driver about it on every call); their
-            # storages are held, so that a tensor given new storage (x.data = y, set_) does not free
-            # the memory an address points at. A storage reallocated in place (resize_) moves: the
-            # plan is then invalid, as after any change of storage (Plan's docstring)
-            ptrs = tuple(None if t is None else t.data_ptr() for t in fixed)
-            ci_ptr = None if carry_in is None else carry_in.data_ptr()
-            held = tuple(t.untyped_storage() for t in (*fixed, carry_in) if t is not None)
-            like = None if like_slot is None else fixed[like_slot]
-            if like is not None and type(like) is torch.Tensor:
-                # the arguments as a template: each call fills the asked outputs' slots with new tensors
-                args = [*head, ptrs, *([None] * self.n_slots), ci_ptr, *tail]
-                at = tuple(len(head) + 1 + i for i in (range(n_out) if slot_of is None else slot_of))
-                if len(at) == 1:
-                    before, after = tuple(args[:at[0]]), tuple(args[at[0] + 1:])
-
-                    def go():  # the common case: one output, allocated like a field
-                        if not plain():
-                            return full(None, fixed, carry_in, scalars)
-                        o = empty_like(like)
-                        run(grid, 1, 1, get_stream(dev), function, *before, o, *after)
-                        return (o,), None
-                else:
-                    def go():
-                        if not plain():
-                            return full(None, fixed, carry_in, scalars)
-                        a = args.copy()
-                        outs = []
-                        for i in at:
-                            o = a[i] = empty_like(like)
-                            outs.append(o)
-                        run(grid, 1, 1, get_stream(dev), function, *a)
-                        return tuple(outs), None
-            else:
-                def go():
-                    if not plain():
-                        return full(None, fixed, carry_in, scalars)
-                    outs = outputs(fixed)
-                    run(grid, 1, 1, get_stream(dev), function, *head, ptrs, *slots(outs), ci_ptr, *tail)
-                    return tuple(outs), None
-            go.held = held
-            return go
-
-        def go_with(fs, ci):
-            if not plain():
-                return full(None, fs, ci, scalars)
-            outs = outputs(fs)
-            run(grid, 1, 1, get_stream(dev), function, *head, fs, *slots(outs), ci, *tail)
-            return tuple(outs), None
-        return go_with
-
-    def launch(self, args: tuple, ws, grid: int | None = None):
-        """Run the launch's kernels on ``args`` (``grid``: a number of programs other than the whole)."""
+    def launch(self, arguments: dict, ws, grid: int | None = None):
+        """Run the launch's kernels on ``arguments`` (``grid``: a number of programs other than the whole)."""
         grid = self.grid if grid is None else grid
         if self.dev_index is not None and self.dev_index != torch.cuda.current_device():
             with torch.cuda.device(self.dev_index):
-                return self.launch(args, ws, grid)
+                return self.launch(arguments, ws, grid)
         dev = self.dev_index
         if len(self.passes) == 1:
-            self.passes[0](grid, args, dev)
-        else:
-            self.passes[0](grid, args, dev)
-            self.passes[1](self.grid // self.strategy.num_seg, (ws, self.strategy.num_seg), dev)
-            self.passes[2](grid, args, dev)
+            self.passes[0](grid, arguments, dev)
+        else:  # the three passes: chunk aggregates, their scan over the scratch, the outputs
+            self.passes[0](grid, arguments, dev)
+            self.passes[1](self.grid // self.strategy.num_seg, dict(p_ws=ws, NUM_SEG=self.strategy.num_seg), dev)
+            self.passes[2](grid, arguments, dev)
 
     def _empty(self, p: Problem):
         """No element to scan: empty outputs, and the carry passes through (the window-end value
@@ -859,50 +701,6 @@ def launch_for(p: Problem) -> Launch:
             LAUNCHES.clear()
         hit = LAUNCHES[key] = Launch(p, force)
     return hit
-
-
-class Plan:
-    """A launch bound to one call's tensors, for a caller that owns them (``Rollout``): ``plan()``
-    runs the estimator on their current contents (written in place between calls) without building
-    or checking anything; from its second run on through :meth:`Launch.lean` where the launch has
-    one (the compiled launcher on an argument template built once, the fixed inputs passed as the
-    addresses read when it was built, their storages held). Valid while those tensors are the call's
-    tensors at the storage they had when it was built: drop it (build another) when a field is
-    replaced or changes shape, dtype, strides, device or storage (``x.data = y``, ``set_``,
-    ``resize_``). After a change of storage, which storage a run reads is undefined: the lean launch
-    reads the addresses it was built with, the full path (a profiler's hooks, another current device)
-    the tensors. A ``Rollout`` binds its call again itself when a field's address changes."""
-
-    __slots__ = ("launch", "problem", "_inputs", "_go")
-
-    def __init__(self, p: Problem):
-        self.launch = launch_for(p)
-        self.problem = p
-        self._inputs = self._go = None
-        if not (self.launch.empty or self.launch.conv):
-            inputs = self.launch.inputs(p)
-            ci = inputs[1]
-            if ci is None or ci is p.carry or ci is p.fields.get("bootstrap_values"):  # no snapshot taken
-                self._inputs = inputs
-
-    def __call__(self):
-        go = self._go
-        if go:
-            return go()
-        if self._inputs is None:
-            return self.launch(self.problem)
-        res = self.launch(self.problem, *self._inputs)
-        if go is None:  # after the first run (compiled now): the lean launch, or False where there is none
-            self._go = self.launch.lean(*self._inputs) or False
-        return res
-
-    def __copy__(self):
-        return Plan(self.problem)
-
-    def __deepcopy__(self, memo):
-        """A plan of the copied tensors (its lean launch holds the original's, so it is not copied;
-        the launch itself is the cached one of their signature)."""
-        return Plan(copy.deepcopy(self.problem, memo))
 
 
 def run(p: Problem):

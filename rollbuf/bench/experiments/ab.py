@@ -94,9 +94,9 @@ def compiled_kernels(cache: dict) -> list[str]:
     for launch in cache.values():
         st = getattr(launch, "strategy", None)
         for i, k in enumerate(getattr(launch, "passes", ())):
-            if k.compiled is None:
+            compiled = k.binary  # what Triton's launch of this pass returned (None: not launched on a GPU)
+            if compiled is None:
                 continue
-            compiled = k.compiled[3]
             what = (f"{launch.family} BLOCK_N={st.block_n} BLOCK_T={st.block_t} SPLIT={st.split} "
                     f"PRESOLVE={st.presolve} SHIFT_LOAD={st.shift_load} FLIP={st.flip} pass={i}")
             out.append(f"kernel {what} warps={k.warps}: {compiled.n_regs} registers, {compiled.n_spills} spills")

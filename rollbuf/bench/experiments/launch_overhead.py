@@ -7,11 +7,10 @@ the median of ``triton.testing.do_bench`` and as the back-to-back host rate (in 
 
 1. ``rollbuf.gae(...)``: the whole call (validation, the problem, the cached launch);
 2. ``rollbuf.kernels.run(p)`` on a prepared problem: the launch's signature lookup and the launch;
-3. ``rollbuf.kernels.plan(p)()``: a plan bound to the call's tensors (what a ``Rollout`` holds);
-4. the compiled kernel that plan launches, called directly with the plan's arguments (no Python
-   around it: the floor of this kernel's launch on this host);
-5. a 4-argument Triton kernel (copy of one fp32 row block) through its JIT path;
-6. ``torch.empty`` of the two outputs alone.
+3. the launch's keyword launch on arguments prepared once (``Launch.launch``: Triton's JIT call,
+   no allocation, no signature);
+4. a 4-argument Triton kernel (copy of one fp32 row block) through its JIT path;
+5. ``torch.empty`` of the two outputs alone.
 
 ``--device cpu`` runs step 1 to 3 once under the interpreter and prints the kernel's parameter
 count (a dry run of the script's logic; nothing is timed that means anything there).
@@ -71,8 +70,9 @@ def main(argv=None):
         for name, (call, p) in calls.items():
             call()
             K.run(p)
-            K.plan(p)()
             la = K.launch_for(p)
+            args_, _, _, ws = la.prepare(*la.inputs(p))
+            la.launch(args_, ws)
             n = len(inspect.signature(la.passes[0].jit.fn).parameters)
             print(f"{name}: grid {la.grid}, {n} kernel parameters, strategy {la.strategy}")
         return 0
@@ -111,20 +111,17 @@ def main(argv=None):
     floor = lambda: _copy[(N * T // 1024,)](x, y, N * T, BLOCK=1024)  # noqa: E731
     empty = lambda: (torch.empty(N, T, device=dev), torch.empty(N, T, device=dev))  # noqa: E731
     for name, (call, p) in calls.items():
-        plan = K.plan(p)
-        plan()
-        la = plan.launch
+        K.run(p)  # compiles
+        la = K.launch_for(p)
         args_, outs, co, ws = la.prepare(*la.inputs(p))
         kern = la.passes[0]
-        run, function, meta, compiled = kern.compiled
-        from triton.runtime.driver import driver
 
-        stream = driver.active.get_current_stream(torch.cuda.current_device())
+        def prepared(la=la, args_=args_, ws=ws):
+            la.launch(args_, ws)
 
-        def direct():
-            run(la.grid, 1, 1, stream, function, meta, None, None, None, *args_, *kern.const)
-
-        fns = {"full_call": call, "kernels_run": lambda: K.run(p), "plan": plan, "compiled_direct": direct,
+        prepared()
+        compiled = kern.binary  # what Triton's launch returned: registers and spills
+        fns = {"full_call": call, "kernels_run": lambda p=p: K.run(p), "keyword_launch": prepared,
                "small_triton_kernel": floor, "two_empty": empty}
         row = dict(estimator=name, N=N, T=T, n_params=len(inspect.signature(kern.jit.fn).parameters),
                    regs=compiled.n_regs, spills=compiled.n_spills)
@@ -141,7 +138,7 @@ def main(argv=None):
         w.writerows(rows)
     print(f"\n{prov}\n")
     print("do_bench median (back-to-back host loop), µs per call\n")
-    keys = ["full_call", "kernels_run", "plan", "compiled_direct", "small_triton_kernel", "two_empty"]
+    keys = ["full_call", "kernels_run", "keyword_launch", "small_triton_kernel", "two_empty"]
     print("| estimator | " + " | ".join(keys) + " | kernel parameters |")
     print("|---" * (len(keys) + 2) + "|")
     for r_ in rows:
