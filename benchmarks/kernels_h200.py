@@ -8,8 +8,8 @@
 split and chained by the look-back with many chunks, split in three passes); the naive kernel and
 rl-triton too. ``time``: GAE on the issue's shapes: device time (CUDA-graph replay of one call per
 input set, sets rotated past the L2) and the full call (``triton.testing.do_bench`` of the eager
-call), for rollbuf writing both outputs and advantages only (``functional`` call, and a warm
-``kernels.plan``), the naive kernel writing the same outputs (best of a small sweep of its rows per
+call), for rollbuf writing both outputs and advantages only (``functional`` call, and
+``kernels.run`` of a prepared problem), the naive kernel writing the same outputs (best of a small sweep of its rows per
 program and warps), rl-triton's ``compute_gae`` (advantages). ``sweep``: rollbuf's strategy forced
 to a few alternatives at the same shapes (device time). ``vtrace``: V-trace against rl-triton.
 ``vsweep``: V-trace's and GAE's rows per program x warps at short rows. ``--impl old``: only
@@ -128,7 +128,7 @@ def rb_gae(f, outputs=("advantages", "returns")):
     if outputs == ("advantages", "returns"):
         return lambda: F.gae(0.99, 0.95, rewards=f["rewards"], values=f["values"], terminated=f["terminated"],
                              bootstrap_values=f["last"], backend="triton")
-    return rb_plan_call(f, outputs, bound=False)
+    return rb_run_call(f, outputs)
 
 
 def rb_problem(f, outputs):
@@ -139,20 +139,17 @@ def rb_problem(f, outputs):
     return Problem(family="lambda", outputs=outputs, fields=fields, gamma=0.99, lam=0.95)
 
 
-def rb_plan_call(f, outputs, bound=True):
-    """``kernels.plan(p)()`` (bound: a Rollout's warm plan) or ``kernels.run(p)`` (signature lookup)."""
+def rb_run_call(f, outputs):
+    """``kernels.run(p)`` of a prepared problem (the launch cache's lookup and the launch)."""
     import rollbuf.kernels as K
 
     p = rb_problem(f, outputs)
-    if bound:
-        plan = K.plan(p)
-        return plan
     return lambda: K.run(p)
 
 
 def rb_rollout(f):
     """A ``Rollout`` of the inputs (the window-end values in its per-step ``bootstrap_values`` at the
-    last step, as ``Rollout.bootstrap`` writes them), for its methods' bound calls."""
+    last step, as ``Rollout.bootstrap`` writes them), for its methods."""
     from rollbuf import Rollout
 
     bv = torch.full_like(f["values"], float("nan"))
@@ -367,8 +364,8 @@ def gate(impl):
             record(part="gate", estimator="gae", n=64, t=1000, competitor=f"naive-{bn}x{w}", clock="err", us=None,
                    note=f"{err:.2e} vs reference {'ok' if err < 2e-5 else 'WRONG'}")
         for outputs in (("advantages",), ("advantages", "returns")):
-            got = rb_plan_call(f, outputs)()[0]
-            check("plan", "gae-" + "+".join(outputs), 64, 1000, max(rel(a, b) for a, b in zip(got, ref)), "reference")
+            got = rb_run_call(f, outputs)()[0]
+            check("kernels.run", "gae-" + "+".join(outputs), 64, 1000, max(rel(a, b) for a, b in zip(got, ref)), "reference")
         mod = rlt()
         if mod is not None:
             err = rel(rlt_gae(f, mod)(), ref[0])
@@ -389,7 +386,8 @@ class _null:
 
 
 def time_gae(impl, bw, quick=False):
-    """``quick``: rollbuf alone (both outputs: functional call and plan; advantages only: plan)."""
+    """``quick``: rollbuf alone (both outputs: functional call and ``kernels.run``; advantages only:
+    ``kernels.run``)."""
     naive = naive_kernel() if impl == "new" and not quick else None
     mod = rlt() if impl == "new" and not quick else None
     for N, T in GAE_SHAPES:
@@ -407,12 +405,10 @@ def time_gae(impl, bw, quick=False):
         both, adv_only = N * T * 17 + N * 4, N * T * 13 + N * 4
         rec("rollbuf gae (adv+ret)", [rb_gae(f) for f in ss], rb_gae(ss[0]), both)
         if impl == "new":
-            rec("rollbuf plan (adv+ret)", [rb_plan_call(f, ("advantages", "returns")) for f in ss],
-                rb_plan_call(ss[0], ("advantages", "returns")), both)
-            rec("rollbuf plan (adv)", [rb_plan_call(f, ("advantages",)) for f in ss],
-                rb_plan_call(ss[0], ("advantages",)), adv_only)
-            record(**base, competitor="rollbuf run (adv)", clock="call",
-                   us=call_time(rb_plan_call(ss[0], ("advantages",), bound=False)) * 1e6)
+            rec("rollbuf run (adv+ret)", [rb_run_call(f, ("advantages", "returns")) for f in ss],
+                rb_run_call(ss[0], ("advantages", "returns")), both)
+            rec("rollbuf run (adv)", [rb_run_call(f, ("advantages",)) for f in ss],
+                rb_run_call(ss[0], ("advantages",)), adv_only)
             ros = [rb_rollout(f) for f in ss]
             rec("Rollout.gae (adv+ret)", [lambda ro=ro: ro.gae(0.99, 0.95) for ro in ros],
                 lambda: ros[0].gae(0.99, 0.95), both)
@@ -453,8 +449,8 @@ def _regs(p):
     import rollbuf.kernels as K
 
     la = K.launch_for(p)
-    c = la.passes[0].compiled
-    return "" if c is None else f"{c[3].n_regs} regs {c[3].n_spills} spills"
+    c = la.passes[0].binary  # what Triton's launch returned
+    return "" if c is None else f"{c.n_regs} regs {c.n_spills} spills"
 
 
 def sweep():
@@ -536,9 +532,8 @@ def host(impl):
     fns = {"F.gae": rb_gae(f),
            "F.advantages": lambda: F.advantages(0.99, 0.95, rewards=f["rewards"], values=f["values"],
                                                 terminated=f["terminated"], bootstrap_values=f["last"]),
-           "kernels.run (adv+ret)": rb_plan_call(f, ("advantages", "returns"), bound=False),
-           "plan() (adv+ret)": rb_plan_call(f, ("advantages", "returns")),
-           "plan() (adv)": rb_plan_call(f, ("advantages",)),
+           "kernels.run (adv+ret)": rb_run_call(f, ("advantages", "returns")),
+           "kernels.run (adv)": rb_run_call(f, ("advantages",)),
            "Rollout.gae (adv+ret)": lambda: ro.gae(0.99, 0.95),
            "Rollout.advantages (adv)": lambda: ro.advantages(0.99, 0.95)}
     if impl == "new":  # the peers once (an old tree's A/B times rollbuf's own calls)
@@ -579,81 +574,44 @@ def host_us(fn, passes=1, calls=2000):
 
 
 def host_parts():
-    """Where a warm plan's host time goes at 4096x128 (back to back, one sync at the end): the
-    allocations, the device and stream lookups, Triton's launcher on prepared arguments, an empty
-    kernel through the same launcher, and a CUDA-graph replay of the plan's launch."""
+    """Where a call's host time goes at 4096x128 (back to back, one sync at the end): the
+    allocations, the launch's prepare step, the keyword launch on prepared arguments, an empty
+    kernel through Triton's JIT launch, and a CUDA-graph replay of the call."""
     import triton
 
-    from rollbuf.kernels import host as H
+    import rollbuf.kernels as K
 
     f = inputs(4096, 128, 0)
-    plan = rb_plan_call(f, ("advantages",))
-    plan()
-    launch = plan.launch
-    fields, ci, sc = plan._inputs if plan._inputs is not None else launch.inputs(plan.problem)
+    p = rb_problem(f, ("advantages",))
+    K.run(p)
+    launch = K.launch_for(p)
+    fields, ci, sc = launch.inputs(p)
     args, _, _, ws = launch.prepare(fields, ci, sc)
-    get_stream, rt = H._driver()
 
     @triton.jit
     def _empty_kernel(x):
         pass
 
     x = torch.empty(1, device="cuda")
-    ek = _empty_kernel[(1,)](x)
-    ek._init_handles()
-    stream = get_stream(0)
+    _empty_kernel[(1,)](x)
     fns = {
         "torch.empty 4096x128 fp32": lambda: torch.empty((4096, 128), device="cuda"),
         "torch.empty_like": lambda: torch.empty_like(f["values"]),
-        "torch.cuda.current_device()": torch.cuda.current_device,
-        "driver get_current_stream(0)": lambda: get_stream(0),
+        "launch.inputs (adv)": lambda: launch.inputs(p),
         "launch.prepare (adv)": lambda: launch.prepare(fields, ci, sc),
-        "launch.launch on prepared args": lambda: launch.launch(args, ws),
-        "empty kernel, compiled run": lambda: ek.run(1, 1, 1, stream, ek.function, ek.packed_metadata, None,
-                                                      None, None, x),
-        "empty kernel, jit launcher": lambda: _empty_kernel[(1,)](x),
-        "plan() (adv)": plan,
+        "launch.launch on prepared args (keyword launch)": lambda: launch.launch(args, ws),
+        "empty kernel, Triton's JIT launch": lambda: _empty_kernel[(1,)](x),
+        "kernels.run (adv)": lambda: K.run(p),
     }
-    # the compiled launcher on the same prepared arguments: Triton's hooks and metadata (as its own
-    # launch passes them), none, and the pointers passed as ints (no data_ptr call, no pointer
-    # attribute query per tensor in the launcher)
-    kern = launch.passes[0]
-    c_launch, function, meta, ck, head = kern.compiled
-    run = ck.run  # Triton's own launcher of the compiled kernel
-    grid = launch.grid
-    full = (*args, *kern.const)
-
-    def as_int(a):  # the fields travel as one tuple argument
-        if type(a) is tuple:
-            return tuple(map(as_int, a))
-        return a.data_ptr() if type(a) is torch.Tensor else a
-
-    ints = tuple(map(as_int, args)) + tuple(kern.const)
-
-    def with_hooks():
-        lm = ck.launch_metadata((grid, 1, 1), stream, *full)
-        run(grid, 1, 1, stream, function, meta, lm, rt.launch_enter_hook, rt.launch_exit_hook, *full)
-
-    fns["compiled run, Triton's hooks and metadata"] = with_hooks
-    fns["compiled run, no hooks"] = lambda: run(grid, 1, 1, stream, function, meta, None, None, None, *full)
-    fns["compiled run, no hooks, int pointers"] = lambda: run(grid, 1, 1, stream, function, meta, None, None,
-                                                               None, *ints)
-    fns["direct C launch, no hooks"] = lambda: c_launch(grid, 1, 1, stream, function, *head, meta, None, None,
-                                                         None, *full)
-    fns["direct C launch, no hooks, int pointers"] = lambda: c_launch(grid, 1, 1, stream, function, *head, meta,
-                                                                       None, None, None, *ints)
-    ec, eh = H._c_launch(ek.run)
-    fns["empty kernel, direct C launch"] = lambda: ec(1, 1, 1, stream, ek.function, *eh, ek.packed_metadata,
-                                                      None, None, None, x)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        plan()
+        K.run(p)
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        plan()
-    fns["CUDA graph replay of plan() (adv)"] = g.replay
+        K.run(p)
+    fns["CUDA graph replay of kernels.run (adv)"] = g.replay
     for name, fn in fns.items():
         record(part="hostparts", estimator="gae", n=4096, t=128, competitor=name, clock="host",
                us=host_us(fn, passes=3))

@@ -735,3 +735,34 @@ def test_the_full_call_clock_times_a_slow_call_a_few_times():
     got = suite.wall_time([make(i) for i in range(8)], lambda: None, budget_s=0.025, clock=lambda: state["t"])
     assert got == pytest.approx(1.0)
     assert len(used) == 8 + 5 and set(used) == set(range(8))
+
+
+def test_host_path_benchmark_dry_run(tmp_path):
+    """benchmarks/host_path.py runs on a GPU; its CPU dry run (torch backend, tiny shapes, no graphs)
+    checks its plumbing: every part's rows in the CSV with the provenance, and the table last."""
+    import importlib.util
+    import io
+    from contextlib import redirect_stdout
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "host_path.py"
+    spec = importlib.util.spec_from_file_location("host_path", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert mod.main(["--dry-run", "--out", str(tmp_path), "--calls", "3"]) == 0
+    rows = list(csv.DictReader(open(tmp_path / "host_path.csv")))
+    eager = [r for r in rows if r["part"] == "eager"]
+    assert {r["call"] for r in eager} == {"functional.advantages", "functional.gae", "Rollout.advantages"}
+    assert {(r["n"], r["t"]) for r in eager} == {(str(n), str(t)) for n, t in mod.DRY_SHAPES}
+    assert all(float(r["wall_us"]) > 0 and float(r["host_us"]) > 0 for r in eager)
+    graph = [r for r in rows if r["part"] == "graph"]
+    assert sum(r["call"].startswith("device time of ") for r in graph) == 9
+    assert any(r["call"].startswith("graph of 9 calls: replay") for r in graph)
+    assert {r["call"] for r in rows if r["part"] == "replay"} == {
+        "eager functional.advantages", "graph of one functional.advantages", "graph of one 1-element torch kernel"}
+    assert all(r["device"] and r["torch"] and r["commit"] and r["sources"] for r in rows)
+    text = out.getvalue()
+    assert text.rstrip().splitlines()[-1].startswith("  graph of one 1-element torch kernel")
+    assert "| N × T | functional.advantages | functional.gae | Rollout.advantages |" in text

@@ -48,11 +48,12 @@ def needs_grad(p: Problem) -> bool:
         return False
     if p.carry is not None and p.carry.requires_grad:
         return True
-    f = p.fields
-    for k in differentiable_fields(p):
-        t = f.get(k)
-        if t is not None and t.requires_grad:
-            return True
+    names = None
+    for k, t in p.fields.items():
+        if t is not None and t.requires_grad:  # (rare: the names are looked at only then)
+            names = differentiable_fields(p) if names is None else names
+            if k in names:
+                return True
     return False
 
 

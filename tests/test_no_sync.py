@@ -1,0 +1,285 @@
+"""No call synchronises the host with the device: every estimator (with masks, truncations, ``[*B]``
+window-end columns, carries, returned carries, batch dimensions), every integration call and the
+``Rollout`` methods.
+
+On a GPU (tests marked ``gpu``): each call once outside (its first call compiles its kernel), then
+again under ``torch.cuda.set_sync_debug_mode("error")``, where any synchronising operation raises.
+On the CPU: the same calls on tensors without data (``meta``) on the ``torch`` backend, where any
+host read of a value (``.item()``, ``bool()``, ``.tolist()``, ``nonzero``) raises — the validation,
+the window rules and the torch backend read shapes only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+from rollbuf import Rollout
+from rollbuf import functional as F
+from rollbuf.integrations import llm
+from rollbuf.testing import make_rollout
+
+CUDA = torch.cuda.is_available()
+N, T = 6, 37
+
+
+def _fields(device, seed=0, batch=None, **kw):
+    f = make_rollout(N if batch is None else None, T, seed=seed, batch_shape=batch, **kw)
+    return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in f.items()}
+
+
+def estimator_calls(device, backend) -> dict:
+    """Every estimator, in the combinations the validation and the launch treat apart."""
+    calls = {}
+    base = _fields(device, seed=1)  # terminations, truncations, [N, T] bootstrap values
+    masked = _fields(device, seed=2, p_masked=0.2)
+    batched = _fields(device, seed=3, batch=(2, 3))
+    column = dict(base, bootstrap_values=base["bootstrap_values"][:, -1].contiguous())  # truncations too
+    no_trunc = dict(column, truncated=None)
+    own = ("rewards", "values", "terminated", "truncated", "bootstrap_values", "mask")
+    carry = torch.randn(N, device=device)
+    pair = torch.randn(N, 2, device=device)
+    for label, f in (("[N, T] bootstrap", base), ("mask", masked), ("batch [2, 3]", batched),
+                     ("[N] column with truncations", column), ("[N] column", no_trunc)):
+        kw = {k: f.get(k) for k in own}
+        pol = dict(kw, log_probs=f["log_probs"])
+        tlp, q = f["target_log_probs"], f["q_values"]
+        calls[f"gae, {label}"] = lambda kw=kw: F.gae(0.99, 0.95, **kw, backend=backend)
+        calls[f"advantages, {label}"] = lambda kw=kw: F.advantages(0.99, 0.95, **kw, backend=backend)
+        calls[f"lambda_returns, {label}"] = lambda kw=kw: F.lambda_returns(0.99, 0.8, **kw, backend=backend)
+        calls[f"discounted_returns, {label}"] = lambda kw=kw: F.discounted_returns(0.99, **kw, backend=backend)
+        calls[f"monte carlo, {label}"] = lambda kw=kw: F.discounted_returns(0.99, bootstrap=False, **kw,
+                                                                             backend=backend)
+        calls[f"vtrace, {label}"] = lambda pol=pol, tlp=tlp: F.vtrace(tlp, 0.99, 1.2, 0.9, **pol, backend=backend)
+        calls[f"retrace, {label}"] = lambda pol=pol, tlp=tlp, q=q: F.retrace(q, tlp, 0.99, 0.9, **pol,
+                                                                             backend=backend)
+    kw = {k: base.get(k) for k in own}
+    pol = dict(kw, log_probs=base["log_probs"])
+    calls["gae, carry in and out"] = lambda: F.gae(0.99, 0.95, **kw, carry=carry, return_carry=True, backend=backend)
+    calls["gae, return_carry"] = lambda: F.gae(0.99, 0.95, **kw, return_carry=True, backend=backend)
+    calls["gae, terminal window end"] = lambda: F.gae(0.99, 0.95, **kw, window_end="terminal", backend=backend)
+    calls["vtrace, carry in and out"] = lambda: F.vtrace(base["target_log_probs"], 0.99, **pol, carry=pair,
+                                                         return_carry=True, backend=backend)
+    calls["retrace, return_carry"] = lambda: F.retrace(base["q_values"], base["target_log_probs"], 0.99, **pol,
+                                                       return_carry=True, backend=backend)
+    x = torch.randn(N, T, 3, device=device)
+    flags = dict(terminated=masked["terminated"], truncated=masked["truncated"], mask=masked["mask"], backend=backend)
+    calls["eligibility_traces, mask, features, initial"] = lambda: F.eligibility_traces(
+        x, 0.99, 0.9, torch.randn(N, 3, device=device), **flags)
+    calls["eligibility_traces"] = lambda: F.eligibility_traces(base["rewards"], 0.99, 0.9, terminated=base["terminated"],
+                                                               backend=backend)
+    calls["episodic_sums, mask, initial"] = lambda: F.episodic_sums(rewards=masked["rewards"],
+                                                                     initial=torch.zeros(N, device=device), **flags)
+    calls["affine_scan"] = lambda: F.affine_scan(base["rewards"], base["values"].sigmoid(), backend=backend)
+    calls["affine_scan, reverse, initial"] = lambda: F.affine_scan(base["rewards"], base["values"].sigmoid(), True,
+                                                                   carry, backend=backend)
+    return calls
+
+
+def llm_calls(device, backend) -> dict:
+    """rollbuf.integrations.llm: the verl drop-in (with whitening, verl's fill, truncated rows), the
+    REINFORCE returns, the packed functions (cu_seqlens checked) and masked_whiten."""
+    g = torch.Generator().manual_seed(5)
+    r = torch.randn(4, 40, generator=g).to(device)
+    v = torch.randn(4, 40, generator=g).to(device)
+    m = (torch.rand(4, 40, generator=g) < 0.8).to(device)
+    tr = torch.tensor([True, False, True, False], device=device)
+    bv = torch.randn(4, generator=g).to(device)
+    cu = torch.tensor([0, 7, 19, 30, 40], dtype=torch.int32, device=device)
+    pr, pv, pm = r.reshape(1, -1)[:, :40], v.reshape(1, -1)[:, :40], m.reshape(1, -1)[:, :40]
+    ptr = torch.tensor([False, True, False, True], device=device)
+    return {
+        "verl GAE, whitened": lambda: llm.compute_gae_advantage_return(r, v, m, 0.99, 0.95, whiten=True,
+                                                                       backend=backend),
+        "verl GAE, whitened, carry fill, truncated rows": lambda: llm.compute_gae_advantage_return(
+            r, v, m, 0.99, 0.95, truncated=tr, bootstrap_values=bv, whiten=True, fill_masked="carry", backend=backend),
+        "discounted_returns, truncated rows": lambda: llm.discounted_returns(r, m, 0.99, truncated=tr,
+                                                                             bootstrap_values=bv, backend=backend),
+        "packed_gae, whitened, truncated": lambda: llm.packed_gae(pr, pv, pm, cu, 0.99, 0.95, ptr, bv, whiten=True,
+                                                                  backend=backend),
+        "packed_discounted_returns": lambda: llm.packed_discounted_returns(pr, pm, cu, 0.99, fill_masked="carry",
+                                                                           backend=backend),
+        "masked_whiten": lambda: llm.masked_whiten(v, m),
+        "masked_whiten, shift_mean=False": lambda: llm.masked_whiten(v, m, shift_mean=False),
+    }
+
+
+def rollout_calls(device, backend) -> dict:
+    """The collection loop (record every step, close the window) and every estimator method."""
+    ro = Rollout.empty(N, T, device=device, with_mask=True)
+    g = torch.Generator().manual_seed(7)
+    steps = [{k: torch.randn(N, generator=g).to(device) for k in ("rewards", "values", "log_probs",
+                                                                   "bootstrap_values")} for _ in range(T)]
+    flags = [{"terminated": (torch.rand(N, generator=g) < 0.1).to(device),
+              "truncated": (torch.rand(N, generator=g) < 0.05).to(device),
+              "mask": (torch.rand(N, generator=g) < 0.9).to(device)} for _ in range(T)]
+    last = torch.randn(N, device=device)
+    tlp, q = torch.randn(N, T, device=device) * 0.3, torch.randn(N, T, device=device)
+    x = torch.randn(N, T, 2, device=device)
+
+    def collect():
+        for t in range(T):
+            ro.record(t, **steps[t], **flags[t])
+        ro.bootstrap(last)
+
+    collect()  # (the methods read a closed window)
+    kw = dict(backend=backend)
+    return {
+        "record and bootstrap": collect,
+        "Rollout.gae": lambda: ro.gae(0.99, 0.95, **kw),
+        "Rollout.advantages": lambda: ro.advantages(0.99, 0.95, **kw),
+        "Rollout.lambda_returns": lambda: ro.lambda_returns(0.99, 0.8, **kw),
+        "Rollout.discounted_returns": lambda: ro.discounted_returns(0.99, **kw),
+        "Rollout.discounted_returns, monte carlo": lambda: ro.discounted_returns(0.99, bootstrap=False, **kw),
+        "Rollout.vtrace": lambda: ro.vtrace(tlp, 0.99, **kw),
+        "Rollout.retrace": lambda: ro.retrace(q, tlp, 0.99, **kw),
+        "Rollout.eligibility_traces": lambda: ro.eligibility_traces(x, 0.99, 0.9, **kw),
+        "Rollout.episodic_sums": lambda: ro.episodic_sums(**kw),
+        "Rollout.gae, return_carry": lambda: ro.gae(0.99, 0.95, return_carry=True, **kw),
+    }
+
+
+def torchrl_calls(device) -> dict:
+    """The TorchRL drop-ins on a collector-shaped tensordict (values in it: no value network)."""
+    pytest.importorskip("torchrl")
+    from tensordict import TensorDict
+    from tensordict.nn import TensorDictModule
+    from torch import nn
+    from torchrl.modules import OneHotCategorical, ProbabilisticActor
+
+    from rollbuf.integrations import torchrl as rt
+
+    g = torch.Generator().manual_seed(9)
+    B, Tn = 4, 33
+    done = torch.rand(B, Tn, 1, generator=g) < 0.15
+    term = done & (torch.rand(B, Tn, 1, generator=g) < 0.5)
+
+    def td():
+        return TensorDict({
+            "state_value": torch.randn(B, Tn, 1, generator=g), "observation": torch.randn(B, Tn, 4, generator=g),
+            "action": nn.functional.one_hot(torch.randint(0, 2, (B, Tn), generator=g), 2),
+            "action_log_prob": -torch.rand(B, Tn, generator=g),
+            "next": {"reward": torch.randn(B, Tn, 1, generator=g), "done": done, "terminated": term,
+                     "truncated": done & ~term, "state_value": torch.randn(B, Tn, 1, generator=g)},
+        }, batch_size=[B, Tn]).to(device)
+
+    actor = ProbabilisticActor(TensorDictModule(nn.Linear(4, 2), in_keys=["observation"], out_keys=["logits"]),
+                               in_keys=["logits"], distribution_class=OneHotCategorical,
+                               return_log_prob=True).to(device)
+    gae = rt.GAE(gamma=0.99, lmbda=0.95, value_network=None)
+    tdl = rt.TDLambdaEstimator(gamma=0.99, lmbda=0.95, value_network=None)
+    vt = rt.VTrace(gamma=0.99, actor_network=actor, value_network=None)
+    data = td()
+    return {"torchrl GAE": lambda: gae(data.clone()), "torchrl TDLambdaEstimator": lambda: tdl(data.clone()),
+            "torchrl VTrace": lambda: vt(data.clone())}
+
+
+def sb3_call():
+    """The SB3 buffer: NumPy arrays on the host, so last_values come as SB3 passes them on the CPU
+    (a CUDA ``last_values`` is copied to the host, by nature a sync)."""
+    pytest.importorskip("stable_baselines3")
+    import numpy as np
+    from gymnasium import spaces
+
+    from rollbuf.integrations.sb3 import RolloutBuffer
+
+    buf = RolloutBuffer(16, spaces.Box(-1, 1, (3,), dtype=np.float32), spaces.Discrete(2), device="cpu", n_envs=4)
+    rng = np.random.default_rng(0)
+    buf.rewards[:] = rng.normal(size=(16, 4))
+    buf.values[:] = rng.normal(size=(16, 4))
+    buf.episode_starts[:] = rng.random((16, 4)) < 0.1
+    buf.pos, buf.full = 16, True
+    last, dones = torch.randn(4, 1), rng.random(4) < 0.5
+    return {"sb3 RolloutBuffer.compute_returns_and_advantage":
+            lambda: buf.compute_returns_and_advantage(last.clone(), dones.copy())}
+
+
+@contextlib.contextmanager
+def _sync_is_an_error():
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+def _run_without_sync(calls: dict):
+    """Each call once (compiles), then again where a synchronising operation raises, naming the call."""
+    for fn in calls.values():
+        fn()
+    torch.cuda.synchronize()
+    failed = {}
+    with _sync_is_an_error():
+        for name, fn in calls.items():
+            try:
+                fn()
+            except RuntimeError as e:
+                failed[name] = str(e).splitlines()[0]
+    torch.cuda.synchronize()
+    assert not failed, f"calls that synchronised the host with the device: {failed}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["auto", "torch"])
+def test_estimators_do_not_sync(backend):
+    _run_without_sync(estimator_calls("cuda", backend))
+
+
+@pytest.mark.gpu
+def test_llm_integration_does_not_sync():
+    _run_without_sync(llm_calls("cuda", "auto"))
+
+
+@pytest.mark.gpu
+def test_rollout_does_not_sync():
+    _run_without_sync(rollout_calls("cuda", "auto"))
+
+
+@pytest.mark.gpu
+def test_torchrl_drop_ins_do_not_sync():
+    from torch.distributions import Distribution
+
+    previous = Distribution._validate_args
+    Distribution.set_default_validate_args(False)  # (the distributions' own argument checks read values)
+    try:
+        _run_without_sync(torchrl_calls("cuda"))
+    finally:
+        Distribution.set_default_validate_args(previous)
+
+
+@pytest.mark.gpu
+def test_sb3_buffer_does_not_sync():
+    _run_without_sync(sb3_call())
+
+
+# ---- the CPU side: tensors without data --------------------------------------------------------
+
+
+def _on_meta(calls: dict):
+    failed = {}
+    for name, fn in calls.items():
+        try:
+            out = fn()
+        except (RuntimeError, NotImplementedError) as e:  # e.g. "Tensor.item() cannot be called on meta tensors"
+            failed[name] = f"{type(e).__name__}: {str(e).splitlines()[0]}"
+            continue
+        outs = out if isinstance(out, tuple) else (out,)
+        for o in outs:
+            for t in (o if isinstance(o, tuple) else (o,)):
+                assert not isinstance(t, torch.Tensor) or t.device.type == "meta", name
+    assert not failed, f"calls that read a value on the host: {failed}"
+
+
+def test_estimators_read_no_values_on_the_host():
+    """Every estimator call validates and runs (torch backend) on tensors that hold no data."""
+    _on_meta(estimator_calls("meta", "torch"))
+
+
+def test_llm_integration_reads_no_values_on_the_host():
+    _on_meta(llm_calls("meta", "torch"))
+
+
+def test_rollout_reads_no_values_on_the_host():
+    _on_meta(rollout_calls("meta", "torch"))
