@@ -312,6 +312,23 @@ def test_per_shape_why_table_is_current():
 
 _PAGES = sorted([ROOT / "README.md", *DOCS.rglob("*.md")])
 _BLOCK = re.compile(r"^```python[^\n]*\n(.*?)^```[ \t]*$|^<!-- doc-setup\n(.*?)^-->[ \t]*$", re.S | re.M)
+def test_readme_install_commands_and_ci_agree():
+    """The README's two install commands pin the same torch and Triton, the Triton that torch build
+    requires on PyPI (README, "Which torch and Triton"), and `.ci/run` runs the test command as the
+    README writes it."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    commands = re.findall(r"^pip install torch==\S+ triton==\S+ -e \"\.\[(\w+)\]\".*$", readme, re.M)
+    assert sorted(commands) == ["examples", "test"], commands
+    pins = set(re.findall(r"^pip install (torch==\S+ triton==\S+) -e ", readme, re.M))
+    assert len(pins) == 1, f"the README's install commands pin different versions: {pins}"
+    (pin,) = pins
+    torch_pin, triton_pin = pin.split()
+    assert f"`{torch_pin}` for x86-64 Linux is the CUDA build: it requires\n`{triton_pin}`" in readme
+    test_line = next(line for line in readme.splitlines() if line.startswith("pip install") and '".[test]"' in line)
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    assert test_line in ci, ".ci/run must run exactly the README's test command"
+
+
 # Pages whose Python blocks are still fragments that do not run on their own; each entry is an
 # expected failure (strict: it fails once the page runs, so that the entry gets removed).
 _NOT_YET_RUNNABLE: dict = {}  # page -> why its blocks cannot run yet (strict xfail); none today
