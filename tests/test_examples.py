@@ -22,6 +22,21 @@ def test_linear_recurrence_layer_recovers_the_decays():
     assert "recovered decays" in res.stdout
 
 
+def test_demo_shows_the_auto_backend():
+    """The demo runs what a call without ``backend=`` runs (``auto``: numba on a CPU, Triton on a GPU),
+    says which backend that is, and compares it with the reference loop."""
+    import torch
+
+    from rollbuf import backends
+
+    res = _run("demo.py")
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    picked = backends.resolve("auto", torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    assert f"backend='auto' (auto picked {picked!r})" in res.stdout, res.stdout[:500]
+    assert f": auto ({picked}) " in res.stdout and "reference loop" in res.stdout, res.stdout[-500:]
+    assert "GAE vs the float64 reference loop: max |error|" in res.stdout
+
+
 def test_ppo_cartpole_reaches_475(tmp_path):
     pytest.importorskip("gymnasium")  # in the test extra; this guards a bare install only
     res = _run("ppo_cartpole.py", "--plot", str(tmp_path / "c.png"), "--log", str(tmp_path / "c.csv"))
