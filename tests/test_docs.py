@@ -250,6 +250,32 @@ def test_cleanrl_replacement_equals_cleanrl_loop(backend, monkeypatch):
         assert all(a.is_contiguous() for a in got)
 
 
+def test_cleanrl_layout_is_as_documented(monkeypatch):
+    """howto/cleanrl.md, Layout: the triton and torch backends write time-major outputs (``adv.mT`` of
+    the replacement is contiguous); numba (``auto`` on a CPU) and reference write ``[N, T]``, whose
+    ``.mT`` is a transposed view that ``reshape(-1)`` copies into the loop's order."""
+    import torch
+
+    from rollbuf import backends
+
+    ex = _load("cleanrl_gae")
+    g = torch.Generator().manual_seed(5)
+    T, N = 23, 5
+    rewards, values = torch.randn(T, N, generator=g), torch.randn(T, N, generator=g)
+    dones = (torch.rand(T, N, generator=g) < 0.1).float()
+    next_value, next_done = torch.randn(1, N, generator=g), torch.zeros(N)
+    want = ex.cleanrl_loop(rewards, values, dones, next_value, next_done, 0.99, 0.95)
+    time_major = {"triton": True, "torch": True, "numba": False, "reference": False}
+    assert backends.resolve("auto", torch.device("cpu")) == "numba"  # the text's "auto on a CPU"
+    real = F.gae
+    for backend, contiguous in time_major.items():
+        monkeypatch.setattr(F, "gae", lambda *a, b=backend, **k: real(*a, **k, backend=b))
+        got = ex.rollbuf_gae(rewards, values, dones, next_value, next_done, 0.99, 0.95)
+        for a, b in zip(got, want):
+            assert a.is_contiguous() == contiguous, backend
+            torch.testing.assert_close(a.reshape(-1), b.reshape(-1), rtol=1e-5, atol=1e-5)
+
+
 def test_graphed_snippet_is_the_tested_example():
     text = (DOCS / "howto" / "performance.md").read_text(encoding="utf-8")
     snippet = _between(text, "<!-- graphed-snippet -->", "<!-- /graphed-snippet -->")
