@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -94,3 +96,28 @@ def test_benchmark_scripts_run():
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     rows = [line for line in res.stdout.splitlines() if line.startswith("| 17 × 3")]
     assert len(rows) == 1 and float(rows[0].split("|")[-2]) < 1e-4, res.stdout
+
+
+def test_torchrl_benchmark_defaults_are_the_documented_tables():
+    """examples/bench_torchrl_gae.py run with no arguments produces the tables of
+    docs/howto/torchrl.md: on a CPU the CPU table's shapes, one thread, the median of 15 calls; on
+    CUDA the GPU table's shapes, torch's threads, the median of 20."""
+    pytest.importorskip("torchrl")
+    spec = importlib.util.spec_from_file_location("bench_torchrl_gae", ROOT / "examples" / "bench_torchrl_gae.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    doc = (ROOT / "docs" / "howto" / "torchrl.md").read_text(encoding="utf-8")
+    cpu = doc[doc.index("<!-- BEGIN TORCHRL CPU TABLE -->"):doc.index("<!-- END TORCHRL CPU TABLE -->")]
+    gpu = doc[doc.index("**GPU** (`python examples/bench_torchrl_gae.py --device cuda`)"):]
+    gpu = gpu[:gpu.index("\n\n", gpu.index("| estimator |"))]
+
+    def shapes(table):
+        rows = re.findall(r"^\| GAE \| (\d+) × (\d+) \|", table, re.M)
+        return ",".join(f"{n}x{t}" for n, t in rows)
+
+    for device, table, threads, repeats in [("cpu", cpu, 1, 15), ("cuda", gpu, 0, 20)]:
+        args = bench.parse_args(["--device", device])
+        assert args.shapes == shapes(table), device
+        assert (args.threads, args.repeats, args.warmup) == (threads, repeats, 3), device
+        assert f"median of {repeats}" in table and "after 3 warm-up calls" in table.replace("\n", " "), device
+        assert ("torch threads 1" in table) == (device == "cpu"), device
