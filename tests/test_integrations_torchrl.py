@@ -357,6 +357,41 @@ def test_vtrace_inconsistent_next_values_and_average():
     assert_same(a, b, F32)
 
 
+def test_torchrl_vtrace_functional_reads_the_next_value_at_every_done():
+    """docs/semantics.md §7: TorchRL's ``vtrace_advantage_estimate`` reads ``vs_{t+1}`` in its
+    policy-gradient term inside an episode and ``("next", "state_value")`` of the step at every done
+    (``torch.where(done, next_state_value, vs_t_plus_1)``) and at the window end — rollbuf's ``V'_t``
+    at every boundary. With the next values of a collector (``V_{t+1}`` inside an episode, the true
+    final observation's value at a truncation), the functional and ``rollbuf.functional.vtrace``
+    agree to float64 rounding at truncations too."""
+    from torchrl.objectives.value.functional import vtrace_advantage_estimate
+
+    from rollbuf import functional as F
+
+    g = torch.Generator().manual_seed(23)
+    N, T = 4, 29
+    done = torch.rand(N, T, generator=g) < 0.15
+    done[0, 10] = True  # at least one truncation ...
+    term = done & (torch.rand(N, T, generator=g) < 0.5)
+    term[0, 10] = False
+    term[1, 5] = done[1, 5] = True  # ... and one termination
+    v = torch.randn(N, T, generator=g, dtype=torch.float64)
+    boot = torch.randn(N, T, generator=g, dtype=torch.float64)  # V(s'_t) of the true final observation
+    nv = torch.where(done, boot, torch.cat([v[:, 1:], boot[:, -1:]], 1))
+    nv[:, -1] = boot[:, -1]
+    r = torch.randn(N, T, generator=g, dtype=torch.float64)
+    lmu = -torch.rand(N, T, generator=g, dtype=torch.float64)
+    lpi = lmu + 0.3 * torch.randn(N, T, generator=g, dtype=torch.float64)
+    f64 = functools.partial(torch.tensor, dtype=torch.float64)  # Python floats would be float32 there
+    pg, vs = vtrace_advantage_estimate(f64(0.97), lpi[..., None], lmu[..., None], v[..., None], nv[..., None],
+                                       r[..., None], done[..., None], term[..., None], rho_thresh=f64(0.9),
+                                       c_thresh=f64(1.1))
+    ours = F.vtrace(lpi, 0.97, 0.9, 1.1, rewards=r, values=v, log_probs=lmu, terminated=term,
+                    truncated=done & ~term, bootstrap_values=boot, backend="reference")
+    torch.testing.assert_close(ours.vs, vs[..., 0], **TIGHT)
+    torch.testing.assert_close(ours.pg_advantages, pg[..., 0], **TIGHT)
+
+
 # -------------------------------------------------------------------- gamma / lmbda buffer dtypes
 
 
