@@ -61,7 +61,9 @@ class ProgressBar(BaseCallback):
         self.total, self.bar = total, None
 
     def _on_training_start(self):
-        self.bar = tqdm(total=self.total, unit="step", dynamic_ncols=True, desc="SB3 PPO + rollbuf")
+        per_rollout = self.model.n_steps * self.model.n_envs  # SB3 runs whole rollouts
+        total = -(-self.total // per_rollout) * per_rollout
+        self.bar = tqdm(total=total, unit="step", dynamic_ncols=True, desc="SB3 PPO + rollbuf")
 
     def _on_rollout_end(self):
         episodes = self.model.ep_info_buffer
@@ -114,7 +116,7 @@ def main(argv=None) -> int:
     wall = time.perf_counter() - start
     mean, std = evaluate_policy(model, model.get_env(), n_eval_episodes=args.eval_episodes, deterministic=True)
     ok = mean >= args.target
-    print(f"SB3 PPO + rollbuf advantages on CartPole-v1: {args.timesteps:,} steps in {wall:.1f} s; "
+    print(f"SB3 PPO + rollbuf advantages on CartPole-v1: {model.num_timesteps:,} steps in {wall:.1f} s; "
           f"mean evaluation return {mean:.1f} ± {std:.1f} over {args.eval_episodes} episodes "
           f"({'reached' if ok else 'did NOT reach'} {args.target:g})")
     if args.check:

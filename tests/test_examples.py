@@ -84,6 +84,18 @@ def test_sb3_ppo_cartpole_runs_and_matches_sb3():
     assert "checked 4 rollouts against SB3's compute_returns_and_advantage" in res.stdout
 
 
+def test_sb3_ppo_cartpole_shows_progress():
+    """The SB3 example shows a progress bar over the env steps SB3 runs (whole rollouts of 8 × 32),
+    unless --no-progress; its summary counts those steps."""
+    pytest.importorskip("stable_baselines3")
+    res = _run("sb3_ppo_cartpole.py", "--timesteps", "300", "--target", "0", "--eval-episodes", "1")
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "SB3 PPO + rollbuf: 100%" in res.stderr and "512/512" in res.stderr, res.stderr[-2000:]
+    assert "on CartPole-v1: 512 steps in" in res.stdout
+    res = _run("sb3_ppo_cartpole.py", "--timesteps", "256", "--target", "0", "--eval-episodes", "1", "--no-progress")
+    assert res.returncode == 0 and "SB3 PPO + rollbuf:" not in res.stderr, res.stderr[-2000:]
+
+
 def test_benchmark_scripts_run():
     """The TorchRL and SB3 benchmark scripts print their tables (tiny shapes here)."""
     pytest.importorskip("torchrl")
