@@ -531,7 +531,8 @@ def test_a_plan_holds_the_storage_it_was_bound_to(which, monkeypatch):
 def test_the_direct_c_launch_passes_what_tritons_launcher_passes():
     """On Triton 3.6's CUDA launcher, a compiled kernel is launched through the C function its
     Python wrapper calls, with the arguments the wrapper would add (no scratch): the same call
-    reaches that function either way. Elsewhere, Triton's launcher as it is."""
+    reaches that function either way. Elsewhere (Triton 3.7 orders the C function's arguments
+    differently), Triton's launcher as it is."""
     import triton
 
     from rollbuf.kernels import host as H
@@ -546,6 +547,7 @@ def test_the_direct_c_launch_passes_what_tritons_launcher_passes():
         run.num_ctas, run.launch_cooperative_grid, run.launch_pdl = 1, False, True
         run.global_scratch_size = run.profile_scratch_size = 0
         run.global_scratch_align = run.profile_scratch_align = 1
+        run.arg_annotations = run.kernel_signature = None  # set by Triton 3.7's __init__, passed on
         run.launch = lambda *a: seen.append(a)
         c_launch, head = H._c_launch(run)
         if triton.__version__.split(".")[:2] == ["3", "6"]:
