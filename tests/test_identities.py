@@ -28,6 +28,7 @@ if os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available():
     BACKENDS.append("triton")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 backends = pytest.mark.parametrize("backend", BACKENDS)
+pytestmark = pytest.mark.covering  # every pair of parameter values by default; -m exhaustive: the rest
 
 NAMES = ["gae", "lambda_returns", "discounted_returns", "monte_carlo_returns", "vtrace", "retrace",
          "eligibility_traces", "episodic_sums"]
