@@ -25,6 +25,10 @@ DEV = "cuda" if CUDA else "cpu"
 NAN = float("nan")
 
 
+# By default a covering slice of each test's parametrisation runs (every value once; the core
+# matrices every pair of values); the other cases with -m exhaustive (tests/conftest.py)
+pytestmark = pytest.mark.covering(1)
+
 BLOCK_T = None if CUDA else 16  # several chunks per row even at T = 37
 
 
@@ -145,6 +149,7 @@ def assert_ref(outs, ref, tol):
         assert err < tol, f"relative L2 error {err:.3g} >= {tol}"
 
 
+@pytest.mark.covering
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"N{s[0]}-T{s[1]}")
 @pytest.mark.parametrize("mix", MIXES)
 @pytest.mark.parametrize("name", ESTIMATORS)
@@ -307,6 +312,7 @@ def test_bf16_inputs_with_fp32_outputs_are_not_flipped():
     assert_ref(got, call("gae", f, "reference"), 1e-5)
 
 
+@pytest.mark.covering
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.bfloat16, 2e-2), (torch.float16, 5e-3)],
                          ids=["fp64", "bf16", "fp16"])
 @pytest.mark.parametrize("name", ESTIMATORS)
@@ -321,6 +327,7 @@ def test_dtypes(name, dtype, tol):
     assert_ref(outs, ref, tol)
 
 
+@pytest.mark.covering
 @pytest.mark.parametrize("flag_dtype", [torch.uint8, torch.float32], ids=["uint8", "float"])
 @pytest.mark.parametrize("name", ["gae", "vtrace", "episodic_sums"])
 def test_flag_dtypes(name, flag_dtype):
@@ -723,6 +730,7 @@ def test_direct_launch_respecializes():
                 assert torch.equal(a, b), (name, kind)
 
 
+@pytest.mark.covering
 @pytest.mark.parametrize("outputs", ["gae", "returns", "adv-only"])
 @pytest.mark.parametrize("mix", ["none", "term+trunc", "term+trunc+mask"])
 @pytest.mark.parametrize("T", [1, 37, 70])

@@ -1,6 +1,6 @@
 """Compile the family kernels ahead of time for a GPU target, on any machine (no GPU needed).
 
-    python -m rollbuf.kernels.aot [--arch 90] [--jobs 2] [--only NAME] [--counts]
+    python -m rollbuf.kernels.aot [--arch 90] [--jobs 2] [--only NAME] [--names N1,N2,...] [--counts]
 
 Triton lowers a kernel to PTX and assembles it with the ``ptxas`` shipped in its wheel, without a
 driver. This compiles a matrix of the kernels' specialisations (every family — the TD(λ) adjoint of
@@ -344,9 +344,16 @@ def main(argv=None) -> int:
     ap.add_argument("--arch", type=int, default=90, help="compute capability (90: H100/H200)")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--only", default=None, help="substring of the variant names to compile")
+    ap.add_argument("--names", default=None, help="comma-separated variant names to compile (exact names)")
     ap.add_argument("--counts", action="store_true", help="PTX and machine-code counts of the family variants, arguments aligned")
     args = ap.parse_args(argv)
     vs = [v for v in variants() if args.only is None or args.only in v["name"]]
+    if args.names is not None:
+        names = set(args.names.split(","))
+        unknown = names - {v["name"] for v in variants()}
+        if unknown:
+            ap.error(f"--names: no variant named {sorted(unknown)[0]!r}")
+        vs = [v for v in vs if v["name"] in names]
     if args.counts:
         vs = [v for v in vs if v.get("kernel") != "resolve"]
         with ProcessPoolExecutor(args.jobs) as ex:
