@@ -53,7 +53,7 @@ PY
       [ -n "${TESTS_DEADLINE:-}" ] && limit=$(( TESTS_DEADLINE - $(date +%s) )) && [ "$limit" -lt 1 ] && limit=1
       echo "tests: $limit s"; RB_EXHAUSTIVE=1 timeout "$limit" python3 -m pytest -v -n 14 -p no:cacheprovider -rfE tests/test_kernels.py tests/test_kernel_launch.py \
              tests/test_compile.py tests/test_autograd.py tests/test_windows.py tests/test_edge_cases.py \
-             tests/test_new_estimator.py tests/test_lookback_order.py tests/test_rollout.py tests/test_repeated_calls.py > "$OUT/gpu_tests.log" 2>&1; echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)| (FAILED|ERROR) " "$OUT/gpu_tests.log" | head -30; tail -3 "$OUT/gpu_tests.log" ;;
+             tests/test_new_estimator.py tests/test_lookback_order.py tests/test_rollout.py tests/test_repeated_calls.py tests/test_identities.py tests/test_validation.py tests/test_aot.py ${TESTS_EXTRA:-} > "$OUT/gpu_tests.log" 2>&1; echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)| (FAILED|ERROR) " "$OUT/gpu_tests.log" | head -30; tail -3 "$OUT/gpu_tests.log" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
   echo "== step $step: $(( $(date +%s) - t0 )) s"
