@@ -7,7 +7,8 @@
 # old (the same
 # timings of rollbuf's public calls from the tree in .gpu_stage_old/; new-quick: the same from this tree), peers[:i/k[:budget]] (the peers
 # grid, python -m rollbuf.bench --grid peers), ab (benchmarks/family_ab.sh), tests (the CUDA kernel test
-# matrix, cut at $TESTS_TIMEOUT_S seconds, or at $TESTS_DEADLINE, so that the summary comes back).
+# matrix, every case (RB_EXHAUSTIVE=1: the default run's covering slices and the rest, tests/conftest.py),
+# cut at $TESTS_TIMEOUT_S seconds, or at $TESTS_DEADLINE, so that the summary comes back).
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-out}
@@ -50,9 +51,9 @@ PY
       bash benchmarks/family_ab.sh ${parts//,/ } 2>&1 | tee "$OUT/ab.log" ;;
     tests) limit=${TESTS_TIMEOUT_S:-540}  # or what is left before $TESTS_DEADLINE (seconds since the epoch)
       [ -n "${TESTS_DEADLINE:-}" ] && limit=$(( TESTS_DEADLINE - $(date +%s) )) && [ "$limit" -lt 1 ] && limit=1
-      echo "tests: $limit s"; timeout "$limit" python3 -m pytest -v -n 14 -p no:cacheprovider -rfE tests/test_kernels.py tests/test_kernel_launch.py \
+      echo "tests: $limit s"; RB_EXHAUSTIVE=1 timeout "$limit" python3 -m pytest -v -n 14 -p no:cacheprovider -rfE tests/test_kernels.py tests/test_kernel_launch.py \
              tests/test_compile.py tests/test_autograd.py tests/test_windows.py tests/test_edge_cases.py \
-             tests/test_new_estimator.py tests/test_lookback_order.py tests/test_rollout.py tests/test_repeated_calls.py > "$OUT/gpu_tests.log" 2>&1; echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)| (FAILED|ERROR) " "$OUT/gpu_tests.log" | head -30; tail -3 "$OUT/gpu_tests.log" ;;
+             tests/test_new_estimator.py tests/test_lookback_order.py tests/test_rollout.py tests/test_repeated_calls.py tests/test_identities.py tests/test_validation.py tests/test_aot.py ${TESTS_EXTRA:-} > "$OUT/gpu_tests.log" 2>&1; echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)| (FAILED|ERROR) " "$OUT/gpu_tests.log" | head -30; tail -3 "$OUT/gpu_tests.log" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
   echo "== step $step: $(( $(date +%s) - t0 )) s"

@@ -3,6 +3,11 @@
     python examples/bench_torchrl_gae.py                 # CUDA if available, else the CPU
     python examples/bench_torchrl_gae.py --device cpu --shapes 64x128,256x1024
 
+The defaults depend on the device (``--device cpu --help`` shows the CPU's): on a CPU the shapes of
+the CPU table of docs/howto/torchrl.md (16x128, 256x128, 1024x128, 64x1024), one torch thread and the
+median of 15 calls; on CUDA the GPU table's shapes (16384x8, 4096x128, 1024x1024, 512x4096), torch's
+threads and the median of 20 calls; 3 warm-up calls on both.
+
 For each ``[N, T]`` shape, one collector-shaped TensorDict (``"state_value"``,
 ``("next", "state_value")``, ``("next", "reward")``, ``("next", "done")``,
 ``("next", "terminated")`` with terminations and truncations, ``[N, T, 1]``, float32) is made on the
@@ -74,17 +79,33 @@ def commit():
         return "unknown"
 
 
-def main(argv=None):
+# the defaults per device type: those of the tables in docs/howto/torchrl.md
+DEFAULTS = {
+    "cpu": dict(shapes="16x128,256x128,1024x128,64x1024", repeats=15, threads=1),
+    "cuda": dict(shapes="16384x8,4096x128,1024x1024,512x4096", repeats=20, threads=0),
+}
+
+
+def parse_args(argv=None):
+    """The arguments; ``--shapes``, ``--repeats`` and ``--threads`` default to ``DEFAULTS`` of the
+    device's type (``--device`` is read first)."""
+    first = argparse.ArgumentParser(add_help=False)
+    first.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(first.parse_known_args(argv)[0].device)
+    d = DEFAULTS.get(device.type, DEFAULTS["cpu"])
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="torch device")
-    p.add_argument("--shapes", default="16384x8,4096x128,1024x1024,512x4096",
-                   help="comma-separated NxT shapes ([num_envs, horizon])")
+    p.add_argument("--device", default=str(device), help="torch device (the other defaults follow its type)")
+    p.add_argument("--shapes", default=d["shapes"], help="comma-separated NxT shapes ([num_envs, horizon])")
     p.add_argument("--estimators", default="GAE,TDLambdaEstimator", help="comma-separated class names")
     p.add_argument("--warmup", type=int, default=3, help="untimed calls first")
-    p.add_argument("--repeats", type=int, default=20, help="timed calls (the median is shown)")
-    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
-    args = p.parse_args(argv)
+    p.add_argument("--repeats", type=int, default=d["repeats"], help="timed calls (the median is shown)")
+    p.add_argument("--threads", type=int, default=d["threads"], help="torch.set_num_threads (0: torch's default)")
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)

@@ -1,5 +1,6 @@
 """rollbuf in one screen: a rollout with a termination, a truncation and a window end, every
-estimator on the best backend available, and its time against the sequential reference loop.
+estimator on the ``auto`` backend (what a call without ``backend=`` gets: the fused Triton kernels on
+a GPU, the compiled numba loops on a CPU), and its time against the sequential reference loop.
 
     python examples/demo.py
 """
@@ -10,11 +11,12 @@ import time
 
 import torch
 
-from rollbuf import Rollout
+from rollbuf import Rollout, backends
 
 torch.set_printoptions(precision=3, linewidth=140, sci_mode=False)
 device = "cuda" if torch.cuda.is_available() else "cpu"
-backend = "triton" if device == "cuda" else "torch"
+backend = "auto"  # the default of every estimator
+picked = backends.resolve(backend, torch.device(device))  # what auto runs on this device
 
 # ---- collect: 2 envs x 8 steps, filled step by step as a trainer would ------------------------
 N, T = 2, 8
@@ -32,7 +34,7 @@ for t in range(T):
     )
 ro.bootstrap(torch.tensor([0.5, 0.6]))  # V(s_T): the window ends mid-episode for both envs
 
-print(f"rollout {N}x{T} on {device}, backend={backend!r}")
+print(f"rollout {N}x{T} on {device}, backend={backend!r} (auto picked {picked!r})")
 print("terminated\n", ro.terminated.int(), "\ntruncated\n", ro.truncated.int())
 target = ro.log_probs + 0.1 * torch.randn(N, T, generator=g).to(device)
 q = ro.values + 0.05
@@ -59,7 +61,7 @@ big = Rollout(
     terminated=torch.rand(N, T, device=device) < 0.01, truncated=torch.rand(N, T, device=device) < 0.01,
     bootstrap_values=torch.randn(N, T, device=device), batch_size=[N, T], device=device,
 )
-big.gae(0.99, 0.95, backend=backend)  # warm-up (compiles the kernel on a GPU)
+big.gae(0.99, 0.95, backend=backend)  # warm-up (compiles the kernel: Triton on a GPU, numba on a CPU)
 reps = 20
 if device == "cuda":
     torch.cuda.synchronize()
@@ -73,5 +75,5 @@ t0 = time.perf_counter()
 slow = big.cpu().gae(0.99, 0.95, backend="reference")
 t_ref = time.perf_counter() - t0
 err = ((fast.advantages.double().cpu() - slow.advantages).norm() / slow.advantages.norm()).item()
-print(f"\nGAE {N}x{T}: {backend} {t_fast * 1e3:.2f} ms, reference loop {t_ref * 1e3:.0f} ms "
+print(f"\nGAE {N}x{T}: {backend} ({picked}) {t_fast * 1e3:.2f} ms, reference loop {t_ref * 1e3:.0f} ms "
       f"-> {t_ref / t_fast:.0f}x, relative L2 error {err:.1e}")

@@ -3,7 +3,9 @@
 The kernel tests run the kernel under Triton's interpreter on CPU machines, which accepts some
 code the GPU compiler rejects; this compiles the specialisation matrix of
 :mod:`rollbuf.kernels.aot` to a cubin with the ``ptxas`` shipped in Triton's wheel (no GPU, no
-driver), in a subprocess without ``TRITON_INTERPRET``.
+driver), in a subprocess without ``TRITON_INTERPRET``. By default a covering slice of the matrix
+(every family in every pass, every mode and every variant option at least once); the whole matrix
+with ``-m exhaustive`` (tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -12,7 +14,42 @@ import os
 import subprocess
 import sys
 
+import pytest
 
+from covering import covering
+
+
+def covering_variants() -> list[str]:
+    """Names of a covering slice of :func:`rollbuf.kernels.aot.variants`: each variant described by
+    its kernel (``gae``, ``vtrace``, ..., ``resolve``), mode (the pass, tile and options of
+    ``aot._MODES``), option (the name's last part: dtype, strides, window end, ...) and kernel with
+    pass; every value of each at least once."""
+    from rollbuf.kernels.aot import _MODES, variants
+
+    cases = {}
+    for v in variants():
+        kernel, mode, option = v["name"].split("/")
+        pass_ = (v.get("cfg") or _MODES.get(v.get("mode")) or (None,))[0]
+        cases[v["name"]] = [("kernel", kernel), ("mode", mode), ("option", option),
+                            ("kernel-pass", f"{kernel}-{pass_}")]
+    return sorted(covering(cases, strength=1))
+
+
+def test_a_covering_slice_of_the_kernel_variants_compiles_for_sm90():
+    from rollbuf.kernels.aot import _MODES, variants
+
+    names = covering_variants()
+    vs = [v for v in variants() if v["name"] in names]
+    assert {v["family"] for v in vs if "family" in v} == {v["family"] for v in variants() if "family" in v}
+    assert {v["mode"] for v in vs if "mode" in v} >= set(_MODES)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-m", "rollbuf.kernels.aot", "--arch", "90", "--jobs", "2",
+                          "--names", ",".join(names)], capture_output=True, text=True, env=env, timeout=900)
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+    assert f"{len(vs)} of {len(vs)} variants compiled for sm_90" in res.stdout
+
+
+@pytest.mark.exhaustive
 def test_every_kernel_variant_compiles_for_sm90():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     res = subprocess.run([sys.executable, "-m", "rollbuf.kernels.aot", "--arch", "90", "--jobs", "2"],

@@ -34,6 +34,7 @@ def _inputs(seed, masked):
     return f
 
 
+@pytest.mark.covering  # every pair of parameter values by default, the rest -m exhaustive
 @pytest.mark.parametrize("masked", [False, True], ids=["nomask", "mask"])
 @pytest.mark.parametrize("backend", ["reference", "torch", "triton"])
 @pytest.mark.parametrize("name", list(PARAMS))

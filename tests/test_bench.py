@@ -766,3 +766,38 @@ def test_host_path_benchmark_dry_run(tmp_path):
     text = out.getvalue()
     assert text.rstrip().splitlines()[-1].startswith("  graph of one 1-element torch kernel")
     assert "| N × T | functional.advantages | functional.gae | Rollout.advantages |" in text
+
+
+def test_help_shows_every_default_and_the_grid_and_out_options(capsys):
+    """``python -m rollbuf.bench --help``: each option's default after its help (no "(default:
+    None)"), and help for ``--grid`` and ``--out``."""
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--help"])
+    assert exit_.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    assert "(default: cpu-smoke)" in text and "(default: bench-out)" in text
+    assert "the grid of cases to run" in text and "directory for results.csv, scoreboard.md and the plots" in text
+    assert "(default: None)" not in text and "(default: False)" not in text
+
+
+def test_default_run_scores_what_auto_runs_with_a_readable_header(tmp_path):
+    """With the default competitors, the scoreboard divides by the backend ``auto`` runs on this
+    machine (numba on a CPU, Triton on a GPU), which is among the rows; its header names the
+    provenance in words, not as a Python dict. ``--from-csv`` picks the same row again."""
+    from rollbuf import backends
+
+    gpu = torch.cuda.is_available()
+    auto = {"numba": "rollbuf-numba", "triton": "rollbuf-triton", "torch": "rollbuf-torch"}[
+        backends.resolve("auto", torch.device("cuda" if gpu else "cpu"))]
+    out = tmp_path / "run"
+    assert cli.main(["--cases", "gae:4x50:term+trunc", "--out", str(out)]) == 0
+    rows = list(csv.DictReader(open(out / "results.csv")))
+    impls = {r["impl"]: r["status"] for r in rows}
+    assert impls[auto] == "ok" and "rollbuf-torch" in impls
+    board = (out / "scoreboard.md").read_text()
+    first = board.splitlines()[0]
+    assert f"the time of `{auto}`" in first
+    assert "{" not in first and f"torch {torch.__version__}" in first and f"commit {rows[0]['commit']}" in first
+    again = tmp_path / "again"
+    assert cli.main(["--from-csv", str(out / "results.csv"), "--out", str(again)]) == 0
+    assert f"the time of `{auto}`" in (again / "scoreboard.md").read_text().splitlines()[0]

@@ -250,6 +250,32 @@ def test_cleanrl_replacement_equals_cleanrl_loop(backend, monkeypatch):
         assert all(a.is_contiguous() for a in got)
 
 
+def test_cleanrl_layout_is_as_documented(monkeypatch):
+    """howto/cleanrl.md, Layout: the triton and torch backends write time-major outputs (``adv.mT`` of
+    the replacement is contiguous); numba (``auto`` on a CPU) and reference write ``[N, T]``, whose
+    ``.mT`` is a transposed view that ``reshape(-1)`` copies into the loop's order."""
+    import torch
+
+    from rollbuf import backends
+
+    ex = _load("cleanrl_gae")
+    g = torch.Generator().manual_seed(5)
+    T, N = 23, 5
+    rewards, values = torch.randn(T, N, generator=g), torch.randn(T, N, generator=g)
+    dones = (torch.rand(T, N, generator=g) < 0.1).float()
+    next_value, next_done = torch.randn(1, N, generator=g), torch.zeros(N)
+    want = ex.cleanrl_loop(rewards, values, dones, next_value, next_done, 0.99, 0.95)
+    time_major = {"triton": True, "torch": True, "numba": False, "reference": False}
+    assert backends.resolve("auto", torch.device("cpu")) == "numba"  # the text's "auto on a CPU"
+    real = F.gae
+    for backend, contiguous in time_major.items():
+        monkeypatch.setattr(F, "gae", lambda *a, b=backend, **k: real(*a, **k, backend=b))
+        got = ex.rollbuf_gae(rewards, values, dones, next_value, next_done, 0.99, 0.95)
+        for a, b in zip(got, want):
+            assert a.is_contiguous() == contiguous, backend
+            torch.testing.assert_close(a.reshape(-1), b.reshape(-1), rtol=1e-5, atol=1e-5)
+
+
 def test_graphed_snippet_is_the_tested_example():
     text = (DOCS / "howto" / "performance.md").read_text(encoding="utf-8")
     snippet = _between(text, "<!-- graphed-snippet -->", "<!-- /graphed-snippet -->")
@@ -314,6 +340,23 @@ def test_per_shape_why_table_is_current():
 
 _PAGES = sorted([ROOT / "README.md", *DOCS.rglob("*.md")])
 _BLOCK = re.compile(r"^```python[^\n]*\n(.*?)^```[ \t]*$|^<!-- doc-setup\n(.*?)^-->[ \t]*$", re.S | re.M)
+def test_readme_install_commands_and_ci_agree():
+    """The README's two install commands pin the same torch and Triton, the Triton that torch build
+    requires on PyPI (README, "Which torch and Triton"), and `.ci/run` runs the test command as the
+    README writes it."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    commands = re.findall(r"^pip install torch==\S+ triton==\S+ -e \"\.\[(\w+)\]\".*$", readme, re.M)
+    assert sorted(commands) == ["examples", "test"], commands
+    pins = set(re.findall(r"^pip install (torch==\S+ triton==\S+) -e ", readme, re.M))
+    assert len(pins) == 1, f"the README's install commands pin different versions: {pins}"
+    (pin,) = pins
+    torch_pin, triton_pin = pin.split()
+    assert f"`{torch_pin}` for x86-64 Linux is the CUDA build: it requires\n`{triton_pin}`" in readme
+    test_line = next(line for line in readme.splitlines() if line.startswith("pip install") and '".[test]"' in line)
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    assert test_line in ci, ".ci/run must run exactly the README's test command"
+
+
 # Pages whose Python blocks are still fragments that do not run on their own; each entry is an
 # expected failure (strict: it fails once the page runs, so that the entry gets removed).
 _NOT_YET_RUNNABLE: dict = {}  # page -> why its blocks cannot run yet (strict xfail); none today

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +22,21 @@ def test_linear_recurrence_layer_recovers_the_decays():
     res = _run("linear_recurrence.py")
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     assert "recovered decays" in res.stdout
+
+
+def test_demo_shows_the_auto_backend():
+    """The demo runs what a call without ``backend=`` runs (``auto``: numba on a CPU, Triton on a GPU),
+    says which backend that is, and compares it with the reference loop."""
+    import torch
+
+    from rollbuf import backends
+
+    res = _run("demo.py")
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    picked = backends.resolve("auto", torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    assert f"backend='auto' (auto picked {picked!r})" in res.stdout, res.stdout[:500]
+    assert f": auto ({picked}) " in res.stdout and "reference loop" in res.stdout, res.stdout[-500:]
+    assert "GAE vs the float64 reference loop: max |error|" in res.stdout
 
 
 def test_ppo_cartpole_reaches_475(tmp_path):
@@ -67,6 +84,18 @@ def test_sb3_ppo_cartpole_runs_and_matches_sb3():
     assert "checked 4 rollouts against SB3's compute_returns_and_advantage" in res.stdout
 
 
+def test_sb3_ppo_cartpole_shows_progress():
+    """The SB3 example shows a progress bar over the env steps SB3 runs (whole rollouts of 8 × 32),
+    unless --no-progress; its summary counts those steps."""
+    pytest.importorskip("stable_baselines3")
+    res = _run("sb3_ppo_cartpole.py", "--timesteps", "300", "--target", "0", "--eval-episodes", "1")
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "SB3 PPO + rollbuf: 100%" in res.stderr and "512/512" in res.stderr, res.stderr[-2000:]
+    assert "on CartPole-v1: 512 steps in" in res.stdout
+    res = _run("sb3_ppo_cartpole.py", "--timesteps", "256", "--target", "0", "--eval-episodes", "1", "--no-progress")
+    assert res.returncode == 0 and "SB3 PPO + rollbuf:" not in res.stderr, res.stderr[-2000:]
+
+
 def test_benchmark_scripts_run():
     """The TorchRL and SB3 benchmark scripts print their tables (tiny shapes here)."""
     pytest.importorskip("torchrl")
@@ -79,3 +108,28 @@ def test_benchmark_scripts_run():
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     rows = [line for line in res.stdout.splitlines() if line.startswith("| 17 × 3")]
     assert len(rows) == 1 and float(rows[0].split("|")[-2]) < 1e-4, res.stdout
+
+
+def test_torchrl_benchmark_defaults_are_the_documented_tables():
+    """examples/bench_torchrl_gae.py run with no arguments produces the tables of
+    docs/howto/torchrl.md: on a CPU the CPU table's shapes, one thread, the median of 15 calls; on
+    CUDA the GPU table's shapes, torch's threads, the median of 20."""
+    pytest.importorskip("torchrl")
+    spec = importlib.util.spec_from_file_location("bench_torchrl_gae", ROOT / "examples" / "bench_torchrl_gae.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    doc = (ROOT / "docs" / "howto" / "torchrl.md").read_text(encoding="utf-8")
+    cpu = doc[doc.index("<!-- BEGIN TORCHRL CPU TABLE -->"):doc.index("<!-- END TORCHRL CPU TABLE -->")]
+    gpu = doc[doc.index("**GPU** (`python examples/bench_torchrl_gae.py --device cuda`)"):]
+    gpu = gpu[:gpu.index("\n\n", gpu.index("| estimator |"))]
+
+    def shapes(table):
+        rows = re.findall(r"^\| GAE \| (\d+) × (\d+) \|", table, re.M)
+        return ",".join(f"{n}x{t}" for n, t in rows)
+
+    for device, table, threads, repeats in [("cpu", cpu, 1, 15), ("cuda", gpu, 0, 20)]:
+        args = bench.parse_args(["--device", device])
+        assert args.shapes == shapes(table), device
+        assert (args.threads, args.repeats, args.warmup) == (threads, repeats, 3), device
+        assert f"median of {repeats}" in table and "after 3 warm-up calls" in table.replace("\n", " "), device
+        assert ("torch threads 1" in table) == (device == "cpu"), device

@@ -33,6 +33,7 @@ if DEVICE == "cpu" and numba_available():  # the compiled CPU loops take CPU ten
 if os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available():
     BACKENDS.append("triton")
 backends = pytest.mark.parametrize("backend", BACKENDS)
+pytestmark = pytest.mark.covering  # every pair of parameter values by default; -m exhaustive: the rest
 
 NAMES = ["gae", "lambda_returns", "discounted_returns", "monte_carlo_returns", "vtrace", "retrace",
          "eligibility_traces", "episodic_sums"]

@@ -11,6 +11,8 @@ that are *not* the next step's values (TorchRL reads them at every step; rollbuf
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from torch import nn
@@ -388,6 +390,97 @@ def test_vtrace_nan_log_prob_gives_nan_like_torchrl(dtype):
         extra = nan_a & ~nan_b
         assert torch.equal(extra, done_before & (key == "advantage")), key
         torch.testing.assert_close(a[key][~nan_a], b[key][~nan_a], **F32, msg=lambda m: f"{key}: {m}")
+
+
+def test_torchrl_vtrace_functional_reads_the_next_value_at_every_done():
+    """docs/semantics.md §7: TorchRL's ``vtrace_advantage_estimate`` reads ``vs_{t+1}`` in its
+    policy-gradient term inside an episode and ``("next", "state_value")`` of the step at every done
+    (``torch.where(done, next_state_value, vs_t_plus_1)``) and at the window end — rollbuf's ``V'_t``
+    at every boundary. With the next values of a collector (``V_{t+1}`` inside an episode, the true
+    final observation's value at a truncation), the functional and ``rollbuf.functional.vtrace``
+    agree to float64 rounding at truncations too."""
+    from torchrl.objectives.value.functional import vtrace_advantage_estimate
+
+    from rollbuf import functional as F
+
+    g = torch.Generator().manual_seed(23)
+    N, T = 4, 29
+    done = torch.rand(N, T, generator=g) < 0.15
+    done[0, 10] = True  # at least one truncation ...
+    term = done & (torch.rand(N, T, generator=g) < 0.5)
+    term[0, 10] = False
+    term[1, 5] = done[1, 5] = True  # ... and one termination
+    v = torch.randn(N, T, generator=g, dtype=torch.float64)
+    boot = torch.randn(N, T, generator=g, dtype=torch.float64)  # V(s'_t) of the true final observation
+    nv = torch.where(done, boot, torch.cat([v[:, 1:], boot[:, -1:]], 1))
+    nv[:, -1] = boot[:, -1]
+    r = torch.randn(N, T, generator=g, dtype=torch.float64)
+    lmu = -torch.rand(N, T, generator=g, dtype=torch.float64)
+    lpi = lmu + 0.3 * torch.randn(N, T, generator=g, dtype=torch.float64)
+    f64 = functools.partial(torch.tensor, dtype=torch.float64)  # Python floats would be float32 there
+    pg, vs = vtrace_advantage_estimate(f64(0.97), lpi[..., None], lmu[..., None], v[..., None], nv[..., None],
+                                       r[..., None], done[..., None], term[..., None], rho_thresh=f64(0.9),
+                                       c_thresh=f64(1.1))
+    ours = F.vtrace(lpi, 0.97, 0.9, 1.1, rewards=r, values=v, log_probs=lmu, terminated=term,
+                    truncated=done & ~term, bootstrap_values=boot, backend="reference")
+    torch.testing.assert_close(ours.vs, vs[..., 0], **TIGHT)
+    torch.testing.assert_close(ours.pg_advantages, pg[..., 0], **TIGHT)
+
+
+# -------------------------------------------------------------------- gamma / lmbda buffer dtypes
+
+
+@pytest.mark.parametrize("gamma_dtype,lmbda_dtype", [(torch.float64, torch.float64), (torch.float64, torch.float32),
+                                                     (torch.float32, torch.float64), (torch.float32, torch.float32)])
+@pytest.mark.parametrize("gamma,lmbda", [(0.99, 0.95), (0.97, 0.9)])
+def test_gae_with_tensor_gamma_lmbda_of_either_dtype(gamma_dtype, lmbda_dtype, gamma, lmbda):
+    """TorchRL keeps the dtype of a ``gamma``/``lmbda`` tensor passed in and multiplies the two in
+    their promoted dtype: float64 buffers give an unrounded float64 γλ, float32 ones a float32 γλ.
+    On float64 data the drop-in gives TorchRL's loop's numbers to float64 rounding either way
+    (``forward`` and ``value_estimate``); on float32 data TorchRL's dtype and numbers (those of its
+    default GAE, the loop: TorchRL 0.14.1's ``vectorized=None`` selects it; its ``vectorized=True``
+    path, which the drop-in does not follow, returns float64 there)."""
+    g, lm = torch.tensor(gamma, dtype=gamma_dtype), torch.tensor(lmbda, dtype=lmbda_dtype)
+    td = synthetic((3,), 53, seed=int(gamma * 100), consistent=False)
+    ours = rt.GAE(gamma=g, lmbda=lm, value_network=None)
+    theirs = TorchRLGAE(gamma=g, lmbda=lm, value_network=None, vectorized=False)
+    assert ours.gamma.dtype == gamma_dtype and ours.lmbda.dtype == lmbda_dtype
+    a, b = run_both(ours, theirs, td)
+    assert_same(a, b, TIGHT)
+    torch.testing.assert_close(ours.value_estimate(td.clone()), theirs.value_estimate(td.clone()), **TIGHT)
+    td32 = synthetic((3,), 53, seed=int(gamma * 100) + 1, dtype=torch.float32, consistent=False)
+    for theirs in (TorchRLGAE(gamma=g, lmbda=lm, value_network=None), theirs):
+        a, b = run_both(ours, theirs, td32)
+        assert_same(a, b, F32)
+
+
+def _vtrace_synthetic(dtype, seed):
+    td = synthetic((3,), 33, seed=seed, dtype=dtype)
+    g = torch.Generator().manual_seed(seed)
+    td["observation"] = torch.randn(3, 33, 4, generator=g)
+    td["action"] = nn.functional.one_hot(torch.randint(0, 2, (3, 33), generator=g), 2)
+    td["action_log_prob"] = -torch.rand(3, 33, generator=g, dtype=dtype)
+    return td
+
+
+@pytest.mark.parametrize("data_dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("gamma_dtype", [torch.float32, torch.float64])
+def test_vtrace_with_tensor_gamma_of_either_dtype(data_dtype, gamma_dtype):
+    """TorchRL's V-trace computes in the dtype ``gamma`` and the data promote to: float32 data with a
+    float64 ``gamma`` give float64 outputs. The drop-in gives TorchRL's dtypes, and its numbers (to
+    float64 rounding on float64 data; to float32 rounding where the log-probabilities, hence TorchRL's
+    importance weights, are float32)."""
+    actor = make_actor(4)
+    args = dict(gamma=torch.tensor(0.99, dtype=gamma_dtype), actor_network=actor, value_network=None,
+                rho_thresh=0.9, c_thresh=1.1)
+    td = _vtrace_synthetic(data_dtype, seed=21)
+    a, b = run_both(rt.VTrace(**args), TorchRLVTrace(**args), td)  # a float32 actor: float32 log π
+    assert b["advantage"].dtype == functools.reduce(torch.promote_types, [data_dtype, gamma_dtype])
+    assert_same(a, b, F32)
+    if data_dtype == torch.float64:  # a float64 actor on float64 observations: everything float64
+        actor.double()
+        td["observation"] = td["observation"].double()
+        assert_same(*run_both(rt.VTrace(**args), TorchRLVTrace(**args), td), TIGHT)
 
 
 # ----------------------------------------------------------------------------------- errors

@@ -9,6 +9,7 @@ does not write fails. Strategies are forced with :func:`rollbuf.kernels.forced`.
 from __future__ import annotations
 
 import contextlib
+import os
 import zlib
 
 import attrs
@@ -23,6 +24,10 @@ CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
 NAN = float("nan")
 
+
+# By default a covering slice of each test's parametrisation runs (every value once; the core
+# matrices every pair of values); the other cases with -m exhaustive (tests/conftest.py)
+pytestmark = pytest.mark.covering(1)
 
 BLOCK_T = None if CUDA else 16  # several chunks per row even at T = 37
 
@@ -144,6 +149,7 @@ def assert_ref(outs, ref, tol):
         assert err < tol, f"relative L2 error {err:.3g} >= {tol}"
 
 
+@pytest.mark.covering
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"N{s[0]}-T{s[1]}")
 @pytest.mark.parametrize("mix", MIXES)
 @pytest.mark.parametrize("name", ESTIMATORS)
@@ -306,6 +312,7 @@ def test_bf16_inputs_with_fp32_outputs_are_not_flipped():
     assert_ref(got, call("gae", f, "reference"), 1e-5)
 
 
+@pytest.mark.covering
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.bfloat16, 2e-2), (torch.float16, 5e-3)],
                          ids=["fp64", "bf16", "fp16"])
 @pytest.mark.parametrize("name", ESTIMATORS)
@@ -320,6 +327,7 @@ def test_dtypes(name, dtype, tol):
     assert_ref(outs, ref, tol)
 
 
+@pytest.mark.covering
 @pytest.mark.parametrize("flag_dtype", [torch.uint8, torch.float32], ids=["uint8", "float"])
 @pytest.mark.parametrize("name", ["gae", "vtrace", "episodic_sums"])
 def test_flag_dtypes(name, flag_dtype):
@@ -692,6 +700,7 @@ def test_direct_launch_respecializes():
                 assert torch.equal(a, b), (name, kind)
 
 
+@pytest.mark.covering
 @pytest.mark.parametrize("outputs", ["gae", "returns", "adv-only"])
 @pytest.mark.parametrize("mix", ["none", "term+trunc", "term+trunc+mask"])
 @pytest.mark.parametrize("T", [1, 37, 70])
@@ -853,3 +862,210 @@ def test_a_window_end_column_with_truncations_under_a_terminal_end_or_a_carry(na
         want = estimator_call(name, f, backend="torch", **prm)()
         for a, b in zip(out if isinstance(out, tuple) else (out,), want if isinstance(want, tuple) else (want,)):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+# ---- feature dims that cannot merge into one stride; float64 calls with 16-bit outputs -----------
+# (the triton backend against the reference, and the torch and numba backends beside it)
+
+BACKENDS = ["triton", "torch", "numba"]
+
+
+def _on(backend, x):
+    """``x`` where ``backend`` runs: the numba backend takes CPU tensors only."""
+    if x is None or not torch.is_tensor(x):
+        return x
+    return x.cpu() if backend == "numba" else x.to(DEV)
+
+
+def _features(layout, N, T, seed, device):
+    """A float32 ``x`` of 2 feature dims in ``layout`` on ``device``, ``[N, T, *feat]`` (``[2, N // 2,
+    T, *feat]``: batch dims flattened); every one but ``time-major-merged`` has feature dims that
+    cannot merge into one stride, so that a reshape to ``[N, T, F]`` is a copy. The same values for
+    the same ``seed`` on every device."""
+    g = torch.Generator().manual_seed(seed)
+
+    def r(*shape):  # drawn on the CPU and viewed on the device (a strided view copied there turns dense)
+        return torch.randn(*shape, generator=g, dtype=torch.float64).float().to(device)
+
+    return {
+        "transposed": lambda: r(N, T, 3, 2).transpose(-1, -2),  # [N, T, 2, 3], features column-major
+        "sliced": lambda: r(N, T, 3, 5)[..., 1:4],  # [N, T, 3, 3], feature rows 5 apart
+        "every-other": lambda: r(N, T, 4, 3)[:, :, ::2],  # [N, T, 2, 3], feature rows 6 apart
+        "expanded": lambda: r(N, T, 1, 3).expand(N, T, 2, 3),  # a feature dim of stride 0
+        "time-major": lambda: r(T, N, 3, 2).permute(1, 0, 3, 2),  # a [T, N, 3, 2] buffer, features transposed
+        "time-major-sliced": lambda: r(T, N, 2, 5)[..., :3].transpose(0, 1),  # [N, T, 2, 3] of [T, N, 2, 5]
+        "batched": lambda: r(2, N // 2, T, 3, 2).transpose(-1, -2),  # [2, N/2, T, 2, 3]
+        "time-major-merged": lambda: r(T, N, 2, 3).transpose(0, 1),  # mergeable: read in place
+    }[layout]()
+
+
+def _traces(name, x, flags, initial, backend, **kw):
+    if name == "eligibility_traces":
+        return F.eligibility_traces(x, 0.97, 0.9, initial, **flags, backend=backend, **kw)
+    return F.episodic_sums(x, initial, **flags, backend=backend, **kw)
+
+
+LAYOUTS = ["transposed", "sliced", "every-other", "expanded", "time-major", "time-major-sliced", "batched",
+           "time-major-merged"]
+
+
+@pytest.mark.parametrize("initial", [False, True], ids=["zero", "initial"])
+@pytest.mark.parametrize("mix", ["term+trunc", "term+trunc+mask"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("name", ["eligibility_traces", "episodic_sums"])
+def test_features_that_cannot_merge(name, layout, mix, initial):
+    """``x`` with feature dims that cannot merge into one stride (transposed, sliced, expanded,
+    time-major, under batch dims): each step's features come back in their own order, against the
+    reference on a contiguous copy, ``final`` too, with or without a (non-contiguous) ``initial``;
+    on every backend, the triton one also through a repeated call and a bound one (after a write
+    into ``x``), its outputs in the layout the custom op's fake implementation gives."""
+    T = 13  # one chunk: tiles of several rows (the layout is read on the host)
+    seed = zlib.crc32(f"feat-{name}-{layout}-{mix}-{initial}".encode())
+    g = torch.Generator().manual_seed(seed + 1)
+    x = _features(layout, 4, T, seed, "cpu")
+    B, feat = x.shape[:-3], x.shape[-2:]
+    try:
+        x.view(*x.shape[:-2], -1)
+        merges = True
+    except RuntimeError:  # "view size is not compatible with input tensor's size and stride"
+        merges = False
+    assert merges == (layout == "time-major-merged")
+    f = make(4, T, mix, seed=zlib.crc32(f"{layout}-{mix}".encode()), device="cpu")
+    flags = {k: (None if f[k] is None else f[k].reshape(*B, T)) for k in ("terminated", "truncated", "mask")}
+    init = torch.randn(*B, feat[1], feat[0], generator=g, dtype=torch.float64).float().transpose(-1, -2) \
+        if initial else None
+    ref = _traces(name, x.contiguous(), flags, None if init is None else init.contiguous(), "reference")
+    for backend in BACKENDS:
+        xb = _features(layout, 4, T, seed, "cpu" if backend == "numba" else DEV)
+        assert xb.stride() == x.stride()
+        got = _traces(name, xb, {k: _on(backend, v) for k, v in flags.items()}, _on(backend, init), backend)
+        assert got[0].shape == x.shape and got.final.shape == (*B, *feat)
+        assert_ref(got, ref, 1e-5)
+    xb, ib = _features(layout, 4, T, seed, DEV), _on("triton", init)
+    fb = {k: _on("triton", v) for k, v in flags.items()}
+    got = _traces(name, xb, fb, ib, "triton")
+    if not B[:-1]:  # [N, T, *feat]: strided as the fake implementation of rollbuf::scan says
+        assert got[0].stride() == H.output_buffers(xb, tuple(feat), got[0].dtype, 1)[0].stride()
+    again = _traces(name, xb, fb, ib, "triton")  # the repeated call's path
+    assert all(torch.equal(a, b) for a, b in zip(again, got))
+    args = dict(x=xb, initial=ib, **fb)
+    if name == "eligibility_traces":
+        args.update(gamma=0.97, lam=0.9)
+    bound = F.bind(name, dict(args, backend="triton"))
+    assert all(torch.equal(a, b) for a, b in zip(bound(), got))
+    if layout != "expanded":  # (no in-place write into a tensor with overlapping elements)
+        xb.mul_(-2)
+        want = _traces(name, xb.contiguous().cpu(), flags, None if init is None else init.contiguous(), "reference")
+        assert_ref(bound(), want, 1e-5)
+
+
+def test_features_that_cannot_merge_reproducer():
+    """The audit's reproducer: ``[0, 2, 1, 3, 4, 8, 6, 10]``, not the memory order ``[0, 1, 2, 3, 4, 6, 8, 10]``."""
+    x = torch.arange(8.0, device=DEV).reshape(1, 2, 2, 2).transpose(-1, -2)
+    res = F.episodic_sums(x, terminated=torch.zeros(1, 2, dtype=torch.bool, device=DEV), backend="triton")
+    assert res.sums.flatten().tolist() == [0, 2, 1, 3, 4, 8, 6, 10]
+    assert res.final.flatten().tolist() == [4, 8, 6, 10]
+
+
+# every estimator in float64; those with values also with bf16 rewards (computed in float64, as the
+# float64 values make it)
+WIDE = [(name, "fp64") for name in ESTIMATORS] + [
+    (name, "mixed") for name in ("gae", "lambda_returns", "discounted_returns", "vtrace", "retrace")]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("out_dtype,tol", [(torch.bfloat16, 1e-2), (torch.float16, 2e-3)], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("mix", ["term+trunc", "term+trunc+mask"])
+@pytest.mark.parametrize("name,inputs", WIDE, ids=[f"{n}-{i}" for n, i in WIDE])
+def test_float64_calls_with_16_bit_outputs(name, inputs, mix, out_dtype, tol, backend):
+    """A call computed in float64 that writes bf16 or fp16 (``out_dtype``): each output is the
+    float64 result rounded as PyTorch rounds it (the same call with float64 outputs, cast), close to
+    the reference; ``final`` (a carry) stays float64. On every backend."""
+    f = make(3, 37, mix, dtype=torch.float64, seed=zlib.crc32(f"wide-{name}-{mix}".encode()), device="cpu")
+    if inputs == "mixed":
+        f["rewards"] = f["rewards"].to(torch.bfloat16)
+    fb = {k: _on(backend, v) for k, v in f.items()}
+    got = call(name, fb, backend, out_dtype=out_dtype)
+    wide = call(name, fb, backend)  # float64 outputs
+    forward = name in ("eligibility_traces", "episodic_sums")
+    per_step = got[:1] if forward else got
+    assert all(o.dtype == out_dtype for o in per_step)
+    assert all(o.dtype == torch.float64 for o in wide)
+    if forward:
+        assert got[1].dtype == torch.float64 and torch.equal(got[1], wide[1])
+    for o, w in zip(per_step, wide):
+        assert_written(o, w, backend)
+    assert_ref(got, call(name, f, "reference", out_dtype=out_dtype), tol)
+
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def assert_written(o, w, backend="triton"):
+    """``o`` (bf16 or fp16) is the float64 ``w`` rounded as PyTorch rounds it (to float32, then to
+    nearest). Triton's interpreter (3.6) rounds float32 to bf16 toward zero (its cast drops the low
+    bits; the GPU's rounds to nearest): there, each bf16 element may also be that."""
+    want = w.to(o.dtype)
+    hit = o == want
+    if backend == "triton" and INTERPRETED and o.dtype == torch.bfloat16:
+        toward_zero = (w.float().view(torch.int32) & -65536).view(torch.float32).to(torch.bfloat16)  # exact
+        hit |= o == toward_zero
+    assert hit.all(), (o[~hit], w[~hit])
+
+
+def test_float64_to_bf16_reproducer():
+    """The audit's reproducer: Monte-Carlo returns of ``[1, 2, 3]`` at γ = 0.5 in float64, written bf16."""
+    r = torch.tensor([[1.0, 2.0, 3.0]], dtype=torch.float64, device=DEV)
+    got = F.discounted_returns(0.5, rewards=r, bootstrap=False, out_dtype=torch.bfloat16, backend="triton")
+    assert got.dtype == torch.bfloat16 and got.flatten().tolist() == [2.75, 3.5, 3.0]
+
+
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("family", ["affine", "affine-reverse", "lambda_adjoint"])
+def test_float64_kernels_with_16_bit_outputs(family, out_dtype, split):
+    """The affine scan's and the TD(λ) adjoint's kernels (which the public functions run with outputs
+    in the accumulation dtype) computing in float64 and writing bf16 or fp16: the float64 outputs
+    rounded as PyTorch rounds them, the carry out float64; every strategy."""
+    from rollbuf.problem import Family, Problem
+
+    N, T = 3, 37
+    g = torch.Generator().manual_seed(zlib.crc32(f"{family}-{out_dtype}".encode()))
+    f = make(N, T, "term+trunc+mask", dtype=torch.float64, seed=31)
+    c0 = torch.randn(N, generator=g, dtype=torch.float64).to(DEV)
+    if family == "lambda_adjoint":
+        fields = {"grad_returns": f["rewards"], "grad_advantages": f["values"], "terminated": f["terminated"],
+                  "truncated": f["truncated"], "mask": f["mask"]}
+        kw = dict(family=Family.TD_LAMBDA_ADJOINT, outputs=("rewards", "values"), gamma=0.97, lam=0.9)
+    else:
+        beta = 0.9 * torch.rand(N, T, generator=g, dtype=torch.float64)
+        fields = {"alpha": f["rewards"].nan_to_num(), "beta": beta.to(DEV)}
+        kw = dict(family=Family.AFFINE, outputs=("y", "final"), reverse=family == "affine-reverse")
+    res = {}
+    for dt in (out_dtype, torch.float64):
+        p = Problem(fields=fields, carry=c0, compute_dtype=torch.float64, out_dtype=dt, **kw)
+        res[dt] = K.run(p)
+    (outs, carry), (wide, wide_carry) = res[out_dtype], res[torch.float64]
+    for o, w in zip(outs, wide):
+        if o.dim() == 1:  # the affine scan's final: a carry
+            assert o.dtype == torch.float64 and torch.equal(o, w)
+        else:
+            assert o.dtype == out_dtype
+            assert_written(o, w)
+    if carry is not None:
+        assert carry.dtype == torch.float64 and torch.equal(carry, wide_carry)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_float64_to_16_bits_rounds_through_float32(out_dtype, backend):
+    """Values just past a tie of the 16-bit type (``1 + u/2 + ε`` and ``1 + 5u/2 + ε``, ``u`` its ulp
+    at 1, ``ε`` below float32's precision): rounded directly they would go up; through float32, as
+    PyTorch's cast rounds them, they are the tie and go to the even neighbour, down. Monte-Carlo
+    returns at γ = 0 are the rewards themselves."""
+    half = 2.0 ** -8 if out_dtype == torch.bfloat16 else 2.0 ** -11  # half an ulp at 1
+    base = torch.tensor([1 + half + half ** 4, 1 + 5 * half + half ** 4], dtype=torch.float64)
+    assert base.to(out_dtype).tolist() == [1.0, 1 + 4 * half]  # PyTorch's rounding: down to even
+    r = torch.stack([base, -base, 4 * base]).reshape(1, -1)
+    got = F.discounted_returns(0.0, rewards=_on(backend, r), bootstrap=False, out_dtype=out_dtype, backend=backend)
+    assert got.dtype == out_dtype
+    assert_written(got.cpu(), r, backend)

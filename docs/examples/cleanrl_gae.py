@@ -39,5 +39,5 @@ def rollbuf_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda
     done = done_from_episode_starts(starts.bool(), next_done.reshape(-1).bool())
     adv, ret = F.gae(gamma, gae_lambda, rewards=r, values=v, terminated=done,
                      bootstrap_values=next_value.reshape(-1))  # V(s_T) for the window end
-    return adv.mT, ret.mT  # [T, N] again (contiguous on the triton backend: no copy for .reshape(-1))
+    return adv.mT, ret.mT  # [T, N] again (contiguous on a GPU: no copy for .reshape(-1); see Layout)
 # --8<-- [end:rollbuf]

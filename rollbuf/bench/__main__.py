@@ -54,8 +54,17 @@ def _fmt(x, spec="{:.2f}"):
     return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else spec.format(x)
 
 
+_PROV_LABELS = (("device", "device {}"), ("torch", "torch {}"), ("triton", "Triton {}"), ("commit", "commit {}"),
+                ("date", "{}"), ("copy_GBps", "copy {} GB/s"))
+
+
+def _provenance_text(prov: dict) -> str:
+    """``prov`` as one readable line: ``device x86_64, torch 2.13.0+cpu, Triton 3.6.0, commit ...``."""
+    return ", ".join(label.format(prov[k]) for k, label in _PROV_LABELS if prov.get(k) not in (None, ""))
+
+
 def _markdown(board, rows, ours, prov):
-    lines = [f"Scoreboard ({prov}). Speedup = the competitor's time ÷ the time of `{ours}` on the cases both "
+    lines = [f"Scoreboard ({_provenance_text(prov)}). Speedup = the competitor's time ÷ the time of `{ours}` on the cases both "
              "passed, on one clock: device time ÷ device time (CUDA-graph replay), full call ÷ full call.", "",
              "| implementation | cases | passed | pass rate | device: cases, ours faster, geomean speedup "
              "| full call: cases, ours faster, geomean speedup | median % of copy |",
@@ -227,6 +236,34 @@ def _epilog() -> str:
     return "\n".join(lines)
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Each option's default after its help (none shown where there is none to show), and the
+    description and epilog as written."""
+
+    def _get_help_string(self, action):
+        if action.default in (None, False, argparse.SUPPRESS) or "%(default)" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
+def _preferred(gpu: bool) -> str:
+    """The rollbuf backend a user's ``backend="auto"`` call runs on this machine's bench device."""
+    from rollbuf import backends
+
+    if gpu:
+        return "rollbuf-triton"
+    return "rollbuf-numba" if backends.numba_available() else "rollbuf-torch"
+
+
+def _ours(names, gpu: bool) -> str:
+    """The row the scoreboard divides by: what ``backend="auto"`` runs here when it is in ``names``,
+    else the first rollbuf backend in ``names``."""
+    preferred = _preferred(gpu)
+    if preferred in names:
+        return preferred
+    return next((n for n in names if n.startswith("rollbuf-")), preferred)
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     if "--experiment" in argv:  # everything after the experiment's name is its own
@@ -237,12 +274,16 @@ def main(argv=None):
 
         return run(argv[i + 1], argv[i + 2:])
     ap = argparse.ArgumentParser(prog="python -m rollbuf.bench", description=__doc__.splitlines()[0].replace("``", ""),
-                                 epilog=_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--grid", default="cpu-smoke", choices=sorted(GRIDS))
+                                 epilog=_epilog(), formatter_class=_HelpFormatter)
+    ap.add_argument("--grid", default="cpu-smoke", choices=sorted(GRIDS),
+                    help="the grid of cases to run (their counts are listed below)")
     ap.add_argument("--cases", default=None, help="instead of a grid: estimator:NxT[:mix[:dtype[:layout]]],...")
     ap.add_argument("--competitors", default=None,
-                    help="comma-separated (default: the grid's own list, else all that apply on this machine)")
-    ap.add_argument("--out", default="bench-out")
+                    help="comma-separated (default: the grid's own list, else all that apply on this machine; "
+                         "the scoreboard divides by what backend='auto' runs here: rollbuf-triton on a GPU, "
+                         "rollbuf-numba on a CPU)")
+    ap.add_argument("--out", default="bench-out",
+                    help="directory for results.csv, scoreboard.md and the plots (created if missing)")
     ap.add_argument("--compare", default=None, help="baseline results.csv from the same GPU")
     ap.add_argument("--estimators", default=None, help="comma-separated subset")
     ap.add_argument("--mixes", default=None, help="comma-separated subset of " + ",".join(MIXES))
@@ -272,22 +313,28 @@ def main(argv=None):
     if args.from_csv:
         rows = read_csv(args.from_csv)
         gpu = any(r.get("device_us") is not None for r in rows)
-        ours = "rollbuf-triton" if any(r["impl"] == "rollbuf-triton" for r in rows) else "rollbuf-torch"
+        present = {r["impl"] for r in rows}
+        ours = next((n for n in ("rollbuf-triton", "rollbuf-numba", "rollbuf-torch") if n in present), "rollbuf-torch")
         bw = None
     else:
         device = "cuda" if gpu else "cpu"
-        ours = "rollbuf-triton" if gpu else "rollbuf-torch"
+
+        def applies(n):  # on this machine's bench device
+            c = COMPETITORS[n]
+            return not getattr(c, "cuda_only", False) if not gpu else not getattr(c, "cpu_only", False)
+
         if args.competitors:
             names = args.competitors.split(",")
             unknown = [n for n in names if n not in COMPETITORS]
             if unknown:
                 raise SystemExit(f"unknown competitor(s) {unknown}; known: {', '.join(COMPETITORS)}")
         elif args.cases is None and args.grid in GRID_COMPETITORS:
-            names = [n for n in GRID_COMPETITORS[args.grid] if gpu or not getattr(COMPETITORS[n], "cuda_only", False)]
-            if ours not in names:
-                names.insert(0, ours)
+            names = [n for n in GRID_COMPETITORS[args.grid] if applies(n)]
+            if _preferred(gpu) not in names:
+                names.insert(0, _preferred(gpu))
         else:
-            names = [n for n in COMPETITORS if gpu or not getattr(COMPETITORS[n], "cuda_only", False)]
+            names = [n for n in COMPETITORS if applies(n)]
+        ours = _ours(names, gpu)
         cases = parse_cases(args.cases) if args.cases else GRIDS[args.grid]
         if args.part:  # before every filter: a part run again with fewer cases stays within that part
             i, k = (int(x) for x in args.part.split("/"))

@@ -15,6 +15,8 @@ Optional attributes of a competitor:
 * ``gate = False``: a different convention, so its numbers cannot be compared with the oracle's:
   timed, reported ``unchecked``, never ``ok``;
 * ``cuda_only = True``: left out of the default list on a machine without a GPU;
+* ``cpu_only = True``: runs CPU tensors only (``rollbuf-numba``), left out of the default list on a
+  machine with a GPU, where every case's tensors are CUDA tensors;
 * ``peer``: the third-party library it runs (its rows get a per-case table in ``scoreboard.md``).
 
 **Peers** (rl-triton 0.1.3's Triton kernels, PufferLib 3.0's CUDA advantage kernel) are not
@@ -380,6 +382,7 @@ for _p, _label in ((rl_triton, "rl-triton 0.1.3"), (pufferlib, "PufferLib 3.0"))
 
 COMPETITORS: dict[str, Callable] = {
     "rollbuf-triton": rollbuf_backend("triton"),
+    "rollbuf-numba": rollbuf_backend("numba"),  # what backend="auto" runs on CPU tensors
     "rollbuf-torch": rollbuf_backend("torch", max_gpu_elements=2**25),
     "loop": _gae_impl(gae_loop, max_t=1024),
     "loop-compiled": compiled(gae_loop, max_t=128),
@@ -390,3 +393,4 @@ COMPETITORS: dict[str, Callable] = {
 }
 COMPETITORS["loop"].graph = False  # launch-bound: its full-call time is what users pay
 COMPETITORS["rollbuf-triton"].cuda_only = True
+COMPETITORS["rollbuf-numba"].cpu_only = True

@@ -6,8 +6,8 @@ same constructor keywords (``gamma``, ``lmbda``, ``value_network``, ``average_ga
 names, the same call (``module(tensordict)`` or ``module(tensordict, params=..., target_params=...)``)
 and writes the same entries (``"advantage"``, ``"value_target"``). It runs the value network exactly
 as TorchRL does (TorchRL's own code is inherited); only the recursion over time is replaced by one
-call of :mod:`rollbuf.functional` (``backend="auto"``: the fused kernel on CUDA, the vectorised
-scan on the CPU), with no Python loop over time and no device synchronisation per call (the
+call of :mod:`rollbuf.functional` (``backend="auto"``: the fused kernel on CUDA, the compiled
+numba loops on the CPU), with no Python loop over time and no device synchronisation per call (the
 ``gamma``/``lmbda`` buffers are read once, and again only when they change). A TorchRL loss takes
 them like its own estimators::
 
@@ -33,9 +33,11 @@ model (docs/howto/torchrl.md has the full list):
   trace is cut). A missing ``terminated`` entry means every ``done`` is terminal, as in TorchRL.
   A step flagged ``terminated`` but not ``done`` does not occur in TorchRL's data; rollbuf treats
   it as done.
-* TorchRL stores ``gamma`` and ``lmbda`` as float32 buffers and its GAE multiplies them in float32;
-  the values used are the buffers' (and that float32 ``γλ``), so float64 data give TorchRL's
-  float64 numbers.
+* TorchRL stores ``gamma`` and ``lmbda`` as buffers (float32 from Python floats; a tensor passed in
+  keeps its dtype) and its GAE multiplies them in their dtype; the values used are the buffers'
+  (and ``γλ`` rounded to the buffers' dtype), so float64 data give TorchRL's float64 numbers with
+  float32 and with float64 buffers. Its V-trace computes in the dtype that ``gamma`` and the data
+  promote to (float64 for float32 data and a float64 ``gamma``); the drop-in's ``VTrace`` too.
 * ``time_dim`` and trailing feature dims (``[*B, T, *F]``, ``F`` usually 1) are moved to rollbuf's
   ``[*B, *F, T]`` layout as views.
 
@@ -152,19 +154,21 @@ def _successor_correction(gamma, v, nv, d, k):
     return torch.where(k, torch.zeros_like(nv), gamma * (nv - read))
 
 
-def _float32_trace_lambda(gamma: float, lmbda: float) -> float:
-    """TorchRL's GAE multiplies its float32 ``gamma`` and ``lmbda`` buffers, so its trace decay
-    ``γλ`` is rounded to float32; the λ returned makes rollbuf's ``γ·λ`` that float32 product
-    (float64 data then agree to float64 rounding instead of to float32's)."""
+def _trace_lambda(gamma: float, lmbda: float, dtype: torch.dtype) -> float:
+    """TorchRL's GAE multiplies its ``gamma`` and ``lmbda`` buffers, so its trace decay ``γλ`` is
+    rounded to the buffers' (promoted) ``dtype``: float32 for TorchRL's default buffers, float64
+    for float64 ones. The λ returned makes rollbuf's ``γ·λ`` that product (float64 data then agree
+    to float64 rounding instead of to float32's)."""
     if gamma == 0.0:
         return lmbda
-    product = float(torch.tensor(gamma, dtype=torch.float32) * torch.tensor(lmbda, dtype=torch.float32))
+    product = float(torch.tensor(gamma, dtype=dtype) * torch.tensor(lmbda, dtype=dtype))
     return min(1.0, product / gamma)
 
 
-def _gae(gamma, lmbda, value, next_value, reward, done, terminated, time_dim):
+def _gae(gamma, lmbda, value, next_value, reward, done, terminated, time_dim, scalar_dtype=torch.float32):
     """TorchRL's GAE: ``δ_t = r_t + γ(1−k_t)·nv_t − V_t``, ``A_t = δ_t + γλ(1−d_t)A_{t+1}``,
-    ``value_target = A + V``; ``(advantage, value_target)``.
+    ``value_target = A + V``; ``(advantage, value_target)``. ``scalar_dtype``: the dtype ``γλ`` is
+    rounded to (that of TorchRL's ``gamma``·``lmbda`` buffers).
 
     rollbuf's δ uses ``V_{t+1}`` inside an episode; TorchRL's uses ``nv_t`` at every step. Adding
     the difference (:func:`_successor_correction`) to the rewards makes every δ TorchRL's.
@@ -176,13 +180,16 @@ def _gae(gamma, lmbda, value, next_value, reward, done, terminated, time_dim):
     k = _time_last(terminated, time_dim)
     d = _time_last(done, time_dim)
     r = _time_last(reward, time_dim) + _successor_correction(gamma, v, nv, d, k)
-    adv, target = F.gae(gamma, _float32_trace_lambda(gamma, lmbda), rewards=r, values=v, terminated=k, truncated=d & ~k,
+    adv, target = F.gae(gamma, _trace_lambda(gamma, lmbda, scalar_dtype), rewards=r, values=v, terminated=k, truncated=d & ~k,
                         bootstrap_values=nv, backend="auto")
     return adv.movedim(-1, time_dim), target.movedim(-1, time_dim)
 
 
-def _vtrace(gamma, rho_bar, c_bar, log_pi, log_mu, value, next_value, reward, done, terminated, time_dim):
-    """TorchRL's ``vtrace_advantage_estimate``: ``(pg_advantage, vs)``.
+def _vtrace(gamma, rho_bar, c_bar, log_pi, log_mu, value, next_value, reward, done, terminated, time_dim,
+            gamma_dtype=torch.float32):
+    """TorchRL's ``vtrace_advantage_estimate``: ``(pg_advantage, vs)``, in the dtype that
+    ``gamma_dtype`` (that of TorchRL's ``gamma`` buffer) and the float entries promote to, as
+    TorchRL's arithmetic promotes them (float32 data with a float64 ``gamma``: float64).
 
     TorchRL's TD error is ``ρ_t(r_t + γ(1−k_t)·nv_t − V_t)`` at every step; rollbuf's uses
     ``V_{t+1}`` inside an episode. The difference ``c_t`` (:func:`_successor_correction`) is added
@@ -191,6 +198,9 @@ def _vtrace(gamma, rho_bar, c_bar, log_pi, log_mu, value, next_value, reward, do
     """
     _check_fields(time_dim, value=value, next_value=next_value, reward=reward, done=done,
                   terminated=terminated, log_pi=log_pi, log_mu=log_mu)
+    dt = functools.reduce(torch.promote_types, [x.dtype for x in (log_pi, log_mu, value, next_value, reward)],
+                          gamma_dtype)
+    value, next_value, reward, log_pi, log_mu = (x.to(dt) for x in (value, next_value, reward, log_pi, log_mu))
     v = _time_last(value, time_dim)
     nv = _time_last(next_value, time_dim)
     k = _time_last(terminated, time_dim)
@@ -226,6 +236,13 @@ class _Scalars:
         value = float(t)
         cache[name] = (t, t._version, value)
         return value
+
+    def scalar_dtype(self, *names: str) -> torch.dtype:
+        """The dtype TorchRL's arithmetic on the buffers ``names`` gives (their promoted dtype; a
+        non-tensor attribute counts as torch's default dtype, as ``torch.tensor`` would make it)."""
+        dtypes = [t.dtype if isinstance(t, torch.Tensor) else torch.get_default_dtype()
+                  for t in (getattr(self, name) for name in names)]
+        return functools.reduce(torch.promote_types, dtypes)
 
     def _no_steps_to_next_obs(self, tensordict):
         if tensordict.get(self.tensor_keys.steps_to_next_obs, None) is not None:
@@ -315,7 +332,8 @@ class GAE(_Scalars, _TorchRLGAE):
             truncated = self._broadcast_optional(tensordict.get(("next", "truncated")), value)
             reward = reward + gamma * value * truncated
             terminated = done
-        adv, value_target = _gae(gamma, lmbda, value, next_value, reward, done, terminated, time_dim)
+        adv, value_target = _gae(gamma, lmbda, value, next_value, reward, done, terminated, time_dim,
+                                 self.scalar_dtype("gamma", "lmbda"))
         if self.average_gae:
             adv = self._normalize_advantage(adv, valid, groups=self._group_ids(tensordict))
         tensordict.set(self.tensor_keys.advantage, adv)
@@ -336,7 +354,8 @@ class GAE(_Scalars, _TorchRLGAE):
         value, next_value = self._values(tensordict, params, target_params)
         valid, reward, done, terminated = self._signals(tensordict, time_dim)
         reward, done, terminated = self._prepare_signals(reward, done, terminated, value)
-        return _gae(gamma, lmbda, value, next_value, reward, done, terminated, time_dim)[1]
+        return _gae(gamma, lmbda, value, next_value, reward, done, terminated, time_dim,
+                    self.scalar_dtype("gamma", "lmbda"))[1]
 
 
 class TDLambdaEstimator(_Scalars, _TorchRLTDLambda):
@@ -423,7 +442,7 @@ class VTrace(_Scalars, _TorchRLVTrace):
         time_dim = self._get_time_dim(time_dim, tensordict)
         valid, reward, done, terminated = self._signals(tensordict, time_dim)
         adv, value_target = _vtrace(gamma, rho_bar, c_bar, log_pi, log_mu, value, next_value, reward, done,
-                                    terminated, time_dim)
+                                    terminated, time_dim, self.scalar_dtype("gamma"))
         if self.average_adv:
             groups = self._group_ids(tensordict)
             if groups is None:

@@ -44,9 +44,9 @@ def _emit(fam, geo, o, ok, x, z, ACC: tl.constexpr):
     g, ga, k, tr, live = x
     d_r, d_v = lambda_adjoint_out(g, ga, lam, zu)
     o_out = core.out_offsets(geo, o)
-    tl.store(p_gr + o_out, core.masked(d_r, live, fam[0][5]).to(p_gr.dtype.element_ty), mask=ok)
+    tl.store(p_gr + o_out, core.out_value(core.masked(d_r, live, fam[0][5]), p_gr), mask=ok)
     if p_gv is not None:
-        tl.store(p_gv + o_out, core.masked(d_v, live, fam[0][5]).to(p_gv.dtype.element_ty), mask=ok)
+        tl.store(p_gv + o_out, core.out_value(core.masked(d_v, live, fam[0][5]), p_gv), mask=ok)
     a, b = lambda_adjoint_step(g, k, tr, gamma, lam)
     return tl.where(live, a + b * zu, zu), zu
 

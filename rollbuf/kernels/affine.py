@@ -28,7 +28,7 @@ def _emit(fam, geo, o, ok, x, z, ACC: tl.constexpr):
     p_out = fam[1][0]
     a, b, _ = x
     y = a + b * z[0]
-    tl.store(p_out + core.out_offsets(geo, o), y.to(p_out.dtype.element_ty), mask=ok)
+    tl.store(p_out + core.out_offsets(geo, o), core.out_value(y, p_out), mask=ok)
     return tl.where(ok, y, z[0]), z[0]
 
 

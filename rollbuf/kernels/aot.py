@@ -1,14 +1,15 @@
 """Compile the family kernels ahead of time for a GPU target, on any machine (no GPU needed).
 
-    python -m rollbuf.kernels.aot [--arch 90] [--jobs 2] [--only NAME] [--counts]
+    python -m rollbuf.kernels.aot [--arch 90] [--jobs 2] [--only NAME] [--names N1,N2,...] [--counts]
 
 Triton lowers a kernel to PTX and assembles it with the ``ptxas`` shipped in its wheel, without a
 driver. This compiles a matrix of the kernels' specialisations (every family — the TD(λ) adjoint of
 the backward pass included — in every pass: rows walked in one chunk or several, split rows chained
 by the look-back, the three passes and their middle kernel; the in-register shift and the
 neighbour reload; every carry in; fields present and absent; env-major, time-major and general
-strides; fp32 and bf16 inputs) for an NVIDIA target, so that code the Triton interpreter accepts but
-the GPU compiler would reject is caught on a CPU machine (CI runs it through ``tests/test_aot.py``).
+strides; fp32 and bf16 inputs; float64 accumulation with bf16 and fp16 outputs) for an NVIDIA
+target, so that code the Triton interpreter accepts but the GPU compiler would reject is caught on a
+CPU machine (CI runs it through ``tests/test_aot.py``).
 It checks compilation only: numerics are tested under the interpreter and on the GPU.
 
 ``--counts`` compiles the selected variants as the JIT specialises a call with aligned tensors
@@ -135,6 +136,12 @@ def variants() -> list[dict]:
         family, ci, absent = fams[name]
         out.append(dict(name=f"{name}/lookback-reload/bf16-noflags", family=family, carry_in=ci, mode="lookback-reload",
                         absent=(*absent, "terminated", "truncated", "mask"), dtype="bf16"))
+    # float64 accumulation with 16-bit outputs (the stores cast through fp32), every family
+    for name in fams:
+        family, ci, absent = fams[name]
+        for mode, out_dt in (("single", "bf16"), ("lookback-gather", "bf16"), ("walk-reload", "fp16")):
+            out.append(dict(name=f"{name}/{mode}/fp64-{out_dt}out", family=family, carry_in=ci, absent=absent,
+                            mode=mode, dtype="fp64", acc="fp64", out_dtype=out_dt))
     for pair in (False, True):
         for bn, br in ((1, 2048), (32, 64)):
             out.append(dict(name=f"resolve/{'pair' if pair else 'scalar'}/{bn}x{br}", kernel="resolve",
@@ -145,7 +152,7 @@ def variants() -> list[dict]:
 
 def _signature(v: dict):
     """(jit function, signature, constexprs, warps) of variant ``v``."""
-    from triton.language import float32
+    from triton.language import float32, float64
 
     from rollbuf.kernels.host import FAMILIES, STATE, ZERO, jit_kernel
 
@@ -154,6 +161,8 @@ def _signature(v: dict):
     params = list(inspect.signature(jit.fn).parameters)
     pass_, shift, bn, bt, warps, *flip = v.get("cfg") or _MODES[v["mode"]]
     dt = v.get("dtype", "fp32")
+    acc = v.get("acc", "fp32")  # the accumulation dtype: carries and scratch are held in it
+    out_dt = v.get("out_dtype", "fp32")
     absent = set(v.get("absent", ()))
     sig, cx = {}, {}
     ftypes = []
@@ -178,28 +187,29 @@ def _signature(v: dict):
             sig[name] = tuple(ftypes)
         elif name in ("CARRY_IN", "ACC", "BLOCK_N", "BLOCK_T", "PASS", "SHIFT_LOAD", "FLIP", "REVERSE"):
             sig[name] = "constexpr"
-            cx[(params.index(name),)] = dict(CARRY_IN=ci, ACC=float32, BLOCK_N=bn, BLOCK_T=bt, PASS=pass_,
-                                             SHIFT_LOAD=shift, FLIP=bool(flip and flip[0]), REVERSE=backward)[name]
+            cx[(params.index(name),)] = dict(CARRY_IN=ci, ACC=float64 if acc == "fp64" else float32, BLOCK_N=bn,
+                                             BLOCK_T=bt, PASS=pass_, SHIFT_LOAD=shift, FLIP=bool(flip and flip[0]),
+                                             REVERSE=backward)[name]
         elif name in _OUTS[v["family"]]:
             if name in outs:
-                sig[name] = "*fp32"
+                sig[name] = "*" + out_dt
             else:
                 sig[name], cx[(params.index(name),)] = "constexpr", None
         elif name == "p_ci":
             if ci == ZERO:
                 sig[name], cx[(params.index(name),)] = "constexpr", None
             else:
-                sig[name] = "*fp32"
+                sig[name] = "*" + acc
         elif name == "p_co":
             if v.get("carry_out", v["family"] in ("trace", "affine", "lambda_adjoint") or ci == STATE):
-                sig[name] = "*fp32"
+                sig[name] = "*" + acc
             else:
                 sig[name], cx[(params.index(name),)] = "constexpr", None
         elif name == "p_ws":
             if pass_ in (0, 4):  # rows walked or one chunk: no scratch
                 sig[name], cx[(params.index(name),)] = "constexpr", None
             else:
-                sig[name] = "*fp32"
+                sig[name] = "*" + acc
         elif ann == "fp64":
             sig[name] = "fp64"
         elif name in ones:
@@ -334,9 +344,16 @@ def main(argv=None) -> int:
     ap.add_argument("--arch", type=int, default=90, help="compute capability (90: H100/H200)")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--only", default=None, help="substring of the variant names to compile")
+    ap.add_argument("--names", default=None, help="comma-separated variant names to compile (exact names)")
     ap.add_argument("--counts", action="store_true", help="PTX and machine-code counts of the family variants, arguments aligned")
     args = ap.parse_args(argv)
     vs = [v for v in variants() if args.only is None or args.only in v["name"]]
+    if args.names is not None:
+        names = set(args.names.split(","))
+        unknown = names - {v["name"] for v in variants()}
+        if unknown:
+            ap.error(f"--names: no variant named {sorted(unknown)[0]!r}")
+        vs = [v for v in vs if v["name"] in names]
     if args.counts:
         vs = [v for v in vs if v.get("kernel") != "resolve"]
         with ProcessPoolExecutor(args.jobs) as ex:

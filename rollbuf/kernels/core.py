@@ -86,6 +86,19 @@ def load(ptr, off, ok, live, HAS_M: tl.constexpr, ACC: tl.constexpr):
 
 
 @triton.jit
+def out_value(x, ptr):
+    """``x`` as the element type of ``ptr``, for a store. Into bf16 or fp16 through fp32: a float64
+    value (``ACC`` float64 with 16-bit outputs) is rounded as PyTorch's own cast rounds it (float64
+    to float, then to the 16-bit type), and Triton's interpreter casts float64 to bf16 wrongly
+    (it converts the value to the integer that bf16's bits are held in). An fp32 ``x`` goes
+    straight to the 16-bit type, the first cast being none."""
+    if ptr.dtype.element_ty == tl.bfloat16 or ptr.dtype.element_ty == tl.float16:
+        return x.to(tl.float32).to(ptr.dtype.element_ty)
+    else:
+        return x.to(ptr.dtype.element_ty)
+
+
+@triton.jit
 def masked(x, live, p_m):
     """An output ``x``, 0 at masked steps; without a mask (``p_m`` ``None``) ``x`` itself: lanes outside
     the row are not stored, so there is nothing to select."""
@@ -485,10 +498,10 @@ def _finish(fam, geo, e, cu, cv, end, start, rows, row_ok, p_co, LOAD: tl.conste
         at = edge & row_ok[:, None]
         r = rows[:, None] + 0 * lanes
         if CARRY2:
-            tl.store(p_co + r * 2, ou.to(p_co.dtype.element_ty), mask=at)
-            tl.store(p_co + r * 2 + 1, ov.to(p_co.dtype.element_ty), mask=at)
+            tl.store(p_co + r * 2, out_value(ou, p_co), mask=at)
+            tl.store(p_co + r * 2 + 1, out_value(ov, p_co), mask=at)
         else:
-            tl.store(p_co + r, ou.to(p_co.dtype.element_ty), mask=at)
+            tl.store(p_co + r, out_value(ou, p_co), mask=at)
     return iu, iv
 
 

@@ -359,10 +359,17 @@ def _distinct(x: torch.Tensor) -> bool:
 
 
 def _same_layout(x: torch.Tensor, s_n: int, s_t: int, F: int) -> bool:
-    """``x`` ([N, T] or [N, T, F] dense in F) is at ``(F·s_n, F·s_t)`` on every dim longer than 1."""
+    """``x`` ([N, T] or [N, T, *feat], ``F`` features) is at ``(F·s_n, F·s_t)`` on every dim longer
+    than 1, its features (if any) dense in row-major order: feature ``f`` of a step at ``+ f``.
+
+    Read on ``x`` itself, the tensor the kernel is handed (not on a reshape of it, which is a
+    contiguous copy where the feature dims cannot merge into one stride)."""
     N, T = x.shape[0], x.shape[1]
-    if F > 1 and (x.dim() != 3 or x.stride(2) != 1):
-        return False
+    dense = 1
+    for size, stride in zip(reversed(x.shape[2:]), reversed(x.stride()[2:])):
+        if size != 1 and stride != dense:
+            return False
+        dense *= size
     return (N == 1 or x.stride(0) == F * s_n) and (T == 1 or x.stride(1) == F * s_t)
 
 
@@ -443,13 +450,14 @@ class Launch:
             return
 
         # -- layout: one pair of strides for the fields, one for the outputs --------------------
-        x = main.reshape(N, T, F) if F > 1 else main
-        tm = time_major(x) and not env_only
-        if F > 1 or env_only or not _distinct(x):  # read dense: feature rows, forced env-major calls,
+        # read on the main field itself (a reshape to [N, T, F] is a copy where its feature dims cannot
+        # merge): the outputs are time-major where it is, as output_buffers (the custom op's fake) says
+        tm = time_major(main) and not env_only
+        if F > 1 or env_only or not _distinct(main):  # read dense: feature rows, forced env-major calls,
             # and a main field whose steps overlap (an expanded gradient): the others cannot match it
             s_n, s_t = (1, N) if tm else (T, 1)
         else:
-            s_n, s_t = x.stride(0), x.stride(1)
+            s_n, s_t = main.stride(0), main.stride(1)
         self.s_n, self.s_t = s_n, s_t
         self.s_on, self.s_ot = (1, N) if tm else (T, 1)
         self.out_tm = tm
@@ -461,7 +469,7 @@ class Launch:
             if name == "bootstrap_values" and t.dim() == 1:
                 continue  # the window-end column: read as the carry in (or expanded below)
             if name == "x" and F > 1:
-                if not _same_layout(t.reshape(N, T, F), s_n, s_t, F):
+                if not _same_layout(t, s_n, s_t, F):  # x itself: the tensor the kernel reads
                     conv.append((i, name, "x"))
             elif not _same_layout(t, s_n, s_t, 1):
                 conv.append((i, name, "field"))

@@ -47,8 +47,8 @@ def _emit(fam, geo, o, ok, x, z, ACC: tl.constexpr):
     r, v, k, tr, boot, live, q, c = x
     if fam[0][3] is None or fam[0][4] is None:  # no step reads one (core.boundary)
         boot = None
-    tl.store(p_out + core.out_offsets(geo, o), core.masked(lambda_out(r, k, tr, boot, gamma, zu), live, fam[0][5]).to(p_out.dtype.element_ty),
-             mask=ok)
+    q_ret = core.masked(lambda_out(r, k, tr, boot, gamma, zu), live, fam[0][5])
+    tl.store(p_out + core.out_offsets(geo, o), core.out_value(q_ret, p_out), mask=ok)
     a, b = retrace_step(r, v, k, tr, boot, q, c, gamma)
     return tl.where(live, a + b * zu, zu), zu
 

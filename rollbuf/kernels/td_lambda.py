@@ -74,9 +74,9 @@ def _emit(fam, geo, o, ok, x, z, ACC: tl.constexpr):
         a, b = lambda_step(r, v, k, tr, boot, gamma, lam)
         z_t = tl.where(live, a + b * z[0], z[0])
     if p_adv is not None:
-        tl.store(p_adv + o_out, core.masked(g - v, live, fam[0][5]).to(p_adv.dtype.element_ty), mask=ok)
+        tl.store(p_adv + o_out, core.out_value(core.masked(g - v, live, fam[0][5]), p_adv), mask=ok)
     if p_ret is not None:
-        tl.store(p_ret + o_out, core.masked(g, live, fam[0][5]).to(p_ret.dtype.element_ty), mask=ok)
+        tl.store(p_ret + o_out, core.out_value(core.masked(g, live, fam[0][5]), p_ret), mask=ok)
     return z_t, z_t
 
 

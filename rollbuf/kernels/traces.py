@@ -72,7 +72,7 @@ def _emit(fam, geo, o, ok, v, z, ACC: tl.constexpr):
         e = trace_out(x, decay, zu)
         a, b = trace_step(x, k, tr, decay)
         f_t = tl.where(live, a + b * zu, zu)
-    tl.store(p_out + core.out_offsets(geo, o) * F + f, core.masked(e, live, fam[0][5]).to(p_out.dtype.element_ty), mask=ok)
+    tl.store(p_out + core.out_offsets(geo, o) * F + f, core.out_value(core.masked(e, live, fam[0][5]), p_out), mask=ok)
     return f_t, f_t
 
 

@@ -73,22 +73,22 @@ def _emit(fam, geo, o, ok, x, z, ACC: tl.constexpr):
     o_out = core.out_offsets(geo, o)
     if fam[3]:  # READBACK: the scan is u itself (no mask, rows not walked)
         u = z[0]
-        tl.store(p_vs + o_out, (v + u).to(p_vs.dtype.element_ty), mask=ok)
+        tl.store(p_vs + o_out, core.out_value(v + u, p_vs), mask=ok)
         tl.debug_barrier()  # the chunk's targets, visible to every thread of the program
         BT: tl.constexpr = o.shape[1]  # chunks start at multiples of BT, in either lane order
         here = ((o + 1) % BT != 0) & (o + 1 < geo[7])  # the next step is in this chunk
         vs_next = tl.load(p_vs + core.out_offsets(geo, o + 1), mask=ok & here, other=0).to(ACC)
         vs_next = tl.where(here, vs_next, v_next + z[2])
         pg = vtrace_pg(r, v, k, tr, boot, rho_pg, gamma, vs_next)
-        tl.store(p_pg + o_out, pg.to(p_pg.dtype.element_ty), mask=ok)
+        tl.store(p_pg + o_out, core.out_value(pg, p_pg), mask=ok)
         return u, v
     else:
         zu, zv = z[0], z[1]
         if fam[0][5] is None:
             zv = v_next
         vs, pg = vtrace_out(r, v, k, tr, boot, rho, c, rho_pg, gamma, zu, zv)
-        tl.store(p_vs + o_out, core.masked(vs, live, fam[0][5]).to(p_vs.dtype.element_ty), mask=ok)
-        tl.store(p_pg + o_out, core.masked(pg, live, fam[0][5]).to(p_pg.dtype.element_ty), mask=ok)
+        tl.store(p_vs + o_out, core.out_value(core.masked(vs, live, fam[0][5]), p_vs), mask=ok)
+        tl.store(p_pg + o_out, core.out_value(core.masked(pg, live, fam[0][5]), p_pg), mask=ok)
         p0, q0, s0, a0, w0 = vtrace_step(r, v, k, tr, boot, rho, c, gamma)
         return tl.where(live, a0 + p0 * zu + q0 * zv, zu), tl.where(live, w0 + s0 * zv, zv)
 
