@@ -2,7 +2,8 @@
 # One device call on the lent GPU: install the carried wheels, then run the named steps in order.
 #   bash benchmarks/gpu_session.sh STEP...      (ROLLBUF_COMMIT names the commit; OUT the results folder)
 # Steps: kernels (gate + GAE/V-trace timings + host + V-trace tile sweep, benchmarks/kernels_h200.py), host (the
-# host time at 4096x128 and its parts), host-ab (the host time of this tree and of .gpu_stage_old/'s, alternated; the old rows name the commit
+# host time at 4096x128 and its parts), host-path (benchmarks/host_path.py: the eager calls' host time on
+# rl-triton's grid, a CUDA graph of nine calls, replays), host-ab (the host time of this tree and of .gpu_stage_old/'s, alternated; the old rows name the commit
 # written in .gpu_stage_old/COMMIT),
 # old (the same
 # timings of rollbuf's public calls from the tree in .gpu_stage_old/; new-quick: the same from this tree), peers[:i/k[:budget]] (the peers
@@ -39,6 +40,7 @@ for (c, impl), v in sorted(t.items()):
     print(f"host-ab {c:40s} {impl:4s} " + " ".join(f"{x:6.1f}" for x in v))
 PY
       ;;
+    host-path) python3 benchmarks/host_path.py --out "$OUT" 2>&1 | tee "$OUT/host_path.log" | tail -70 ;;
     kernels-quick) python3 benchmarks/kernels_h200.py --out "$OUT" --part time,vtrace,host 2>&1 | tee "$OUT/kernels.log" ;;
     new-quick) python3 benchmarks/kernels_h200.py --out "$OUT" --quick --part time,vtrace 2>&1 | tee "$OUT/kernels.log" | tail -40 ;;
     old) PYTHONPATH=/tmp/site:$PWD/.gpu_stage_old:$PWD/.peers/rl-triton-0.1.3/src python3 benchmarks/kernels_h200.py --out "$OUT" --impl old --quick \
@@ -53,7 +55,7 @@ PY
       [ -n "${TESTS_DEADLINE:-}" ] && limit=$(( TESTS_DEADLINE - $(date +%s) )) && [ "$limit" -lt 1 ] && limit=1
       echo "tests: $limit s"; RB_EXHAUSTIVE=1 timeout "$limit" python3 -m pytest -v -n 14 -p no:cacheprovider -rfE tests/test_kernels.py tests/test_kernel_launch.py \
              tests/test_compile.py tests/test_autograd.py tests/test_windows.py tests/test_edge_cases.py \
-             tests/test_new_estimator.py tests/test_lookback_order.py tests/test_rollout.py tests/test_repeated_calls.py tests/test_identities.py tests/test_validation.py tests/test_aot.py ${TESTS_EXTRA:-} > "$OUT/gpu_tests.log" 2>&1; echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)| (FAILED|ERROR) " "$OUT/gpu_tests.log" | head -30; tail -3 "$OUT/gpu_tests.log" ;;
+             tests/test_new_estimator.py tests/test_lookback_order.py tests/test_rollout.py tests/test_repeated_calls.py tests/test_identities.py tests/test_validation.py tests/test_aot.py tests/test_no_sync.py ${TESTS_EXTRA:-} > "$OUT/gpu_tests.log" 2>&1; echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)| (FAILED|ERROR) " "$OUT/gpu_tests.log" | head -30; tail -3 "$OUT/gpu_tests.log" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
   echo "== step $step: $(( $(date +%s) - t0 )) s"

@@ -300,7 +300,7 @@ def test_graphed_example_compiled_step_equals_eager():
 
 @pytest.mark.gpu
 def test_graphed_example_cuda_graph_replays_new_data():
-    """On a GPU: the whole update (eight estimator calls on a Rollout filled in place) compiled, and
+    """On a GPU: the whole update (nine estimator calls on a Rollout filled in place) compiled, and
     captured in a CUDA graph and replayed with new data each update, equals the eager calls."""
     diffs = _graphed_example().main()
     assert {"compiled update", "graph, update 1", "graph, update 2"} <= set(diffs), diffs

@@ -5,7 +5,7 @@ and launched from Python. Two ways to pay only the device time, both between the
 
 * ``torch.compile(fullgraph=True)`` of the step (each estimator is one opaque custom op, no graph
   break; a ``Rollout``'s methods compile too: the whole update below, on a GPU);
-* on a GPU, capturing the whole update once in a CUDA graph — here eight estimator calls on one
+* on a GPU, capturing the whole update once in a CUDA graph — here nine estimator calls on one
   ``Rollout`` and the advantage normalisation — and replaying it every update. No rollbuf call
   synchronises the host with the device or allocates outside PyTorch's caching allocator, so the
   calls capture as they are. The collector writes each new window into the *same* rollout in place
@@ -35,7 +35,7 @@ compiled_step = torch.compile(advantages_step, fullgraph=True)
 
 
 def update_targets(ro: Rollout, target_log_probs, q_values, features):
-    """The targets of one update: eight estimator calls on one rollout (``[N, T]``), all captured."""
+    """The targets of one update: nine estimator calls on one rollout (``[N, T]``), all captured."""
     adv, ret = ro.gae(0.99, 0.95)
     vs, pg = ro.vtrace(target_log_probs, 0.99, rho_bar=1.0, c_bar=1.0)
     return ((adv - adv.mean()) / (adv.std() + 1e-8), ret,
@@ -101,7 +101,7 @@ def main():
     diffs = {"compiled": largest(compiled_step(*x), advantages_step(*x))}
     ro = Rollout.empty(64, 128, device=device)
     extra = collect(ro, seed=0)
-    if device == "cuda":  # (on the CPU, compiling the torch backend's eight scans takes minutes)
+    if device == "cuda":  # (on the CPU, compiling the torch backend's nine scans takes minutes)
         diffs["compiled update"] = largest(torch.compile(update_targets, fullgraph=True)(ro, *extra),
                                            update_targets(ro, *extra))
         static = [t.clone() for t in extra]  # the captured buffers of the inputs outside the rollout

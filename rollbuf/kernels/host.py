@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import inspect
 import math
 import threading
 
@@ -387,6 +388,13 @@ def _match(x: torch.Tensor, s_n: int, s_t: int, F: int = 1) -> torch.Tensor:
 _INTERPRET_LOCK = threading.Lock()  # the Triton interpreter keeps the grid index and its patches global
 
 
+def _parameter_names(jit) -> list:
+    """The parameter names of a jitted kernel: its ``arg_names`` (Triton's JIT function and its
+    interpreter), else the signature of the Python function it wraps (``jit.fn``)."""
+    names = getattr(jit, "arg_names", None)
+    return list(names) if names is not None else list(inspect.signature(jit.fn).parameters)
+
+
 class Kernel:
     """One jitted kernel of a launch with its constexprs and warps, launched by keyword
     (``jit[(grid,)](**arguments, **const, num_warps=warps)``). ``binary``: the compiled kernel the
@@ -398,7 +406,7 @@ class Kernel:
         """``arguments``: the names of the runtime arguments every launch passes; with ``const``
         they must be exactly the kernel's parameters (a ValueError names the difference)."""
         given = set(arguments) | set(const)
-        want = set(jit.arg_names)  # the kernel's parameter names (Triton's JIT function and its interpreter)
+        want = set(_parameter_names(jit))
         if given != want:
             raise ValueError(f"the launch of {getattr(jit, '__name__', jit)} passes {sorted(given - want)} "
                              f"that it does not take and misses {sorted(want - given)}")
