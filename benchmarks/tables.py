@@ -47,7 +47,7 @@ SOURCES = {
     "memory": ["memory_c5d166c.csv"],
     "cpu": ["cpu_d0a71ad.csv"],
     "first-call": ["cpu_d0a71ad.csv"],
-    "gpu-tests": ["gpu_tests_4d15103.log", "gpu_tests_4a88856_subset.log"],
+    "gpu-tests": ["gpu_tests_073aa40.log", "gpu_tests_073aa40_rerun.log"],
 }
 
 
@@ -460,7 +460,8 @@ def gpu_tests() -> str:
     for p in paths:
         text = p.read_text(encoding="utf-8", errors="replace")
         files = sorted(set(re.findall(r"tests/(test_\w+\.py)", text)))
-        summary = re.findall(r"^=+ (.*? in [\d.]+s.*?) =+$", text, flags=re.M)
+        summary = (re.findall(r"^=+ (.*? in [\d.]+s.*?) =+$", text, flags=re.M)
+                   or re.findall(r"^(\d+ (?:passed|failed).*? in [\d.]+s.*)$", text, flags=re.M))  # -q
         platform_ += [" ".join(m) for m in re.findall(r"^platform \S+ -- (Python [\d.]+), (pytest-[\d.]+)", text,
                                                           flags=re.M)]
         commit = p.stem.split("_")[2]
