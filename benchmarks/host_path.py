@@ -1,14 +1,15 @@
 """The host path of an estimator call on a CUDA GPU: what an eager call costs, and what a CUDA graph saves.
 
-    python3 benchmarks/host_path.py --out DIR [--budget-s 200] [--calls N]
+    python3 benchmarks/host_path.py --out DIR [--budget-s 150] [--calls N]   (the repository root on PYTHONPATH)
+    python -m benchmarks host-path --out DIR                                 (from the repository root: the same)
     python3 benchmarks/host_path.py --dry-run --out DIR     # the same plumbing on the CPU, tiny shapes
 
 Parts (every time in µs; CSV ``DIR/host_path.csv``, a short table printed last):
 
 * ``eager``: ``functional.advantages``, ``functional.gae`` and ``Rollout.advantages`` called back to
   back, on rl-triton's 40-shape grid (T 128…4096 × N 128…8192 and T 8…128 × N 4096…32768, 39
-  distinct; ``rollbuf.bench.suite.PEER_SHAPES``), with rl-triton's ``compute_gae`` beside them when
-  ``rl_triton`` is importable. Inputs as the peers' benchmarks pass them: fp32 rewards and values,
+  distinct; ``benchmarks.cases.PEER_SHAPES``), with rl-triton's ``compute_gae`` beside them when
+  ``rl_triton`` is importable (rl-triton's ``src`` on ``PYTHONPATH``). Inputs as the peers' benchmarks pass them: fp32 rewards and values,
   bool terminations at 2%, the ``[N]`` window-end values (rl-triton: float32 flags, ``last_value``);
   the ``Rollout`` holds them as its per-step ``bootstrap_values`` (what ``Rollout.bootstrap``
   writes). Each measurement: ``--calls`` calls (fewer for long calls) with ``torch.cuda.synchronize()``
@@ -43,6 +44,8 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script: the benchmarks package is imported from the root
+    sys.path.insert(0, str(ROOT))
 FALLBACK_SHAPES = ([(n, t) for n in (128, 512, 2048, 8192) for t in (128, 512, 2048)]
                    + [(32768, 8), (1, 1 << 20)])
 DRY_SHAPES = [(16, 8), (4, 32)]
@@ -55,7 +58,7 @@ REPEATS = 7
 def provenance(device: str) -> dict:
     """Device, torch, triton, commit (``ROLLBUF_COMMIT`` overrides git), date, and the sha1 of the
     package's sources (``rollbuf/**/*.py``: names the code measured where no git is)."""
-    from rollbuf.bench.suite import provenance as prov
+    from benchmarks.suite import provenance as prov
 
     h = hashlib.sha1()
     for p in sorted((ROOT / "rollbuf").rglob("*.py")):
@@ -337,12 +340,13 @@ def table(rows, prov) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="benchmarks/host_path.py", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks host-path", description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--out", default=os.environ.get("OUT", "out"))
     ap.add_argument("--dry-run", action="store_true", help="CPU tensors, torch backend, tiny shapes, no graphs")
-    ap.add_argument("--calls", type=int, default=500, help="calls per measurement at most (default 500)")
+    ap.add_argument("--calls", type=int, default=500, help="calls per measurement at most")
     ap.add_argument("--budget-s", type=float, default=150.0,
-                    help="stop the eager grid after this many seconds (default 150: the whole run stays under 4 minutes)")
+                    help="stop the eager grid after this many seconds (the whole run stays under 4 minutes)")
     args = ap.parse_args(argv)
     t0 = time.time()
     if args.dry_run:
@@ -354,10 +358,10 @@ def main(argv=None) -> int:
             return 2
         device, backend, most, gshape = "cuda", "auto", args.calls, (4096, 128)
         try:
-            from rollbuf.bench.suite import PEER_SHAPES
+            from benchmarks.cases import PEER_SHAPES
 
             shapes = list(dict.fromkeys(PEER_SHAPES[:40]))  # rl-triton's grid: 39 distinct shapes
-        except ImportError:
+        except ImportError:  # (the package not importable: the issue's fallback grid)
             shapes = FALLBACK_SHAPES
         try:
             import rl_triton

@@ -1,6 +1,6 @@
 """Independent float64 oracles, and the advantage loops users write today.
 
-Part 1 — **the oracles** of the benchmark gate (``python -m rollbuf.bench``): every estimator as its
+Part 1 — **the oracles** of the benchmark gate (``python -m benchmarks``): every estimator as its
 recursion, a Python loop over time with torch operations over all rows at once, in float64. They
 import nothing from rollbuf (no boundary coefficients, no backend, no scan): a bug shared by every
 rollbuf backend cannot hide here, and the module reads against the recursions below on its own.

@@ -115,7 +115,6 @@ _PACKAGES = {"rollbuf.kernels", "rollbuf.functional", "rollbuf.estimators", "rol
 
 
 @pytest.mark.parametrize("path", [f for f in FILES if not f.is_relative_to(PKG / "kernels")
-                                  and not f.is_relative_to(PKG / "bench")
                                   and f.name not in ("gym.py", "llm.py")],
                          ids=lambda p: str(p.relative_to(ROOT)))
 def test_imports_inside_functions_have_a_reason(path):
@@ -124,8 +123,7 @@ def test_imports_inside_functions_have_a_reason(path):
 
 
 # Modules that may spell estimator names out: the two independent oracles (their per-estimator
-# functions are the point: they share nothing with the registry's path) and the benchmark
-# experiments, each of which times a chosen subset.
+# functions are the point: they share nothing with the registry's path).
 _OWN_LISTS = ("estimators.py", "reference.py", "oracles.py")
 
 
@@ -135,7 +133,7 @@ def test_the_estimator_list_exists_once():
              "episodic_sums")
     offenders = []
     for f in FILES:
-        if f.name in _OWN_LISTS or f.is_relative_to(PKG / "bench" / "experiments"):
+        if f.name in _OWN_LISTS:
             continue
         tree = ast.parse(f.read_text(), str(f))
         skip = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Assign)

@@ -1,15 +1,26 @@
-"""The benchmark suite's CPU smoke run (what CI runs), its correctness gate and its regression check."""
+"""The benchmarks (``python -m benchmarks``, outside the package): the CPU smoke run of the
+scoreboard (what CI runs), its correctness gate, its clocks and regression check, the peers'
+adapters, the naive kernel, the CPU table, the dry runs of the GPU commands, and the runner."""
 
 from __future__ import annotations
 
 import csv
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from rollbuf.bench import GRIDS, Case, compare, run_cases, scoreboard
-from rollbuf.bench import __main__ as cli
-from rollbuf.bench import competitors as C
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # benchmarks/ is a top-level folder of the checkout, not installed
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import competitors as C  # noqa: E402
+from benchmarks import scoreboard as cli  # noqa: E402
+from benchmarks import suite  # noqa: E402
+from benchmarks.__main__ import main as runner  # noqa: E402
+from benchmarks.cases import GRIDS, Case  # noqa: E402
+from benchmarks.suite import compare, run_cases, scoreboard  # noqa: E402
 
 
 def test_cpu_smoke_run_writes_scoreboard_and_csv(tmp_path):
@@ -51,24 +62,15 @@ def test_compare_lists_cases_slower_than_the_spread():
     assert [s["case"][2] for s in slower] == [128]
 
 
-def test_end_to_end_ppo_benchmark_runs(tmp_path):
-    """The e2e-ppo experiment (a PPO update with the loop's GAE and rollbuf's) on a tiny buffer."""
-    out = tmp_path / "e2e.csv"
-    assert cli.main(["--experiment", "e2e-ppo", "--envs", "16", "--steps", "9", "--hidden", "8", "--reps", "1",
-                     "--device", "cpu", "--out", str(out)]) == 0
-    rows = list(csv.DictReader(open(out)))
-    assert len(rows) == 1 and 0 < float(rows[0]["loop_adv_share"]) < 1
-
-
 def test_parts_cover_the_grid_once_with_whole_shapes():
-    cases = GRIDS["gpu"]
-    from rollbuf.bench import suite
+    from benchmarks.cases import part, shape_cost
 
-    parts = [suite.part(cases, i, 3) for i in range(3)]
+    cases = GRIDS["gpu"]
+    parts = [part(cases, i, 3) for i in range(3)]
     assert sorted(c.key for p in parts for c in p) == sorted(c.key for c in cases)
     shapes = [{(c.n, c.t) for c in p} for p in parts]
     assert not (shapes[0] & shapes[1]) and not (shapes[1] & shapes[2]) and not (shapes[0] & shapes[2])
-    cost = [sum(suite.shape_cost(c.n, c.t) for c in p) for p in parts]
+    cost = [sum(shape_cost(c.n, c.t) for c in p) for p in parts]
     assert max(cost) < 1.5 * min(cost)  # dealt out by cost
 
 
@@ -114,8 +116,6 @@ def test_a_part_run_again_without_some_shapes_stays_within_the_part(tmp_path):
 def test_time_major_cases_are_views_and_pass_the_gate():
     """``layout="time"``: the fields are [T, N] buffers passed as [N, T] views (time stride N), and
     both the competitors and rollbuf read them in place and pass the float64 gate."""
-    from rollbuf.bench import suite
-
     case = Case("gae", 16, 64, layout="time")
     f = suite.make_fields(case, "cpu")
     assert f["rewards"].shape == (16, 64) and f["rewards"].stride() == (1, 16)
@@ -125,19 +125,17 @@ def test_time_major_cases_are_views_and_pass_the_gate():
 
 
 def test_rows_from_csvs_before_the_layout_column_are_env_major():
-    from rollbuf.bench import suite
+    from benchmarks.cases import row_key
 
     old = dict(estimator="gae", n="8", t="64", dtype="float32", mix="none", impl="x")
-    assert suite.row_key(old) == ("gae", 8, 64, "float32", "none", "env")
-    assert suite.row_key(dict(old, layout="time"))[-1] == "time"
+    assert row_key(old) == ("gae", 8, 64, "float32", "none", "env")
+    assert row_key(dict(old, layout="time"))[-1] == "time"
 
 
 def test_window_end_bootstrap_is_finite_in_small_cases():
     """Loops that compute γ·(1 − done)·V' must not be failed by a NaN no trainer passes: the
-    window-end bootstrap value is finite even where the last step terminated (found on the H200:
-    10 GAE cases at 128 × 128 failed the gate before), while the slots that are never read stay NaN."""
-    from rollbuf.bench import suite
-
+    window-end bootstrap value is finite even where the last step terminated, while the slots that
+    are never read stay NaN."""
     for seed in range(8):
         case = Case("gae", 64, 33, mix="term")
         f = suite.make_fields(case, "cpu", seed=seed)
@@ -168,58 +166,29 @@ def test_redo_runs_only_failed_cases_and_later_csvs_replace_rows(tmp_path):
     assert [(r["estimator"], r["n"], r["t"], r["mix"]) for r in redo] == [
         (rows[0]["estimator"], rows[0]["n"], rows[0]["t"], rows[0]["mix"])]
     assert redo[0]["status"] == "ok"
-    merged_rows = cli.read_csv([str(first / "results.csv"), str(again / "results.csv")])
+    merged_rows = suite.read_csv([str(first / "results.csv"), str(again / "results.csv")])
     assert len(merged_rows) == len(rows) and all(r["status"] == "ok" for r in merged_rows)
 
 
-@pytest.mark.parametrize("name,argv", [
-    ("launch-overhead", ["--device", "cpu"]),
-    ("ab", ["--device", "cpu", "--variants", "new=,general=ROLLBUF_K_SPLIT=True",
-            "--cases", "gae:4096x128:mask,vtrace:8x8:term+trunc:bfloat16:time"]),
-    ("memory", ["--device", "cpu"]),
-])
-def test_experiments_dry_run(name, argv, tmp_path):
-    """The experiments run on the lent GPU, in their CPU dry-run mode under the interpreter (one
-    process each, as on the GPU): their logic (argument recording, every variant's float64 gate)
-    must not fail where device time is scarce."""
+@pytest.mark.parametrize("name", ["memory", "backward"])
+def test_gpu_commands_dry_run(name, tmp_path):
+    """The GPU commands in their CPU dry-run mode under Triton's interpreter (one process each, as
+    on the GPU, started by the runner): their logic (every case's call, the backward's float64
+    gate) must not fail where device time is scarce."""
     import os
     import subprocess
-    import sys
 
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    res = subprocess.run([sys.executable, "-m", "rollbuf.bench", "--experiment", name, *argv, "--out", str(tmp_path)],
-                         capture_output=True, text=True, timeout=600, env=env)
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join(
+        p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+    res = subprocess.run([sys.executable, "-m", "benchmarks", name, "--device", "cpu", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=900, env=env, cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
-    if name == "ab":
-        rows = list(csv.DictReader(open(tmp_path / "ab.csv")))
-        assert len(rows) == 4 and all(r["status"] == "ok" for r in rows), rows
-        assert {r["variant"] for r in rows} == {"new", "general"} and "0 rows not ok" in res.stdout
-        # the forced choice reached the kernels of its variant, and only those
-        ran = [line.split(None, 1) for line in res.stdout.splitlines() if " launch " in line]
-        assert {v for v, _ in ran} == {"new", "general"}, res.stdout
-        assert all(("split=True" in what) == (v == "general") for v, what in ran), res.stdout
+    rows = list(csv.DictReader(open(tmp_path / f"{name}.csv")))
     if name == "memory":  # every case ran; outputs counted (3 x 37 fp32: 444 B, a 512-byte block)
-        rows = list(csv.DictReader(open(tmp_path / "memory.csv")))
         assert len(rows) == 15 and all(int(r["output_bytes"]) > 0 for r in rows), rows
         assert all(int(r["output_alloc_bytes"]) % 512 == 0 for r in rows)
-
-
-def test_ab_lists_the_compiled_kernels():
-    """The ab experiment's register report reads the cached launches (GPU only at run time): one line
-    per compiled kernel, with its family, strategy and pass."""
-    import types
-
-    from rollbuf.bench.experiments import ab
-    from rollbuf.kernels.host import Strategy
-
-    fake = types.SimpleNamespace(n_regs=80, n_spills=0)
-    compiled = types.SimpleNamespace(binary=fake, warps=8)
-    never = types.SimpleNamespace(binary=None, warps=1)
-    launch = types.SimpleNamespace(family="lambda", strategy=Strategy(1, 2048, True, 8, 8, True, True),
-                                   passes=(compiled, never))
-    lines = ab.compiled_kernels({"key": launch})
-    assert lines == ["kernel lambda BLOCK_N=1 BLOCK_T=2048 SPLIT=True PRESOLVE=True SHIFT_LOAD=True FLIP=False pass=0 "
-                     "warps=8: 80 registers, 0 spills"]
+    else:  # every estimator at both dry shapes, its triton gradients within the gate of float64
+        assert len(rows) == 10 and all(r["status"] == "ok" for r in rows), rows
 
 
 # ------------------------------------------------------------------------ the independent gate
@@ -324,7 +293,6 @@ def test_gate_rejects_wrong_implementations_in_fp32_and_bf16(wrong, monkeypatch)
 def test_gate_oracle_is_independent_at_every_size(monkeypatch):
     """Every case, however large, is gated by rollbuf.oracles (no rollbuf backend as oracle)."""
     from rollbuf import oracles
-    from rollbuf.bench import suite
 
     calls = []
     real = oracles.outputs
@@ -362,8 +330,6 @@ def test_ratios_never_divide_two_clocks():
     rows = [dict(base, impl="ours", call_us=50.0, device_us=5.0),
             dict(base, impl="eager", call_us=5000.0, device_us=None),
             dict(base, impl="graphed", call_us=100.0, device_us=20.0)]
-    from rollbuf.bench import suite
-
     assert suite.speedups(rows, "ours", "eager", "call_us") == [100.0]  # not 5000 / 5 = 1000
     assert suite.speedups(rows, "ours", "eager", "device_us") == []
     assert suite.speedups(rows, "ours", "graphed", "device_us") == [4.0]
@@ -376,14 +342,14 @@ def test_ratios_never_divide_two_clocks():
 
 
 def test_parse_cases_and_the_term_only_mix():
-    from rollbuf.bench import suite
+    from benchmarks.cases import parse_cases
 
-    cs = suite.parse_cases("gae:4096x128:mask,vtrace:8x8:term+trunc:bfloat16:time,advantages:3x5:term-only")
+    cs = parse_cases("gae:4096x128:mask,vtrace:8x8:term+trunc:bfloat16:time,advantages:3x5:term-only")
     assert [c.key for c in cs] == [("gae", 4096, 128, "float32", "mask", "env"),
                                    ("vtrace", 8, 8, "bfloat16", "term+trunc", "time"),
                                    ("advantages", 3, 5, "float32", "term-only", "env")]
     with pytest.raises(ValueError, match="unknown mix"):
-        suite.parse_cases("gae:4x4:sometimes")
+        parse_cases("gae:4x4:sometimes")
     f = suite.make_fields(cs[2], "cpu")
     assert f["truncated"] is None and f["bootstrap_values"].shape == (3,)
     assert torch.isfinite(f["bootstrap_values"]).all()
@@ -393,7 +359,7 @@ def test_parse_cases_and_the_term_only_mix():
 
 _FAKE_RL_TRITON = '''
 """A stand-in for rl-triton 0.1.3 (its API and its documented conventions, in plain torch) for
-testing rollbuf.bench's adapters without a GPU: float flags, terminated/truncated exclusive,
+testing the benchmarks' adapters without a GPU: float flags, terminated/truncated exclusive,
 bootstrap_values zero except where read (added to the next value), last_value = the window end."""
 import torch
 
@@ -523,7 +489,7 @@ def fake_peers(tmp_path, monkeypatch):
     monkeypatch.setattr(C, "_PEERS", {})
     for m in [m for m in sys.modules if m == "rl_triton" or m.startswith("rl_triton.")]:
         monkeypatch.delitem(sys.modules, m)
-    assert cli.main(["--fetch-peers", str(src)]) == 0
+    assert runner(["fetch-peers", str(src)]) == 0
     assert sorted(p.name for p in (tmp_path / ".peers").iterdir()) == ["pufferlib-3.0-advantage", "rl-triton-0.1.3"]
     yield tmp_path
     for m in [m for m in sys.modules if m == "rl_triton" or m.startswith("rl_triton.")]:
@@ -563,7 +529,7 @@ def test_peers_absent_are_reported_not_fatal(tmp_path, monkeypatch):
     status = {r["impl"]: (r["status"], r.get("note", "")) for r in rows}
     assert status["rollbuf-torch"][0] == "ok"
     for peer in ("rl-triton", "pufferlib"):
-        assert status[peer][0] == "unsupported" and "--fetch-peers" in status[peer][1], status
+        assert status[peer][0] == "unsupported" and "fetch-peers" in status[peer][1], status
 
 
 def test_the_peers_grid():
@@ -571,44 +537,40 @@ def test_the_peers_grid():
     256 × 131072, 1 × 2^20 and 16384 × 4096; every estimator both
     have with terminations and [N] window-end values, GAE advantages and V-trace with truncations too;
     the peers are the grid's default competitors."""
-    from rollbuf.bench import suite
+    from benchmarks import cases
 
     shapes = {(c.n, c.t) for c in GRIDS["peers"]}
     assert len(shapes) == 42 and {(256, 131072), (1, 2**20), (16384, 4096)} <= shapes
     assert {(n, t) for n, t in shapes if t >= 128 and n <= 8192 and (n, t) != (256, 131072)} >= {
         (n, t) for t in (128, 512, 1024, 2048, 4096) for n in (128, 512, 2048, 8192)}
-    assert {c.estimator for c in GRIDS["peers"]} == set(suite.PEER_ESTIMATORS)
+    assert {c.estimator for c in GRIDS["peers"]} == set(cases.PEER_ESTIMATORS)
     assert {c.mix for c in GRIDS["peers"] if c.estimator not in ("advantages", "vtrace")} == {"term-only"}
     assert all(c.dtype == "float32" and c.layout == "env" for c in GRIDS["peers"])
-    assert suite.GRID_COMPETITORS["peers"] == ("rollbuf-triton", "rl-triton", "pufferlib")
+    assert cases.GRID_COMPETITORS["peers"] == ("rollbuf-triton", "rl-triton", "pufferlib")
 
 
-def test_help_lists_grids_experiments_and_competitors(capsys):
-    from rollbuf.bench.experiments import EXPERIMENTS
+def test_help_lists_commands_grids_and_competitors(capsys):
+    from benchmarks.__main__ import COMMANDS
 
+    assert runner(["--help"]) == 0
+    text = capsys.readouterr().out
+    assert all(name in text for name in COMMANDS) and "python -m benchmarks" in text
     with pytest.raises(SystemExit) as e:
         cli.main(["--help"])
     assert e.value.code == 0
     text = capsys.readouterr().out
-    assert all(name in text for name in list(EXPERIMENTS) + list(GRIDS) + list(C.COMPETITORS))
-    assert "--fetch-peers" in text and "--experiment" in text and "--cases" in text
+    assert all(name in text for name in list(GRIDS) + list(C.COMPETITORS))
+    assert "fetch-peers" in text and "--cases" in text and "--grid" in text
+    with pytest.raises(SystemExit, match="unknown command"):
+        runner(["why"])
 
 
-def test_light_experiments_run_in_process(tmp_path, capsys):
-    """The experiments without a GPU part, on tiny inputs (the rest: dry runs above)."""
-    from rollbuf.bench.experiments import why
-
-    assert cli.main(["--experiment", "cpu-torch", "--n", "2", "--t", "40", "--out", str(tmp_path / "c.csv")]) == 0
-    rows = list(csv.DictReader(open(tmp_path / "c.csv")))
-    assert len(rows) == 8 and all(float(r["rel_err"]) < 1e-5 for r in rows)
-    assert cli.main(["--experiment", "llm-cpu", "--sizes", "2x48", "--out", str(tmp_path / "l.csv")]) == 0
-    rows = list(csv.DictReader(open(tmp_path / "l.csv")))
+def test_llm_command_on_the_cpu(tmp_path):
+    """``python -m benchmarks llm --device cpu`` on one tiny size: rollbuf's padded and packed
+    calls equal verl's token loop."""
+    assert runner(["llm", "--device", "cpu", "--sizes", "2x48", "--out", str(tmp_path)]) == 0
+    rows = list(csv.DictReader(open(tmp_path / "llm_cpu.csv")))
     assert len(rows) == 1 and float(rows[0]["max_abs_err"]) < 1e-5
-    capsys.readouterr()
-    assert cli.main(["--experiment", "why"]) == 0
-    assert capsys.readouterr().out == why.report(why.default_csvs())
-    with pytest.raises(SystemExit, match="unknown experiment"):
-        cli.main(["--experiment", "time-major"])
 
 
 @pytest.mark.parametrize("mix", ["term-only", "term+trunc", "mask"])
@@ -616,7 +578,6 @@ def test_device_drawn_inputs_pass_the_gate(mix):
     """The inputs drawn on the device for large GPU cases (here drawn on the CPU): window-end values
     finite, ``[N]`` for term-only, and rollbuf passes the oracle on them for every estimator."""
     from rollbuf import oracles
-    from rollbuf.bench import suite
 
     for est in ("gae", "vtrace", "retrace", "episodic_sums"):
         case = Case(est, 5, 300, mix=mix)
@@ -635,8 +596,6 @@ def test_the_full_call_clock_is_the_longer_of_host_and_device(host, device):
     """The scoreboard's full call (``suite.wall_time``): calls back to back with one sync per batch
     cost the host's time per call or the device's, whichever is longer. Simulated: each call spends
     ``host`` on the clock and queues ``device`` of work; a sync waits for the queue."""
-    from rollbuf.bench import suite
-
     state = {"t": 0.0, "free": 0.0, "calls": 0}
 
     def clock():
@@ -659,8 +618,6 @@ def test_the_full_call_clocks_of_a_case_are_interleaved():
     """``suite.wall_times``: the competitors' batches alternate (batch b of each before batch b + 1 of
     any), so a host that slows down half-way slows both alike: two identical competitors come out
     equal, where timing one after the other would make the second twice as slow."""
-    from rollbuf.bench import suite
-
     state = {"t": 0.0}
     order = []
 
@@ -685,8 +642,6 @@ def test_a_cuda_case_times_every_competitors_full_call_together(monkeypatch):
     """``run_cases`` on the GPU path (the device simulated on the CPU: fields made on the CPU, a
     no-op sync, a stand-in graph replay): every competitor that passed the gate gets its device
     time and a full call from one interleaved ``wall_times``; no bound call is left in the rows."""
-    from rollbuf.bench import suite
-
     real_make = suite.make_fields
     monkeypatch.setattr(suite, "make_fields", lambda case, device, seed=0: real_make(case, "cpu", seed))
     monkeypatch.setattr(suite, "provenance", lambda device: {"device": "simulated"})
@@ -721,8 +676,6 @@ def test_a_cuda_case_times_every_competitors_full_call_together(monkeypatch):
 def test_the_full_call_clock_times_a_slow_call_a_few_times():
     """A call slower than the clock's budget (an eager loop over time) is timed once per batch, the
     input sets still rotated: a handful of calls, not the batches times the input sets."""
-    from rollbuf.bench import suite
-
     state = {"t": 0.0}
     used = []
 
@@ -769,7 +722,7 @@ def test_host_path_benchmark_dry_run(tmp_path):
 
 
 def test_help_shows_every_default_and_the_grid_and_out_options(capsys):
-    """``python -m rollbuf.bench --help``: each option's default after its help (no "(default:
+    """``python -m benchmarks scoreboard --help``: each option's default after its help (no "(default:
     None)"), and help for ``--grid`` and ``--out``."""
     with pytest.raises(SystemExit) as exit_:
         cli.main(["--help"])
@@ -801,3 +754,90 @@ def test_default_run_scores_what_auto_runs_with_a_readable_header(tmp_path):
     again = tmp_path / "again"
     assert cli.main(["--from-csv", str(out / "results.csv"), "--out", str(again)]) == 0
     assert f"the time of `{auto}`" in (again / "scoreboard.md").read_text().splitlines()[0]
+
+
+def test_every_command_shows_its_defaults(capsys):
+    """``python -m benchmarks COMMAND --help`` shows each option's default."""
+    for command, default in (("cpu", "(default: 20.0)"), ("host", "(default: 3)"), ("backward", "(default: cuda)"),
+                             ("memory", "(default: cuda)"), ("llm", "(default: 60.0)"),
+                             ("distributed", "(default: 65536)")):
+        with pytest.raises(SystemExit) as e:
+            runner([command, "--help"])
+        assert e.value.code == 0
+        assert default in " ".join(capsys.readouterr().out.split()), command
+
+
+# ------------------------------------------------------------------------------ the naive kernel
+
+
+def test_the_naive_kernel_passes_the_gate_and_refuses_what_it_does_not_compute():
+    """``naive-triton`` (the baseline of the ``naive`` grid; here under Triton's interpreter): GAE's
+    two outputs and advantages alone pass the float64 gate with terminations and ``[N]`` window-end
+    values; truncations, other estimators and rows longer than one block are ``unsupported``."""
+    cs = [Case("gae", 5, 40, mix="term-only"), Case("advantages", 3, 17, mix="term-only"),
+          Case("gae", 4, 16, mix="term+trunc"), Case("vtrace", 4, 16, mix="term-only"),
+          Case("advantages", 1, C.NAIVE_MAX_T + 1, mix="term-only")]
+    rows = run_cases(cs, ["naive-triton"], "cpu", reps=1)
+    status = {(r["estimator"], r["t"], r["mix"]): r["status"] for r in rows}
+    assert status == {("gae", 40, "term-only"): "ok", ("advantages", 17, "term-only"): "ok",
+                      ("gae", 16, "term+trunc"): "unsupported", ("vtrace", 16, "term-only"): "unsupported",
+                      ("advantages", C.NAIVE_MAX_T + 1, "term-only"): "unsupported"}
+    assert all(r["err"] < 1e-5 for r in rows if r["status"] == "ok")
+    assert all(0 < bn and 0 < w for bn, w in C.naive_configs(40))
+
+
+# --------------------------------------------------------------------------- the CPU table, host
+
+
+def test_the_cpu_table_gates_every_row_against_the_oracle(monkeypatch):
+    """The CPU table's gate is the scoreboard's (``rollbuf.oracles``, every row): an implementation
+    that drops the window-end bootstrap is ``wrong`` and not timed; rollbuf's numba backend passes."""
+    from benchmarks import cpu
+
+    def no_window_end_bootstrap(d):
+        return C.CPU_GAE["plain-numba"](dict(d, bootstrap_values=torch.zeros_like(d["bootstrap_values"])))
+
+    monkeypatch.setitem(C.CPU_GAE, "wrong", no_window_end_bootstrap)
+    rows = cpu.run_grid([(3, 40)], ["rollbuf-numba", "wrong"], budget_s=0.01, max_call_s=20, log=lambda *a: None)
+    by = {r["impl"]: r for r in rows}
+    assert by["rollbuf-numba"]["status"] == "ok" and float(by["rollbuf-numba"]["err"]) < 1e-5
+    assert float(by["rollbuf-numba"]["call_us"]) > 0
+    assert by["wrong"]["status"] == "wrong" and "call_us" not in by["wrong"]
+
+
+def test_the_host_time_calls_pass_the_gate():
+    """``python -m benchmarks host`` times these calls on a GPU after gating each (here on the CPU,
+    the naive kernel under Triton's interpreter): each gives the oracle's outputs."""
+    from rollbuf import oracles
+
+    from benchmarks import host_time
+    from benchmarks.cases import PARAMS
+
+    f = suite.make_fields(Case("gae", 6, 40, mix="term-only"), "cpu")
+    calls = host_time.calls(f)
+    assert {"F.gae", "F.advantages", "Rollout.gae (adv+ret)", "Rollout.advantages (adv)",
+            "naive kernel (adv), Triton's launcher"} <= set(calls)
+    for name, (est, fn) in calls.items():
+        out = fn()
+        out = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+        assert suite.gate_error(out, oracles.outputs(est, f, **PARAMS[est])) < 1e-5, name
+
+
+# ------------------------------------------------------------------------------------- the tables
+
+
+def test_tables_check_finds_a_stale_page_and_rewrites_it(tmp_path, capsys):
+    """``python -m benchmarks tables --check`` accepts docs/benchmarks.md as committed, refuses a
+    page whose table differs from the results or lacks one, and ``tables`` rewrites it."""
+    from benchmarks import tables
+
+    text = tables.DOC.read_text(encoding="utf-8")
+    assert runner(["tables", "--check"]) == 0
+    stale = tmp_path / "benchmarks.md"
+    stale.write_text(text.replace("<!-- /table:peers -->", "| a row no result has |\n<!-- /table:peers -->"))
+    assert runner(["tables", "--check", "--doc", str(stale)]) == 1
+    assert runner(["tables", "--doc", str(stale)]) == 0 and stale.read_text() == text
+    a, b = text.index("<!-- table:memory -->"), text.index("<!-- /table:memory -->") + len("<!-- /table:memory -->")
+    stale.write_text(text[:a] + text[b:])
+    assert runner(["tables", "--check", "--doc", str(stale)]) == 1
+    assert "memory" in capsys.readouterr().err

@@ -307,18 +307,20 @@ def test_graphed_example_cuda_graph_replays_new_data():
     assert all(d < 1e-5 for d in diffs.values()), diffs
 
 
-def test_per_shape_why_table_is_current():
-    """docs/benchmarks.md's per-shape table is what benchmarks/why.py prints from the committed CSVs."""
-    import importlib.util
+def test_benchmark_tables_are_the_committed_results():
+    """Every table of docs/benchmarks.md is what ``python -m benchmarks tables`` makes of the result
+    files committed in benchmarks/results/, and the page holds every table."""
+    import sys
 
-    root = DOCS.parent
-    spec = importlib.util.spec_from_file_location("why", root / "benchmarks" / "why.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    root = str(DOCS.parent)
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    from benchmarks import tables
+
     text = (DOCS / "benchmarks.md").read_text(encoding="utf-8")
-    current = mod.report(mod.default_csvs()).strip()
-    assert _between(text, "<!-- why-table -->", "<!-- /why-table -->").strip() == current, (
-        "docs/benchmarks.md's per-shape table is out of date: paste the output of python benchmarks/why.py")
+    assert all(f"<!-- table:{name} -->" in text for name in tables.TABLES)
+    assert tables.render(text) == text, (
+        "docs/benchmarks.md is out of date with benchmarks/results/: run python -m benchmarks tables")
 
 
 # ------------------------------------------------------------- every Python block of the docs runs

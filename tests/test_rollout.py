@@ -506,9 +506,9 @@ _METHODS = {  # name -> (call, whether it reads values, whether it reads log_pro
     "advantages": (lambda ro, **kw: ro.advantages(0.9, 0.8, **kw), True, False),
     "lambda_returns": (lambda ro, **kw: ro.lambda_returns(0.9, 0.8, **kw), True, False),
     "discounted_returns": (lambda ro, **kw: ro.discounted_returns(0.9, **kw), False, False),
-    "vtrace": (lambda ro, **kw: ro.vtrace(torch.zeros(ro.batch_size, device=ro.device), 0.9, **kw), True, True),
-    "retrace": (lambda ro, **kw: ro.retrace(torch.zeros(ro.batch_size, device=ro.device),
-                                            torch.zeros(ro.batch_size, device=ro.device), 0.9, **kw), True, True),
+    "vtrace": (lambda ro, **kw: ro.vtrace(torch.zeros(ro.batch_size, device=ro.rewards.device), 0.9, **kw), True, True),
+    "retrace": (lambda ro, **kw: ro.retrace(torch.zeros(ro.batch_size, device=ro.rewards.device),
+                                            torch.zeros(ro.batch_size, device=ro.rewards.device), 0.9, **kw), True, True),
 }
 
 

@@ -503,7 +503,10 @@ def test_repeated_kernel_calls_follow_the_forced_kernel_choices():
     g = torch.Generator().manual_seed(6)
     r, v = torch.randn(2, 37, generator=g), torch.randn(2, 37, generator=g)
     kw = dict(rewards=r, values=v, terminated=torch.rand(2, 37, generator=g) < 0.2,
-              bootstrap_values=torch.randn(2, generator=g), backend="triton")
+              bootstrap_values=torch.randn(2, generator=g))
+    dev = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter takes CPU tensors
+    kw = {k: x.to(dev) for k, x in kw.items()}
+    kw["backend"] = "triton"
     plain = F.gae(0.9, 0.8, **kw)
     with K.forced(split=True, block_t=8, poison=True):
         forced = F.gae(0.9, 0.8, **kw)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import inspect
 
 import rollbuf
-import rollbuf.bench
 import rollbuf.boundary.conventions
 import rollbuf.distributed
 import rollbuf.functional
@@ -22,8 +21,7 @@ import rollbuf.integrations.torchrl
 import rollbuf.testing
 
 MODULES = [rollbuf.functional, rollbuf.integrations.llm, rollbuf.distributed, rollbuf.boundary.conventions,
-           rollbuf.integrations.gym, rollbuf.integrations.torchrl, rollbuf.integrations.sb3, rollbuf.testing,
-           rollbuf.bench]
+           rollbuf.integrations.gym, rollbuf.integrations.torchrl, rollbuf.integrations.sb3, rollbuf.testing]
 ROLLOUT_METHODS = ["empty", "record", "bootstrap", "gae", "advantages", "lambda_returns", "discounted_returns",
                    "vtrace", "retrace", "eligibility_traces", "episodic_sums", "from_torchrl", "to_torchrl"]
 
