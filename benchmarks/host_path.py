@@ -340,13 +340,14 @@ def table(rows, prov) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks host-path", description=__doc__.splitlines()[0],
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("--out", default=os.environ.get("OUT", "out"))
+    ap = argparse.ArgumentParser(prog="python -m benchmarks host-path", description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.environ.get("OUT", "out"),
+                    help="directory for host_path.csv (default: $OUT, else out)")
     ap.add_argument("--dry-run", action="store_true", help="CPU tensors, torch backend, tiny shapes, no graphs")
-    ap.add_argument("--calls", type=int, default=500, help="calls per measurement at most")
+    ap.add_argument("--calls", type=int, default=500, help="calls per measurement at most (default: 500)")
     ap.add_argument("--budget-s", type=float, default=150.0,
-                    help="stop the eager grid after this many seconds (the whole run stays under 4 minutes)")
+                    help="stop the eager grid after this many seconds (default: 150; the whole run stays under "
+                         "4 minutes)")
     args = ap.parse_args(argv)
     t0 = time.time()
     if args.dry_run:
