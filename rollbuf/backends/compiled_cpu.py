@@ -80,6 +80,7 @@ compiles it, later processes load it.
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import types as pytypes
@@ -253,7 +254,7 @@ def _clip(ratio, bar):
 
 # ---------------------------------------------------------------------------------------------
 # the driver: one row-loop for every family, specialised per family and direction (below); the
-# family's OWN, STEP, END and NS, and REVERSE, are globals of each specialised copy
+# family's STEP and NS (its state size), and REVERSE, are globals of each specialised copy
 # ---------------------------------------------------------------------------------------------
 
 
@@ -266,21 +267,21 @@ def _visit(fields, outs, prm, at, z0, z1):
         return z0, z1
     kv = _flag(k, at)
     trv = _flag(tr, at)
-    z, vals = STEP(OWN(fields[1], at, prm), kv, trv, _bootstrap(b, tr, at, kv, trv, zero), prm, z0, z1)  # noqa: F821
+    z, vals = STEP(fields[1], at, kv, trv, _bootstrap(b, tr, at, kv, trv, zero), prm, z0, z1)  # noqa: F821
     _write(outs, at, vals)
     return np.float64(z[0]), np.float64(z[1])
 
 
 def _enter(cin, bounds, prm, g, j, T):
-    """The state past the row's far end: the carry in, else (backward) from ``V(s_T)`` or 0."""
+    """The state past the row's far end: the carry in; else 0, or backward ``V(s_T)`` (the pair
+    state of V-trace: ``(u, V) = (0, V(s_T))``)."""
     if cin is not None:
         z0 = np.float64(_ld(cin, (g, j, 0), prm[0]))
         return z0, (np.float64(_ld(cin, (g, j, 1), prm[0])) if NS == 2 else 0.0)  # noqa: F821
     z = 0.0
     if REVERSE and prm[1]:  # noqa: F821
         z = np.float64(_window_end(bounds[3], bounds[0], bounds[2], (g, j), T, prm[0]))
-    z0, z1 = END(z)  # noqa: F821
-    return np.float64(z0), np.float64(z1)
+    return (0.0, z) if NS == 2 else (z, 0.0)  # noqa: F821
 
 
 def _leave(cout, g, j, z0, z1):
@@ -323,9 +324,9 @@ with open(C.__file__, "rb") as _src:
     _TAG = format(zlib.crc32(_src.read()), "08x")
 
 
-def _specialise(name, reverse, own, step, end, ns):
+def _specialise(name, reverse, step, ns):
     """``_drive`` (and the functions it calls) compiled for one family and direction."""
-    ns_ = dict(globals(), OWN=own, STEP=step, END=end, NS=ns, REVERSE=reverse)
+    ns_ = dict(globals(), STEP=step, NS=ns, REVERSE=reverse)
     tag = f"{name}_{'backward' if reverse else 'forward'}_{_TAG}"
     for fname in ("_visit", "_enter", "_leave", "_drive"):
         fn = globals()[fname]
@@ -336,128 +337,86 @@ def _specialise(name, reverse, own, step, end, ns):
     return ns_["_drive"]
 
 
-@njit(**_INLINE)
-def _end1(z):
-    return z, 0.0
-
-
-@njit(**_INLINE)
-def _end2(z):
-    return 0.0, z
-
-
 # ---------------------------------------------------------------------------------------------
-# the families: own-step loads, and one step from the coefficient functions
+# the families: one step each, ``step(data, at, k, tr, boot, prm, z0, z1) -> ((z0, z1), outputs)``:
+# the step's own fields, the coefficient functions, the state one step further along the scan
 # ---------------------------------------------------------------------------------------------
-
-# the TD(λ) family: GAE, TD(λ) returns, discounted returns (λ = 1), Monte Carlo (boot ≡ 0, V ≡ 0);
-# data (rewards, values), outputs (G, A = G − V), state Z = (1−λ)V + λG
-
-
-@njit(**_INLINE)
-def _own2(data, at, prm):
-    """The two data fields at ``at`` (TD(λ): rewards and values; affine: α and β)."""
-    return _ld(data[0], at, prm[0]), _ld(data[1], at, prm[0])
 
 
 @njit(**_JIT)
-def _lambda(own, k, tr, boot, prm, z0, z1):
-    r, v = own
+def _lambda(data, at, k, tr, boot, prm, z0, z1):
+    """TD(λ), GAE, discounted returns (λ = 1), Monte Carlo (boot ≡ 0, V ≡ 0): data (rewards,
+    values), outputs (G, A = G − V), state Z = (1−λ)V + λG."""
+    r, v = _ld(data[0], at, prm[0]), _ld(data[1], at, prm[0])
     gamma, lam = prm[2]
     a, b = _lambda_step(r, v, k, tr, boot, gamma, lam)
     g = _lambda_out(r, k, tr, boot, gamma, z0)
     return (a + b * z0, 0.0), (g, g - v)
 
 
-# Retrace(λ): data (rewards, values, q_values, log_probs, target_log_probs), output Q,
-# state W = V + c(Q − q), c = λ·min(c̄, π/μ)
-
-
-@njit(**_INLINE)
-def _retrace_own(data, at, prm):
-    zero, lam, c_bar = prm[0], prm[2][1], prm[2][2]
-    ratio = np.exp(_ld(data[4], at, zero) - _ld(data[3], at, zero))
-    return _ld(data[0], at, zero), _ld(data[1], at, zero), _ld(data[2], at, zero), lam * _clip(ratio, c_bar)
-
-
 @njit(**_JIT)
-def _retrace(own, k, tr, boot, prm, z0, z1):
-    r, v, q, c = own
-    gamma = prm[2][0]
-    a, b = _retrace_step(r, v, k, tr, boot, q, c, gamma)
+def _retrace(data, at, k, tr, boot, prm, z0, z1):
+    """Retrace(λ): data (rewards, values, q_values, log_probs, target_log_probs), output Q, state
+    W = V + c(Q − q), c = λ·min(c̄, π/μ)."""
+    zero = prm[0]
+    gamma, lam, c_bar = prm[2]
+    r, v = _ld(data[0], at, zero), _ld(data[1], at, zero)
+    c = lam * _clip(np.exp(_ld(data[4], at, zero) - _ld(data[3], at, zero)), c_bar)
+    a, b = _retrace_step(r, v, k, tr, boot, _ld(data[2], at, zero), c, gamma)
     return (a + b * z0, 0.0), (_lambda_out(r, k, tr, boot, gamma, z0),)
 
 
-# V-trace: data (rewards, values, log_probs, target_log_probs), outputs (vs, pg), state (u, V)
-
-
-@njit(**_INLINE)
-def _vtrace_own(data, at, prm):
-    zero = prm[0]
-    _, lam, rho_bar, c_bar, pg_rho_bar = prm[2]
-    ratio = np.exp(_ld(data[3], at, zero) - _ld(data[2], at, zero))
-    return (_ld(data[0], at, zero), _ld(data[1], at, zero), _clip(ratio, rho_bar), lam * _clip(ratio, c_bar),
-            _clip(ratio, pg_rho_bar))
-
-
 @njit(**_JIT)
-def _vtrace(own, k, tr, boot, prm, u_next, v_next):
-    r, v, rho, c, rho_pg = own
-    gamma = prm[2][0]
-    p, q, _, a, w = _vtrace_step(r, v, k, tr, boot, rho, c, gamma)
-    pg = _vtrace_pg(r, v, k, tr, boot, rho_pg, gamma, v_next + u_next)
+def _vtrace(data, at, k, tr, boot, prm, u_next, v_next):
+    """V-trace: data (rewards, values, log_probs, target_log_probs), outputs (vs, pg), state (u, V)."""
+    zero = prm[0]
+    gamma, lam, rho_bar, c_bar, pg_rho_bar = prm[2]
+    r, v = _ld(data[0], at, zero), _ld(data[1], at, zero)
+    ratio = np.exp(_ld(data[3], at, zero) - _ld(data[2], at, zero))
+    p, q, _, a, w = _vtrace_step(r, v, k, tr, boot, _clip(ratio, rho_bar), lam * _clip(ratio, c_bar), gamma)
+    pg = _vtrace_pg(r, v, k, tr, boot, _clip(ratio, pg_rho_bar), gamma, v_next + u_next)
     u = a + p * u_next + q * v_next  # the pair map; its V part is V_t itself
     return (u, w), (v + u, pg)
 
 
-# forward: eligibility traces (decay = γλ) and episodic sums (decay = 1); data (x,), state F = nd·e
-
-
-@njit(**_INLINE)
-def _trace_own(data, at, prm):
-    return (_ld(data[0], at, prm[0]),)
-
-
 @njit(**_JIT)
-def _trace(own, k, tr, boot, prm, f_prev, z1):
-    e = _trace_out(own[0], prm[2][0], f_prev)
+def _trace(data, at, k, tr, boot, prm, f_prev, z1):
+    """Eligibility traces (decay = γλ), episodic sums (decay = 1), forward: data (x,), state F = nd·e."""
+    e = _trace_out(_ld(data[0], at, prm[0]), prm[2][0], f_prev)
     return (_trace_state(e, k, tr), 0.0), (e,)
 
 
-# the TD(λ) adjoint, forward in time: data (∂L/∂G, ∂L/∂A), outputs (r̄, V̄), state W
-
-
-@njit(**_INLINE)
-def _adjoint_own(data, at, prm):
-    ga = _ld(data[1], at, prm[0])
-    return _ld(data[0], at, prm[0]) + ga, ga
-
-
 @njit(**_JIT)
-def _adjoint(own, k, tr, boot, prm, w, z1):
-    g, ga = own
+def _adjoint(data, at, k, tr, boot, prm, w, z1):
+    """The TD(λ) adjoint, forward: data (∂L/∂G, ∂L/∂A), outputs (r̄, V̄), state W."""
+    ga = _ld(data[1], at, prm[0])
+    g = _ld(data[0], at, prm[0]) + ga
     gamma, lam = prm[2]
     a, b = _adjoint_step(g, k, tr, gamma, lam)
     return (a + b * w, 0.0), _adjoint_out(g, ga, lam, w)
 
 
-# the generic primitive: y_t = α_t + β_t·y_{t∓1}, y outside the row = initial; data (α, β)
-
-
 @njit(**_JIT)
-def _affine(own, k, tr, boot, prm, y, z1):
-    y = own[0] + own[1] * y
+def _affine(data, at, k, tr, boot, prm, y, z1):
+    """The generic primitive y_t = α_t + β_t·y_{t∓1}: data (α, β), output y, state y."""
+    y = _ld(data[0], at, prm[0]) + _ld(data[1], at, prm[0]) * y
     return (y, 0.0), (y,)
 
 
-_DRIVERS = {(name, reverse): _specialise(name, reverse, *hooks) for name, reverse, hooks in (
-    ("lambda", True, (_own2, _lambda, _end1, 1)),
-    ("retrace", True, (_retrace_own, _retrace, _end1, 1)),
-    ("vtrace", True, (_vtrace_own, _vtrace, _end2, 2)),
-    ("trace", False, (_trace_own, _trace, _end1, 1)),
-    ("lambda_adjoint", False, (_adjoint_own, _adjoint, _end1, 1)),
-    ("affine", True, (_own2, _affine, _end1, 1)),
-    ("affine", False, (_own2, _affine, _end1, 1)))}
+# family: (step, state size, the data fields after the main input, outputs (None: as the problem
+# asks), parameters, whether the window end reads V(s_T))
+_FAMILIES = {
+    "lambda": (_lambda, 1, ("values",), None, ("gamma", "lam"), True),
+    "retrace": (_retrace, 1, ("values", "q_values", "log_probs", "target_log_probs"), 1, ("gamma", "lam", "c_bar"),
+                True),
+    "vtrace": (_vtrace, 2, ("values", "log_probs", "target_log_probs"), 2,
+               ("gamma", "lam", "rho_bar", "c_bar", "pg_rho_bar"), True),
+    "trace": (_trace, 1, (), 1, ("decay",), False),
+    "lambda_adjoint": (_adjoint, 1, ("grad_advantages",), None, ("gamma", "lam"), False),
+    "affine": (_affine, 1, ("beta",), 1, (), False),
+}
+_DRIVERS = {(fam, reverse): _specialise(fam, reverse, spec[0], spec[1]) for fam, spec in _FAMILIES.items()
+            for reverse in (True, False) if reverse == spec[5] or fam == "affine"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -563,20 +522,6 @@ def _time_major(x):
     return x.shape[0] >= LANES_MIN_ROWS and x.shape[1] > 1 and s[0] < s[1]
 
 
-def _out(t, dt):
-    return t if t.dtype == dt else t.to(dt)
-
-
-# family: (the data fields after the main input, outputs (None: as many as asked), state size,
-# parameters, whether the window end reads V(s_T))
-_FAMILIES = {
-    "lambda": (("values",), None, 1, ("gamma", "lam"), True),
-    "retrace": (("values", "q_values", "log_probs", "target_log_probs"), 1, 1, ("gamma", "lam", "c_bar"), True),
-    "vtrace": (("values", "log_probs", "target_log_probs"), 2, 2, ("gamma", "lam", "rho_bar", "c_bar", "pg_rho_bar"),
-               True),
-    "lambda_adjoint": (("grad_advantages",), None, 1, ("gamma", "lam"), False),
-    "affine": (("beta",), 1, 1, (), False),
-}
 _FLAG_NAMES = ("terminated", "truncated", "mask")
 
 
@@ -587,8 +532,8 @@ def run(p: Problem):
     for the forward estimators) in ``p.out_dtype``, 0 at masked steps; ``carry`` in
     ``p.compute_dtype``: the state at the window's first step (``[N]``, ``[N, 2]`` for V-trace) for
     the backward families, ``W_T`` for ``lambda_adjoint``, ``None`` for ``trace`` and ``affine``
-    (whose outputs end with ``final``). On a time-major main input the outputs are ``[N, T]`` views
-    of time-major tensors.
+    (whose outputs end with ``final``). In the lanes order the outputs are ``[N, T]`` views of
+    time-major tensors.
     """
     fam = p.family
     f = p.fields
@@ -596,28 +541,54 @@ def run(p: Problem):
     npdt = _NUMPY.get(dt)
     if npdt is None:
         raise TypeError(f"the compiled CPU backend accumulates in float32 or float64, got {dt}")
-    if fam == "trace":
-        return _run_trace(p, f, dt, npdt)
     spec = _FAMILIES.get(fam)
     if spec is None:
         raise ValueError(f"unknown family {fam!r}")
-    names, n_out, ns, params, boots = spec
+    _, ns, names, n_out, params, boots = spec
     main = p.main
     if main.device.type != "cpu":
         raise ValueError(f"the compiled CPU backend runs on CPU tensors, got {main.device}")
-    N, T = main.shape
+    N, T = main.shape[0], main.shape[1]
     od = p.out_dtype
-    if N == 0 or T == 0:
-        if not boots:  # nothing to scan: the outputs are empty (or 0), the carry passes through
+    feat = tuple(main.shape[2:])  # the forward estimators' features
+    Fn = math.prod(feat)
+    if N == 0 or T == 0 or Fn == 0:
+        if fam == "affine" or fam == "lambda_adjoint":  # the carry passes through an empty window
             c = torch.zeros(N, dtype=dt) if p.carry is None else p.carry.to(dt)
-            if fam == "affine":
-                return (torch.empty((N, T), dtype=od), c), None
-            return tuple(torch.zeros((N, T), dtype=od) for _ in p.outputs), c
+            outs = (torch.empty((N, T), dtype=od),) if fam == "affine" else (
+                tuple(torch.zeros((N, T), dtype=od) for _ in p.outputs))
+            return (outs + (c,), None) if fam == "affine" else (outs, c)
         return torch_backend.run(p)
-    nj = _time_major(main)  # the rows are the lanes j, time outermost
     keep = []
-    data = tuple([_field(main, dt, nj, keep)] + [_field(f.get(n), dt, nj, keep) for n in names])
-    bounds = [_field(f.get(n), None, nj, keep) for n in _FLAG_NAMES]
+    cin = p.carry
+    if fam == "trace":
+        main = (main if main.dtype is dt else main.to(dt)).reshape(N, T, Fn)  # a view unless they cannot merge
+        keep.append(main)
+        if Fn == 1:  # one feature: rows as for the other families
+            main = main[:, :, 0]
+            cin = None if cin is None else cin.reshape(N)
+    if Fn == 1:
+        nj = lanes = _time_major(main)  # the rows are the lanes j, time outermost
+        G, J = (1, N) if nj else (N, 1)
+        data = tuple([_field(main, dt, nj, keep)] + [_field(f.get(n), dt, nj, keep) for n in names])
+        bounds = [_field(f.get(n), None, nj, keep) for n in _FLAG_NAMES]
+        cin = _field(cin, dt, nj, keep, False)
+        if n_out is None:  # TD(λ): the returns always (G is its first output); the adjoint: as asked
+            n_out = (2 if "advantages" in p.outputs else 1) if fam == "lambda" else len(p.outputs)
+        res, outs = _outputs(n_out, N, T, npdt, nj)
+    else:  # the features of row g are its lanes j, time outermost where they are nearer than steps
+        s = main.stride()
+        nj, lanes, G, J = False, s[2] < s[1], N, Fn
+        data = ((main.data_ptr(), s[0], s[2], s[1]),)
+        bounds = [_field(f.get(n), None, False, keep) for n in _FLAG_NAMES]
+        bounds = [None if b is None else (b[0], b[1], None, b[3]) for b in bounds]  # shared: stride_j None
+        if cin is not None:
+            cin = cin.reshape(N, Fn)
+            cin = cin if cin.dtype is dt else cin.to(dt)
+            keep.append(cin)
+            cin = (cin.data_ptr(), cin.stride(0), cin.stride(1), 0)
+        out = np.empty((N, T * Fn), npdt)
+        res, outs = [torch.from_numpy(out).view(N, T, Fn)], ((out,), (T * Fn, 1, Fn))
     end_boot = False
     if boots:
         bv = None if p.no_bootstrap else f.get("bootstrap_values")
@@ -628,60 +599,16 @@ def run(p: Problem):
         bounds.append(_field(bv, dt, nj, keep))
     else:
         bounds.append(None)
-    if n_out is None:  # TD(λ): the returns always (G is the step's first output); the adjoint: as asked
-        n_out = (2 if "advantages" in p.outputs else 1) if fam == "lambda" else len(p.outputs)
-    res, outs = _outputs(n_out, N, T, npdt, nj)
-    carry, cout = _carry_out(N, ns, npdt, nj)
+    carry, cout = _carry_out(N * Fn, ns, npdt, nj, J)
     prm = (npdt(0), end_boot, tuple([float(getattr(p, n)) for n in params]))
     driver = _DRIVERS[fam, bool(p.reverse) if fam == "affine" else boots]
-    _launch(driver, 1 if nj else N, N if nj else 1, T, nj,
-            ((tuple(bounds), data), outs, _field(p.carry, dt, nj, keep, False), cout, prm))
-    if fam == "affine":
-        return (_out(res[0], od), carry), None
+    _launch(driver, G, J, T, lanes, ((tuple(bounds), data), outs, cin, cout, prm))
     if fam == "lambda":
         res = [res[1] if o == "advantages" else res[0] for o in p.outputs]
-    return (tuple(res) if od is dt else tuple([o.to(od) for o in res])), carry
-
-
-def _run_trace(p, f, dt, npdt):
-    x = f["x"]
-    if x.device.type != "cpu":
-        raise ValueError(f"the compiled CPU backend runs on CPU tensors, got {x.device}")
-    N, T = x.shape[0], x.shape[1]
-    feat = tuple(x.shape[2:])
-    Fn = 1
-    for d in feat:
-        Fn *= d
-    if N == 0 or T == 0 or Fn == 0:
-        return torch_backend.run(p)
-    if x.dtype != dt:
-        x = x.to(dt)
-    x3 = x.reshape(N, T, Fn)  # a view unless the features cannot merge
-    keep = [x3]
-    if Fn == 1:  # one feature: rows as in the other families
-        x2 = x3[:, :, 0]
-        nj = lanes = _time_major(x2)
-        G, J = (1, N) if nj else (N, 1)
-        xs = _field(x2, dt, nj, keep)
-        cin = _field(None if p.carry is None else p.carry.reshape(N), dt, nj, keep, False)
-        (out,), outs = _outputs(1, N, T, npdt, nj)
-    else:  # the features of row g are its lanes j (time outermost where they are nearer in memory)
-        s = x3.stride()
-        nj, lanes, G, J = False, s[2] < s[1], N, Fn
-        xs = (x3.data_ptr(), s[0], s[2], s[1])
-        cin = None
-        if p.carry is not None:
-            c = p.carry.reshape(N, Fn)
-            c = c if c.dtype == dt else c.to(dt)
-            keep.append(c)
-            cin = (c.data_ptr(), c.stride(0), c.stride(1), 0)
-        o = np.empty((N, T * Fn), npdt)
-        out, outs = torch.from_numpy(o).view(N, T, Fn), ((o,), (T * Fn, 1, Fn))
-    final, cout = _carry_out(N * Fn, 1, npdt, nj, J)
-    flags = [_field(f.get(name), None, nj, keep) for name in ("terminated", "truncated", "mask")]
-    if Fn > 1:  # shared by the features: stride_j None
-        flags = [None if a is None else (a[0], a[1], None, a[3]) for a in flags]
-    flags = (*flags, None)
-    _launch(_DRIVERS["trace", False], G, J, T, lanes,
-            ((flags, (xs,)), outs, cin, cout, (npdt(0), False, (float(p.decay),))))
-    return (_out(out, p.out_dtype).reshape(x.shape), final.reshape(N, *feat)), None
+    if od is not dt:
+        res = [o.to(od) for o in res]
+    if fam == "trace":
+        return (res[0].reshape(p.main.shape), carry.reshape(N, *feat)), None
+    if fam == "affine":
+        return (res[0], carry), None
+    return tuple(res), carry
