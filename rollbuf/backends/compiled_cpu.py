@@ -1,69 +1,63 @@
 """The compiled CPU backend: every estimator as a sequential loop over time, compiled by numba.
 
 On a CPU the fast algorithm is the plain one: each row is one pass over its steps in scan order,
-carrying its state (two numbers for V-trace), every step read once and every output written once.
-The arithmetic is not restated here: the own-step coefficient functions of
-:mod:`rollbuf.boundary.coefficients` (``lambda_step``, ``lambda_out``, ``retrace_step``,
-``vtrace_step``, ``vtrace_pg``, ``trace_out``, ``trace_state``, ``lambda_adjoint_step``,
-``lambda_adjoint_out``) — the source the torch backend runs on tensors and Triton compiles — are
-compiled by numba (``njit(inline="always")``) and called on scalars; ``boot=None`` (no step reads a
-bootstrap value) is a type, so its branch is compiled out.
+carrying its state, every step read once and every output written once. The arithmetic is not
+restated here: the own-step coefficient functions of :mod:`rollbuf.boundary.coefficients` (the
+source the torch backend runs on tensors and Triton compiles) are compiled by numba
+(``njit(inline="always")``) and called on scalars; ``boot=None`` (no step reads a bootstrap value)
+is a type, so its branch is compiled out.
 
 **One driver.** Every family goes through one loop, :func:`_drive`, specialised per family and
-direction (backward in time, or forward). The driver owns the rules every family shares:
+direction (backward in time, or forward). It owns the rules the families share:
 
 * a masked step is the identity: it writes 0 and hands the state on unchanged ("as if deleted");
 * flags are read as 0/1 floats; ``bootstrap_values[t]`` is read only where step ``t`` is truncated
   and not terminated, through a branch, so a NaN in any other slot never reaches the arithmetic;
 * backward, the state past the window end is the ``carry`` when given, else ``V(s_T)``
   (``bootstrap_values`` at the row's last unmasked step; 0 if that step terminated, or when the
-  window end is terminal); forward, it is ``initial``, else 0; the state at the far end of the row
-  is the carry out (``final`` of the forward estimators);
-* a done step stops the state by multiplying it by 0 (``γ·nd``, ``nd·e``), never by selecting 0, so
-  a NaN or inf in the state goes on as ``0·NaN = NaN`` exactly as in the reference loop and the
-  other backends (docs/semantics.md, "Non-finite inputs"); a clipped importance ratio is
-  ``min(bar, ratio)`` with a NaN ratio kept NaN and an overflowed one (``inf``) clipped to ``bar``.
+  window end is terminal); forward, it is ``initial``, else 0; the state at the row's other end is
+  the carry out (``final`` of the forward estimators).
 
-A family supplies three small functions: ``own(data, at, prm)`` loads the step's own fields and
-derives what they give (clipped ratios); ``step(own, k, tr, boot, prm, z0, z1)`` calls the
-coefficient functions and returns the state one step further and the step's outputs; ``end(z)`` is
-the state whose value at the window end is ``z`` (``(u, V) = (0, V(s_T))`` for V-trace). The state
-is always two numbers ``(z0, z1)``; the one-number families leave ``z1`` at 0 (``NS = 1``: it is
-neither stored nor carried). The driver and the per-step function are specialised per family by
-binding these functions as globals of a copy of their code (numba caches a function taking other
-compiled functions as arguments under a new key in every process, so ``cache=True`` would never
-hit); the copies' names hold a hash of ``coefficients.py``, so that editing it recompiles them
-(numba checks only the source file of the function it caches).
+A family is one function, ``step(data, at, k, tr, boot, prm, z0, z1)``: it loads the step's own
+fields, calls the coefficient functions and returns the state one step further along the scan and
+the step's outputs. A done step stops the state by multiplying it by 0 (``γ·nd``, ``nd·e``), so a
+NaN or inf in the state goes on as ``0·NaN = NaN`` as in the reference loop and the other backends
+(docs/semantics.md, "Non-finite inputs"); a clipped ratio is ``min(bar, ratio)`` with a NaN ratio
+kept NaN and an overflowed one (``inf``) clipped to ``bar``. The state is two numbers ``(z0, z1)``:
+V-trace's pair ``(u, V)``, which starts at ``(0, V(s_T))``; the other families leave ``z1`` at 0
+(``NS = 1``: neither stored nor carried). The driver is specialised by binding the family's step
+as a global of a copy of its code (numba caches a function that takes compiled functions as
+arguments under a new key in every process, so ``cache=True`` would never hit); the copies' names
+hold a hash of ``coefficients.py``, so that editing it recompiles them (numba checks only the
+source file of the function it caches).
 
 **Two loop orders.** Rows are independent. The driver runs them one after the other, the state in
-registers (the rows order, ``lanes=None``), or — when the main input is time-major (its stride over
-rows smaller than its stride over time) with at least ``LANES_MIN_ROWS`` rows — time outermost and
-the rows innermost (the lanes order, ``lanes=True``): memory is read in order, one state per row
-lives in a small array, and the loop over the rows is vectorised. Outputs are then written
-time-major too and returned as ``[N, T]`` views of ``[T, N]`` tensors, so that a caller writing them
-back into its time-major buffer copies memory in order. Both orders run the same per-step function
-on the same numbers: their results are equal bit for bit. An address is ``(g, j, t)``, a stride for
-each: a row is ``g`` (the rows order) or ``j`` (the lanes order); the features of the forward
-estimators are the lanes ``j`` of row ``g`` (time outermost where they are nearer in memory than the
-steps, else one feature after the other). In the lanes order the step index reaches the loop over
-the lanes through an empty assembly block (:func:`_opaque`): LLVM otherwise hoists the vectoriser's
-overlap checks out of the loop over time and, the time step being negative in a backward scan,
-gives up on vectorising.
+registers (the rows order), or — when the main input is time-major (its stride over rows smaller
+than over time) with at least ``LANES_MIN_ROWS`` rows — time outermost and the rows innermost (the
+lanes order): memory is read in order, each row's state lives in a small array, and the loop over
+the rows is vectorised. Its outputs are written time-major and returned as ``[N, T]`` views of
+``[T, N]`` tensors, so that a caller writing them back into its time-major buffer copies memory in
+order; a per-step field laid out otherwise (a flag ``[N, T]`` next to ``[T, N]`` buffers) is copied
+to time-major first. Both orders run the same step on the same numbers: their results are equal
+bit for bit. An address is ``(g, j, t)``: a row is ``g`` (rows order) or ``j`` (lanes order); the
+features of the forward estimators are the lanes ``j`` of row ``g`` (time outermost where they are
+nearer in memory than the steps). In the lanes order the step index reaches the loop over the lanes
+through an empty assembly block (:func:`_opaque`): LLVM otherwise hoists the vectoriser's overlap
+checks out of the loop over time and, the time step being negative in a backward scan, gives up
+on vectorising.
 
-**Arguments.** Every field and carry in is ``(address, stride_g, stride_j, stride_t)`` (``None``
-when absent: its loads are compiled out; a stride ``None``: 0, known to the compiler, for flags
-shared by the features), so any layout is read in place — a time-major ``[T, N]`` buffer passed as
-its transposed view costs no copy — and every layout shares one compiled specialisation per
-combination of present fields, loop order and accumulation dtype. Outputs are
-``(arrays, (stride_g, stride_j, stride_t))``, the carry out ``(array, stride_g, stride_j,
-stride_k)``. Flags are read as bytes (bool or uint8 tensors in place; 0/1 floating flags are
-converted to bool first). Floating fields in another dtype than the accumulation dtype (bfloat16,
-float16, or a mix) are converted to it first; the arithmetic runs in float64 (the family
-parameters are Python floats; the per-row state is a float64 in both orders) and outputs are
-written in the accumulation dtype, converted to the output dtype afterwards when that differs. The
-driver takes seven arguments: ``rows`` ``(g0, g1, j0, j1, T)``, ``fields`` ``((terminated,
-truncated, mask, bootstrap_values), data)``, ``outs``, the carry in, the carry out, ``prm``
-``(zero, end_boot, family parameters)`` and ``lanes``; no compiled function takes more than eight.
+**Arguments.** Every field and carry in is ``(address, stride_g, stride_j, stride_t)`` (``None`` when
+absent: its loads are compiled out; a stride ``None`` is a 0 the compiler knows: flags shared by
+the features), so any layout is read in place and shares one compiled loop per combination of
+present fields, loop order and accumulation dtype. Outputs are ``(arrays, strides)``, the carry
+out ``(array, stride_g, stride_j, stride_k)``. Flags are read as bytes (bool or uint8 tensors in
+place; 0/1 floating flags are converted to bool first); floating fields in another dtype than the
+accumulation dtype are converted to it first. The arithmetic and the state are float64 (the
+parameters are Python floats); outputs are written in the accumulation dtype and converted to the
+output dtype afterwards when that differs. The driver's seven arguments are ``rows`` ``(g0, g1,
+j0, j1, T)``, ``fields`` ``((terminated, truncated, mask, bootstrap_values), data)``, the outputs,
+the carry in, the carry out, ``prm`` ``(zero, end_boot, family parameters)`` and ``lanes`` (None:
+rows order); no compiled function takes more than eight.
 
 With enough work, contiguous ranges of rows run on ``torch.get_num_threads()`` threads at once (the
 compiled loops release the GIL; plain threads rather than numba's ``prange``, whose OpenMP pool
@@ -71,11 +65,10 @@ spins next to torch's own and slows both).
 
 The entry point is :func:`run` (same contract as the torch backend's ``run``). Gradients are not
 computed here: a call whose inputs require grad goes to the torch backend (or is wrapped by the
-autograd layer, whose TD(λ) adjoint is the ``lambda_adjoint`` family below).
-
-The loops are compiled on first use and cached on disk (``cache=True``: numba's cache directory,
-next to this file or ``NUMBA_CACHE_DIR``); the first call of each family in a fresh environment
-compiles it, later processes load it.
+autograd layer, whose TD(λ) adjoint is the ``lambda_adjoint`` family below). The loops are compiled
+on first use and cached on disk (``cache=True``: numba's cache directory, next to this file or
+``NUMBA_CACHE_DIR``); the first call of each family in a fresh environment compiles it, later
+processes load it.
 """
 
 from __future__ import annotations
