@@ -416,6 +416,18 @@ _DRIVERS = {(fam, reverse): _specialise(fam, reverse, spec[0], spec[1]) for fam,
 # the call
 # ---------------------------------------------------------------------------------------------
 
+
+@njit(**_JIT)
+def _transpose(src, dst):
+    """``dst[t, n] = src[n, t]``, in tiles of 32 rows × 32 steps."""
+    N, T = src.shape
+    for n0 in range(0, N, 32):
+        for t0 in range(0, T, 32):
+            for t in range(t0, min(t0 + 32, T)):
+                for n in range(n0, min(n0 + 32, N)):
+                    dst[t, n] = src[n, t]
+
+
 _NUMPY = {torch.float32: np.float32, torch.float64: np.float64}
 
 _POOL = {"pool": None, "size": 0}
@@ -460,7 +472,10 @@ def _field(x, dt, nj, keep, per_step=True):
         keep.append(x)
     s = x.stride()
     if nj and per_step and s[0] != 1 and len(s) > 1 and x.shape[1] > 1:
-        x = x.mT.contiguous().mT
+        src = (x.view(torch.uint8) if x.dtype is torch.bool else x).numpy()  # a flag: its bytes
+        dst = np.empty(src.shape[::-1], src.dtype)
+        _transpose(src, dst)  # on this thread (torch's copy would wake its thread pool)
+        x = torch.from_numpy(dst).mT
         keep.append(x)
         s = x.stride()
     st = s[1] if len(s) > 1 else 0
