@@ -429,6 +429,7 @@ def _transpose(src, dst):
 
 
 _NUMPY = {torch.float32: np.float32, torch.float64: np.float64}
+_ZERO = {torch.float32: np.float32(0), torch.float64: np.float64(0)}  # the accumulation dtype's 0
 
 _POOL = {"pool": None, "size": 0}
 _POOL_LOCK = threading.Lock()
@@ -556,10 +557,11 @@ def run(p: Problem):
     main = p.main
     if main.device.type != "cpu":
         raise ValueError(f"the compiled CPU backend runs on CPU tensors, got {main.device}")
-    N, T = main.shape[0], main.shape[1]
+    shape = main.shape
+    N, T = shape[0], shape[1]
     od = p.out_dtype
-    feat = tuple(main.shape[2:])  # the forward estimators' features
-    Fn = math.prod(feat)
+    feat = shape[2:]  # the forward estimators' features
+    Fn = math.prod(feat) if feat else 1
     if N == 0 or T == 0 or Fn == 0:
         if fam == "affine" or fam == "lambda_adjoint":  # the carry passes through an empty window
             c = torch.zeros(N, dtype=dt) if p.carry is None else p.carry.to(dt)
@@ -608,7 +610,7 @@ def run(p: Problem):
     else:
         bounds.append(None)
     carry, cout = _carry_out(N * Fn, ns, npdt, nj, J)
-    prm = (npdt(0), end_boot, tuple([float(getattr(p, n)) for n in params]))
+    prm = (_ZERO[dt], end_boot, tuple([float(getattr(p, n)) for n in params]))
     driver = _DRIVERS[fam, bool(p.reverse) if fam == "affine" else boots]
     _launch(driver, G, J, T, lanes, ((tuple(bounds), data), outs, cin, cout, prm))
     if fam == "lambda":
@@ -616,7 +618,7 @@ def run(p: Problem):
     if od is not dt:
         res = [o.to(od) for o in res]
     if fam == "trace":
-        return (res[0].reshape(p.main.shape), carry.reshape(N, *feat)), None
+        return (res[0].reshape(shape), carry.reshape(N, *feat)), None
     if fam == "affine":
         return (res[0], carry), None
     return tuple(res), carry
