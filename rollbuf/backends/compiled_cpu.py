@@ -130,17 +130,16 @@ def _load(typingctx, addr, index, like):
 
 
 @intrinsic
-def _put(typingctx, array, index, value):
-    """Write ``value`` at flat position ``index`` of the C-contiguous ``array``, in its dtype."""
+def _store(typingctx, addr, index, value, like):
+    """Write ``value``, converted to ``like``'s type, as element ``index`` of the array at ``addr``."""
 
     def codegen(context, builder, sig, args):
-        aryty = sig.args[0]
-        data = context.make_array(aryty)(context, builder, args[0]).data
-        v = context.cast(builder, args[2], sig.args[2], aryty.dtype)
-        builder.store(v, builder.gep(data, [args[1]]))
+        ty = sig.args[3]
+        ptr = builder.inttoptr(args[0], context.get_value_type(ty).as_pointer())
+        builder.store(context.cast(builder, args[2], sig.args[2], ty), builder.gep(ptr, [args[1]]))
         return context.get_dummy_value()
 
-    return types.none(array, index, value), codegen
+    return types.none(addr, index, value, like), codegen
 
 
 @intrinsic
@@ -222,20 +221,21 @@ def _window_end(b, k, m, row, T, zero):
 
 
 @njit(**_INLINE)
-def _write(outs, at, vals):
-    """The step's outputs into ``outs`` ``(arrays, (stride_g, stride_j, stride_t))``."""
-    arrays, s = outs
+def _write(outs, at, vals, zero):
+    """The step's outputs into ``outs`` ``(addresses, (stride_g, stride_j, stride_t))``, in ``zero``'s
+    type."""
+    addrs, s = outs
     i = at[0] * s[0] + at[1] * s[1] + at[2] * s[2]
-    for o in range(len(arrays)):
-        _put(arrays[o], i, vals[o])
+    for o in range(len(addrs)):
+        _store(addrs[o], i, vals[o], zero)
 
 
 @njit(**_INLINE)
-def _write0(outs, at):
-    arrays, s = outs
+def _write0(outs, at, zero):
+    addrs, s = outs
     i = at[0] * s[0] + at[1] * s[1] + at[2] * s[2]
-    for o in range(len(arrays)):
-        _put(arrays[o], i, 0.0)
+    for o in range(len(addrs)):
+        _store(addrs[o], i, zero, zero)
 
 
 @njit(**_INLINE)
@@ -256,12 +256,12 @@ def _visit(fields, outs, prm, at, z0, z1):
     k, tr, m, b = fields[0]
     zero = prm[0]
     if not _live(m, at):
-        _write0(outs, at)
+        _write0(outs, at, zero)
         return z0, z1
     kv = _flag(k, at)
     trv = _flag(tr, at)
     z, vals = STEP(fields[1], at, kv, trv, _bootstrap(b, tr, at, kv, trv, zero), prm, z0, z1)  # noqa: F821
-    _write(outs, at, vals)
+    _write(outs, at, vals, zero)
     return np.float64(z[0]), np.float64(z[1])
 
 
@@ -277,12 +277,12 @@ def _enter(cin, bounds, prm, g, j, T):
     return (0.0, z) if NS == 2 else (z, 0.0)  # noqa: F821
 
 
-def _leave(cout, g, j, z0, z1):
-    """The state at the row's near end into the carry out ``(array, stride_g, stride_j, stride_k)``."""
-    c, sg, sj, sk = cout
-    c[g * sg + j * sj] = z0
+def _leave(cout, g, j, z0, z1, zero):
+    """The state at the row's near end into the carry out ``(address, stride_g, stride_j, stride_k)``."""
+    i = g * cout[1] + j * cout[2]
+    _store(cout[0], i, z0, zero)
     if NS == 2:  # noqa: F821
-        c[g * sg + j * sj + sk] = z1
+        _store(cout[0], i + cout[3], z1, zero)
 
 
 def _drive(rows, fields, outs, cin, cout, prm, lanes):
@@ -295,7 +295,7 @@ def _drive(rows, fields, outs, cin, cout, prm, lanes):
                 z0, z1 = _enter(cin, fields[0], prm, g, j, T)
                 for i in range(T):
                     z0, z1 = _visit(fields, outs, prm, (g, j, T - 1 - i if REVERSE else i), z0, z1)  # noqa: F821
-                _leave(cout, g, j, z0, z1)
+                _leave(cout, g, j, z0, z1, prm[0])
     else:
         S = np.empty((2, j1 - j0), np.float64)
         for g in range(g0, g1):
@@ -309,7 +309,7 @@ def _drive(rows, fields, outs, cin, cout, prm, lanes):
                     if NS == 2:  # noqa: F821
                         S[1, j - j0] = z1
             for j in range(j0, j1):
-                _leave(cout, g, j, S[0, j - j0], S[1, j - j0])
+                _leave(cout, g, j, S[0, j - j0], S[1, j - j0], prm[0])
 
 
 # the compiled copies are named after this hash of coefficients.py (see the module docstring)
@@ -326,7 +326,7 @@ def _specialise(name, reverse, step, ns):
         copy = pytypes.FunctionType(fn.__code__, ns_, fname)
         copy.__qualname__ = f"{fname}_{tag}"
         copy.__module__, copy.__doc__ = fn.__module__, fn.__doc__
-        ns_[fname] = njit(**_JIT)(copy)
+        ns_[fname] = njit(**(_INLINE if fname != "_drive" else _JIT))(copy)
     return ns_["_drive"]
 
 
@@ -486,20 +486,21 @@ def _field(x, dt, nj, keep, per_step=True):
 def _outputs(n, N, T, npdt, nj):
     """``n`` (1 or 2) outputs ``[N, T]`` in the accumulation dtype, and what the driver writes them
     through: views of ``[T, N]`` arrays when the rows are the lanes ``j`` (written in memory order)."""
-    shape = (T, N) if nj else (N, T)
-    a = np.empty(shape, npdt)
-    arrays = (a,) if n == 1 else (a, np.empty(shape, npdt))
     if nj:
-        res = [torch.from_numpy(a.T)] if n == 1 else [torch.from_numpy(a.T), torch.from_numpy(arrays[1].T)]
-        return res, (arrays, (0, 1, N))
-    res = [torch.from_numpy(a)] if n == 1 else [torch.from_numpy(a), torch.from_numpy(arrays[1])]
-    return res, (arrays, (T, 0, 1))
+        o = torch.from_numpy(np.empty((T, N), npdt).T)
+        res = [o] if n == 1 else [o, torch.from_numpy(np.empty((T, N), npdt).T)]
+        strides = (0, 1, N)
+    else:
+        o = torch.from_numpy(np.empty((N, T), npdt))
+        res = [o] if n == 1 else [o, torch.from_numpy(np.empty((N, T), npdt))]
+        strides = (T, 0, 1)
+    return res, ((o.data_ptr(),) if n == 1 else (o.data_ptr(), res[1].data_ptr()), strides)
 
 
 def _carry_out(N, k, npdt, nj, J=1):
-    """The carry out ``[N]`` (``[N, k]`` for ``k`` > 1, ``N = G·J``), and its strides for the driver."""
-    c = np.empty(N * k, npdt)
-    return torch.from_numpy(c if k == 1 else c.reshape(N, k)), ((c, 0, k, 1) if nj else (c, k * J, k, 1))
+    """The carry out ``[N]`` (``[N, k]`` for ``k`` > 1, ``N = G·J``), and its address and strides."""
+    c = torch.from_numpy(np.empty((N,) if k == 1 else (N, k), npdt))
+    return c, ((c.data_ptr(), 0, k, 1) if nj else (c.data_ptr(), k * J, k, 1))
 
 
 def _launch(driver, G, J, T, lanes, args):
@@ -597,8 +598,8 @@ def run(p: Problem):
             cin = cin if cin.dtype is dt else cin.to(dt)
             keep.append(cin)
             cin = (cin.data_ptr(), cin.stride(0), cin.stride(1), 0)
-        out = np.empty((N, T * Fn), npdt)
-        res, outs = [torch.from_numpy(out).view(N, T, Fn)], ((out,), (T * Fn, 1, Fn))
+        out = torch.from_numpy(np.empty((N, T, Fn), npdt))
+        res, outs = [out], ((out.data_ptr(),), (T * Fn, 1, Fn))
     end_boot = False
     if boots:
         bv = None if p.no_bootstrap else f.get("bootstrap_values")
