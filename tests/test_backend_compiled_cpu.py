@@ -325,7 +325,8 @@ def test_lanes_order_carries(name, window_end):
         assert lanes[0].stride()[:2] == (1, 33)
         _equal(lanes, rows)
         init = torch.randn(33, 1, dtype=torch.float64)
-        _equal(run_estimator(name, g, backend=BE, initial=init, **p), run_estimator(name, f, backend=BE, initial=init, **p))
+        _equal(run_estimator(name, g, backend=BE, initial=init, **p),
+               run_estimator(name, f, backend=BE, initial=init, **p))
         return
     (out, carry), (out_r, carry_r) = (run_estimator(name, h, backend=BE, return_carry=True, **p) for h in (g, f))
     _equal(out, out_r)

@@ -302,7 +302,7 @@ def _drive(rows, fields, outs, cin, cout, prm, lanes):
             for j in range(j0, j1):
                 S[0, j - j0], S[1, j - j0] = _enter(cin, fields[0], prm, g, j, T)
             for i in range(T):
-                t = _opaque(T - 1 - i if REVERSE else i)  # noqa: F821
+                t = _opaque(T - 1 - i if REVERSE else i)  # keeps the lanes loop vectorised  # noqa: F821
                 for j in range(j0, j1):
                     z0, z1 = _visit(fields, outs, prm, (g, j, t), S[0, j - j0], S[1, j - j0])
                     S[0, j - j0] = z0
