@@ -272,6 +272,69 @@ def test_time_major_views(name):
     _equal(out, run_estimator(name, f, backend=BE, **PARAMS[name]))
 
 
+def _time_major_view(v):
+    if v is None:
+        return None
+    if v.dim() == 2:
+        return v.mT.contiguous().mT  # a [T, N] buffer, seen as [N, T]
+    return v.movedim(1, 0).contiguous().movedim(0, 1)  # x: a [T, N, F] buffer
+
+
+@pytest.mark.parametrize("mix", ["term+trunc", "mask", "dense"])
+@pytest.mark.parametrize("name", NAMES)
+def test_lanes_order_equals_rows_order(name, mix, monkeypatch):
+    """Time-major buffers with enough rows run time outermost, the rows innermost (the lanes order,
+    vectorised: 37 rows are a vector body and a remainder): bit for bit the rows order's result, which
+    matches the reference; the outputs are then time-major views. Forward estimators with enough
+    features run the features as lanes."""
+    f = _rollout(37, 45, mix, seed=23, name=name, dtype=torch.float64)
+    if name in FORWARD:
+        f = dict(f, x=torch.randn(37, 45, 20, dtype=torch.float64, generator=torch.Generator().manual_seed(1)))
+    g = {k: _time_major_view(v) for k, v in f.items()}
+    lanes = _tuple(run_estimator(name, g, backend=BE, **PARAMS[name]))
+    if name not in FORWARD:
+        assert all(o.stride() == (1, 37) for o in lanes)
+    assert_matches_reference(name, lanes, f, **PARAMS[name])
+    # flags [N, T] next to [T, N] buffers, a field broadcast over the rows: copied, the same result
+    mixed = dict(g, **{k: f[k] for k in ("terminated", "truncated", "mask") if f.get(k) is not None})
+    if "log_probs" in f:
+        mixed["log_probs"] = f["log_probs"][:1].expand(37, -1)
+        f = dict(f, log_probs=mixed["log_probs"].contiguous())
+        g = dict(g, log_probs=mixed["log_probs"])
+        lanes = _tuple(run_estimator(name, g, backend=BE, **PARAMS[name]))
+    _equal(lanes, run_estimator(name, mixed, backend=BE, **PARAMS[name]))
+    monkeypatch.setattr(compiled_cpu, "LANES_MIN_ROWS", 10**9)
+    _equal(lanes, run_estimator(name, g, backend=BE, **PARAMS[name]))
+    _equal(lanes, run_estimator(name, f, backend=BE, **PARAMS[name]))
+
+
+@pytest.mark.parametrize("window_end", ["bootstrap", "terminal"])
+@pytest.mark.parametrize("name", NAMES)
+def test_lanes_order_carries(name, window_end):
+    """The lanes order's carry out (``final``) and its reading of a carry in (``initial``) are the
+    rows order's, bit for bit; one feature: the rows are the lanes, as for the backward estimators."""
+    f = _rollout(33, 60, "mask", seed=29, name=name, dtype=torch.float64)
+    p = dict(PARAMS[name])
+    if name in FORWARD:
+        f = dict(f, x=torch.randn(33, 60, 1, dtype=torch.float64, generator=torch.Generator().manual_seed(2)))
+    elif name != "monte_carlo_returns":
+        p["window_end"] = window_end
+    g = {k: _time_major_view(v) for k, v in f.items()}
+    if name in FORWARD:
+        lanes, rows = run_estimator(name, g, backend=BE, **p), run_estimator(name, f, backend=BE, **p)
+        assert lanes[0].stride()[:2] == (1, 33)
+        _equal(lanes, rows)
+        init = torch.randn(33, 1, dtype=torch.float64)
+        _equal(run_estimator(name, g, backend=BE, initial=init, **p),
+               run_estimator(name, f, backend=BE, initial=init, **p))
+        return
+    (out, carry), (out_r, carry_r) = (run_estimator(name, h, backend=BE, return_carry=True, **p) for h in (g, f))
+    _equal(out, out_r)
+    _equal(carry, carry_r)
+    c = torch.randn(carry.shape, dtype=torch.float64)
+    _equal(run_estimator(name, g, backend=BE, carry=c, **p), run_estimator(name, f, backend=BE, carry=c, **p))
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_strided_and_broadcast_fields(name):
     """Every other step of a wider buffer, a field broadcast along time (stride 0), the bootstrap
@@ -384,10 +447,18 @@ def test_out_dtype(name):
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("order", ["rows", "lanes"])
 @pytest.mark.parametrize("name", NAMES)
-def test_threaded_rows_equal_serial(name, monkeypatch):
-    """Rows split over three threads give the one-thread result bit for bit."""
-    f = _rollout(7, 300, "mask", seed=17, name=name)
+def test_threaded_rows_equal_serial(name, order, monkeypatch):
+    """Rows split over three threads give the one-thread result bit for bit: whole rows each, or in
+    the lanes order (time-major buffers; forward estimators: features) a range of lanes each."""
+    if order == "rows":
+        f = _rollout(7, 300, "mask", seed=17, name=name)
+    else:
+        f = _rollout(40, 50, "mask", seed=17, name=name)
+        if name in FORWARD:
+            f["x"] = torch.randn(40, 50, 17)
+        f = {k: _time_major_view(v) for k, v in f.items()}
     monkeypatch.setattr(compiled_cpu, "PARALLEL_MIN_ELEMENTS", 10**12)
     serial = run_estimator(name, f, backend=BE, **PARAMS[name])
     monkeypatch.setattr(compiled_cpu, "PARALLEL_MIN_ELEMENTS", 1)

@@ -1,60 +1,96 @@
 """The compiled CPU backend: every estimator as a sequential loop over time, compiled by numba.
 
 On a CPU the fast algorithm is the plain one: each row is one pass over its steps in scan order,
-carrying one state (two for V-trace), every step read once and every output written once. The rows
-are independent; with enough work, contiguous ranges of rows run on ``torch.get_num_threads()``
-threads at once (the compiled loops release the GIL; plain threads rather than numba's ``prange``,
-whose OpenMP pool spins next to torch's own and slows both). The loops below
-are the recursions of :mod:`rollbuf.boundary.coefficients` written out step by step:
+carrying its state, every step read once and every output written once. The arithmetic is not
+restated here: the own-step coefficient functions of :mod:`rollbuf.boundary.coefficients` (the
+source the torch backend runs on tensors and Triton compiles) are compiled by numba
+(``njit(inline="always")``) and called on scalars; ``boot=None`` (no step reads a bootstrap value)
+is a type, so its branch is compiled out.
 
-* the state ``Z`` (backward) or ``F`` (forward) flows through masked steps unchanged, and masked
-  steps write 0: "as if deleted";
-* a backward row's window end is its last unmasked step, met first by the loop: there the state is
-  set to the window-end carry (``bootstrap_values`` at that step, 0 if it terminated), unless the
-  caller passed ``carry`` or the window end is terminal;
-* ``bootstrap_values[t]`` is read only where step ``t`` is truncated and not terminated (and at the
-  window end), through a branch, so a NaN in any other slot is never touched by arithmetic;
-* each step's state update is one multiply-add (``z = α + β·z``), the outputs come off the chain;
-  a done step stops the state by multiplying it by 0 (``γ·nd``, ``nd·e``), never by selecting 0, so
-  a NaN or inf in the state goes on as ``0·NaN = NaN`` exactly as in the reference loop and the other
-  backends (docs/semantics.md, "Non-finite inputs");
-* a clipped importance ratio is ``min(bar, ratio)`` with a NaN ratio kept NaN and an overflowed one
-  (``inf``) clipped to ``bar``.
+**One driver.** Every family goes through one loop, :func:`_drive`, specialised per family and
+direction (backward in time, or forward). It owns the rules the families share:
 
-Inputs are passed to the compiled code as a data pointer and two strides (three for ``x``) per
-field, so any layout is read in place: a time-major ``[T, N]`` buffer passed as its transposed view
-costs no copy, and every layout shares one compiled specialisation per accumulation dtype. Flags
-are read as bytes (bool or uint8 tensors in place; 0/1 floating flags are converted to bool first).
-Floating fields in another dtype than the accumulation dtype (bfloat16, float16, or a mix) are
-converted to it first. Outputs are written in the accumulation dtype and converted to the output
-dtype afterwards when that differs.
+* a masked step is the identity: it writes 0 and hands the state on unchanged ("as if deleted");
+* flags are read as 0/1 floats; ``bootstrap_values[t]`` is read only where step ``t`` is truncated
+  and not terminated, through a branch, so a NaN in any other slot never reaches the arithmetic;
+* backward, the state past the window end is the ``carry`` when given, else ``V(s_T)``
+  (``bootstrap_values`` at the row's last unmasked step; 0 if that step terminated, or when the
+  window end is terminal); forward, it is ``initial``, else 0; the state at the row's other end is
+  the carry out (``final`` of the forward estimators).
+
+A family is one function, ``step(data, at, k, tr, boot, prm, z0, z1)``: it loads the step's own
+fields, calls the coefficient functions and returns the state one step further along the scan and
+the step's outputs. A done step stops the state by multiplying it by 0 (``γ·nd``, ``nd·e``), so a
+NaN or inf in the state goes on as ``0·NaN = NaN`` as in the reference loop and the other backends
+(docs/semantics.md, "Non-finite inputs"); a clipped ratio is ``min(bar, ratio)`` with a NaN ratio
+kept NaN and an overflowed one (``inf``) clipped to ``bar``. The state is two numbers ``(z0, z1)``:
+V-trace's pair ``(u, V)``, which starts at ``(0, V(s_T))``; the other families leave ``z1`` at 0
+(``NS = 1``: neither stored nor carried). The driver is specialised by binding the family's step
+as a global of a copy of its code (numba caches a function that takes compiled functions as
+arguments under a new key in every process, so ``cache=True`` would never hit); the copies' names
+hold a hash of ``coefficients.py``, so that editing it recompiles them (numba checks only the
+source file of the function it caches).
+
+**Two loop orders.** Rows are independent. The driver runs them one after the other, the state in
+registers (the rows order), or — when the main input is time-major (its stride over rows smaller
+than over time) with at least ``LANES_MIN_ROWS`` rows — time outermost and the rows innermost (the
+lanes order): memory is read in order, each row's state lives in a small array, and the loop over
+the rows is vectorised. Its outputs are written time-major and returned as ``[N, T]`` views of
+``[T, N]`` tensors, so that a caller writing them back into its time-major buffer copies memory in
+order; a per-step field laid out otherwise (a flag ``[N, T]`` next to ``[T, N]`` buffers) is copied
+to time-major first. Both orders run the same step on the same numbers: their results are equal
+bit for bit. An address is ``(g, j, t)``: a row is ``g`` (rows order) or ``j`` (lanes order); the
+features of the forward estimators are the lanes ``j`` of row ``g`` (time outermost where they are
+nearer in memory than the steps). In the lanes order the step index reaches the loop over the lanes
+through an empty assembly block (:func:`_opaque`): LLVM otherwise hoists the vectoriser's overlap
+checks out of the loop over time and, the time step being negative in a backward scan, gives up
+on vectorising.
+
+**Arguments.** Every field and carry in is ``(address, stride_g, stride_j, stride_t)`` (``None`` when
+absent: its loads are compiled out; a stride ``None`` is a 0 the compiler knows: flags shared by
+the features), so any layout is read in place and shares one compiled loop per combination of
+present fields, loop order and accumulation dtype. Outputs are ``(arrays, strides)``, the carry
+out ``(array, stride_g, stride_j, stride_k)``. Flags are read as bytes (bool or uint8 tensors in
+place; 0/1 floating flags are converted to bool first); floating fields in another dtype than the
+accumulation dtype are converted to it first. The arithmetic and the state are float64 (the
+parameters are Python floats); outputs are written in the accumulation dtype and converted to the
+output dtype afterwards when that differs. The driver's seven arguments are ``rows`` ``(g0, g1,
+j0, j1, T)``, ``fields`` ``((terminated, truncated, mask, bootstrap_values), data)``, the outputs,
+the carry in, the carry out, ``prm`` ``(zero, end_boot, family parameters)`` and ``lanes`` (None:
+rows order); no compiled function takes more than eight.
+
+With enough work, contiguous ranges of rows run on ``torch.get_num_threads()`` threads at once (the
+compiled loops release the GIL; plain threads rather than numba's ``prange``, whose OpenMP pool
+spins next to torch's own and slows both).
 
 The entry point is :func:`run` (same contract as the torch backend's ``run``). Gradients are not
 computed here: a call whose inputs require grad goes to the torch backend (or is wrapped by the
-autograd layer, whose TD(λ) adjoint is the ``lambda_adjoint`` family below).
-
-The kernels are compiled on first use and cached on disk (``cache=True``: numba's cache directory,
-next to this file or ``NUMBA_CACHE_DIR``); the first call of each family in a fresh environment
-compiles it, later processes load it.
+autograd layer, whose TD(λ) adjoint is the ``lambda_adjoint`` family below). The loops are compiled
+on first use and cached on disk (``cache=True``: numba's cache directory, next to this file or
+``NUMBA_CACHE_DIR``); the first call of each family in a fresh environment compiles it, later
+processes load it.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import threading
+import types as pytypes
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 
-import numba
 import numpy as np
 import torch
+from llvmlite import ir as llvmir
 from numba import njit, types
-from numba.core import cgutils
 from numba.extending import intrinsic
 
 from rollbuf.backends import torch_backend
+from rollbuf.boundary import coefficients as C
 from rollbuf.problem import Problem
 
-__all__ = ["run", "PARALLEL_MIN_ELEMENTS", "PARALLEL_MIN_ROWS"]
+__all__ = ["run", "PARALLEL_MIN_ELEMENTS", "PARALLEL_MIN_ROWS", "LANES_MIN_ROWS"]
 
 # Rows are split over ``torch.get_num_threads()`` threads when there are at least this many rows
 # and at least this many elements (steps × features) per thread; below, the calling thread runs
@@ -62,38 +98,147 @@ __all__ = ["run", "PARALLEL_MIN_ELEMENTS", "PARALLEL_MIN_ROWS"]
 # benchmarks and tests can move them.
 PARALLEL_MIN_ROWS = 2
 PARALLEL_MIN_ELEMENTS = 1 << 20
+# Time-major inputs with at least this many rows run in the lanes order; fewer lanes cost more per
+# step (the loop over them is too short to vectorise) than reading in order saves. (The features of
+# the forward estimators are lanes whenever they are nearer in memory than the steps.)
+LANES_MIN_ROWS = 16
 
 _JIT = dict(cache=True, nogil=True, fastmath={"contract"}, error_model="numpy", boundscheck=False)
+_INLINE = dict(_JIT, inline="always")  # compiled into the caller (numba IR), not on their own
+
+# the boundary coefficients, compiled from the source the torch and Triton backends run
+_lambda_step, _lambda_out, _retrace_step, _vtrace_step, _vtrace_pg, _trace_out, _trace_state, \
+    _adjoint_step, _adjoint_out = (njit(inline="always", error_model="numpy")(fn) for fn in (
+        C.lambda_step, C.lambda_out, C.retrace_step, C.vtrace_step, C.vtrace_pg, C.trace_out,
+        C.trace_state, C.lambda_adjoint_step, C.lambda_adjoint_out))
+
+
+# ---------------------------------------------------------------------------------------------
+# loads and stores at (g, j, t); a field is (address, stride_g, stride_j, stride_t) or None
+# ---------------------------------------------------------------------------------------------
 
 
 @intrinsic
-def _void_ptr(typingctx, addr):
-    """An integer address as a ``void*`` (for :func:`numba.carray`)."""
+def _load(typingctx, addr, index, like):
+    """The element ``index`` of the array of ``like``'s type at address ``addr``."""
 
     def codegen(context, builder, sig, args):
-        return builder.inttoptr(args[0], cgutils.voidptr_t)
+        ptr = builder.inttoptr(args[0], context.get_value_type(sig.return_type).as_pointer())
+        return builder.load(builder.gep(ptr, [args[1]]))
 
-    return types.voidptr(addr), codegen
-
-
-@njit(inline="always", **_JIT)
-def _view(ptr, size, like):
-    """The ``size`` elements at address ``ptr`` as a 1-D array of ``like``'s dtype."""
-    return numba.carray(_void_ptr(ptr), (size,), like.dtype)
+    return like(addr, index, like), codegen
 
 
-@njit(inline="always", **_JIT)
-def _bytes(ptr, size):
-    return numba.carray(_void_ptr(ptr), (size,), np.uint8)
+@intrinsic
+def _store(typingctx, addr, index, value, like):
+    """Write ``value``, converted to ``like``'s type, as element ``index`` of the array at ``addr``."""
+
+    def codegen(context, builder, sig, args):
+        ty = sig.args[3]
+        ptr = builder.inttoptr(args[0], context.get_value_type(ty).as_pointer())
+        builder.store(context.cast(builder, args[2], sig.args[2], ty), builder.gep(ptr, [args[1]]))
+        return context.get_dummy_value()
+
+    return types.none(addr, index, value, like), codegen
 
 
-@njit(inline="always", **_JIT)
-def _span(N, T, sn, st):
-    """Elements from a field's first to its last: what its 1-D view must cover."""
-    return 1 + (N - 1) * sn + (T - 1) * st
+@intrinsic
+def _opaque(typingctx, x):
+    """``x`` itself, through an empty assembly block the optimiser cannot see into (see the lanes
+    loop of :func:`_drive`)."""
+
+    def codegen(context, builder, sig, args):
+        ty = context.get_value_type(sig.return_type)
+        return builder.asm(llvmir.FunctionType(ty, [ty]), "", "=r,0", [args[0]], False)
+
+    return types.intp(x), codegen
 
 
-@njit(inline="always", **_JIT)
+@njit(**_INLINE)
+def _index(f, at):
+    """The element of field ``f`` at ``at`` ``(g, j, t)``; a stride ``None`` is 0 known to the compiler
+    (a field shared by the lanes: the loop over them stays vectorisable)."""
+    return at[0] * f[1] + _times(at[1], f[2]) + at[2] * f[3]
+
+
+@njit(**_JIT)
+def _times(j, stride):
+    if stride is None:
+        return 0
+    return j * stride
+
+
+@njit(**_JIT)
+def _ld(f, at, zero):
+    """Field ``f`` at ``at`` in ``zero``'s type; 0 for an absent field."""
+    if f is None:
+        return zero
+    return _load(f[0], _index(f, at), zero)
+
+
+@njit(**_JIT)
+def _flag(f, at):
+    """A flag as 0.0 or 1.0 (any nonzero byte is set); 0 for an absent flag."""
+    if f is None:
+        return 0.0
+    return 1.0 if _load(f[0], _index(f, at), np.uint8(0)) != 0 else 0.0
+
+
+@njit(**_JIT)
+def _live(m, at):
+    if m is None:
+        return True
+    return _load(m[0], _index(m, at), np.uint8(0)) != 0
+
+
+@njit(**_JIT)
+def _bootstrap(b, tr, at, k, trv, zero):
+    """``bootstrap_values`` at a truncated step that did not terminate (read through a branch), 0
+    at other steps; ``None`` where no step reads one (then ``local = r``, compiled out)."""
+    if b is None:
+        return None
+    if tr is None:
+        return None
+    if trv != 0.0 and k == 0.0:
+        return _load(b[0], _index(b, at), zero)
+    return zero
+
+
+@njit(**_JIT)
+def _window_end(b, k, m, row, T, zero):
+    """``V(s_T)`` of a row: ``bootstrap_values`` at its last unmasked step (at the last step when no
+    step is unmasked), 0 where that step terminated."""
+    if b is None:
+        return 0.0
+    g, j = row
+    end = T - 1
+    while end >= 0 and not _live(m, (g, j, end)):
+        end -= 1
+    z = _load(b[0], _index(b, (g, j, end if end >= 0 else T - 1)), zero)
+    if end >= 0 and _flag(k, (g, j, end)) != 0.0:
+        return 0.0
+    return z
+
+
+@njit(**_INLINE)
+def _write(outs, at, vals, zero):
+    """The step's outputs into ``outs`` ``(addresses, (stride_g, stride_j, stride_t))``, in ``zero``'s
+    type."""
+    addrs, s = outs
+    i = at[0] * s[0] + at[1] * s[1] + at[2] * s[2]
+    for o in range(len(addrs)):
+        _store(addrs[o], i, vals[o], zero)
+
+
+@njit(**_INLINE)
+def _write0(outs, at, zero):
+    addrs, s = outs
+    i = at[0] * s[0] + at[1] * s[1] + at[2] * s[2]
+    for o in range(len(addrs)):
+        _store(addrs[o], i, zero, zero)
+
+
+@njit(**_INLINE)
 def _clip(ratio, bar):
     """``min(bar, ratio)`` that keeps a NaN ratio NaN (``ratio if ratio < bar else bar`` would give
     ``bar``: every comparison with NaN is false); an overflowed ratio (inf) is clipped to ``bar``."""
@@ -101,351 +246,190 @@ def _clip(ratio, bar):
 
 
 # ---------------------------------------------------------------------------------------------
-# An absent field (no terminated, no truncated, no mask, no values, no carry, ...) is passed as
-# None in place of its address: numba compiles the ``if p is not None`` branches out, so each
-# combination of present fields gets its own loop with nothing left of the absent ones. A
-# backward row's steps past its window end (masked) are zeroed first; the window-end state is set
-# once; then one loop runs over the rest.
-# ---------------------------------------------------------------------------------------------
-
-# ---------------------------------------------------------------------------------------------
-# the TD(λ) family: GAE, TD(λ) returns, discounted returns (λ = 1), Monte Carlo (boot ≡ 0, V ≡ 0)
-#   Z_t = (1−λ)V_t + λG_t,  G_t = local_t + γ·nd_t·Z_{t+1},  local_t = r_t + γ·[tr_t ∧ ¬k_t]·B_t
+# the driver: one row-loop for every family, specialised per family and direction (below); the
+# family's STEP and NS (its state size), and REVERSE, are globals of each specialised copy
 # ---------------------------------------------------------------------------------------------
 
 
-def _lambda(N, n0, n1, T, pr, sr_n, sr_t, pv, sv_n, sv_t, pk, sk_n, sk_t, ptr, str_n, str_t,
-            pb, sb_n, sb_t, pm, sm_n, sm_t, pc, sc_n, out_g, out_a, carry_out, gamma, lam, end_boot):
-    """``pb``: ``bootstrap_values`` (read at truncated steps; at the window end when ``end_boot``);
-    ``pc``: the carry past the window (else ``V(s_T)`` with ``end_boot``, else 0); ``out_a``:
-    advantages ``G − V`` (None: returns only)."""
-    r = _view(pr, _span(N, T, sr_n, sr_t), out_g)
-    if pv is not None:
-        v = _view(pv, _span(N, T, sv_n, sv_t), out_g)
-    if pk is not None:
-        k = _bytes(pk, _span(N, T, sk_n, sk_t))
-    if ptr is not None:
-        tr = _bytes(ptr, _span(N, T, str_n, str_t))
-    if pb is not None:
-        b = _view(pb, _span(N, T, sb_n, sb_t), out_g)
-    if pm is not None:
-        m = _bytes(pm, _span(N, T, sm_n, sm_t))
-    if pc is not None:
-        c = _view(pc, _span(N, 1, sc_n, 0), out_g)
-    gl = gamma * lam
-    for n in range(n0, n1):
-        end = T - 1  # the window end: the last unmasked step (-1 if none)
-        if pm is not None:
-            while end >= 0 and m[n * sm_n + end * sm_t] == 0:
-                out_g[n, end] = 0.0
-                if out_a is not None:
-                    out_a[n, end] = 0.0
-                end -= 1
-        z = 0.0  # Z past the window end
-        if pc is not None:
-            z = c[n * sc_n]
-        elif pb is not None:
-            if end_boot:  # V(s_T) at the window end, unless it terminated
-                z = b[n * sb_n + (end if end >= 0 else T - 1) * sb_t]  # (no unmasked step: the last column)
-                if pk is not None:
-                    if end >= 0 and k[n * sk_n + end * sk_t] != 0:
-                        z = 0.0
-        for t in range(end, -1, -1):
-            if pm is not None:
-                if m[n * sm_n + t * sm_t] == 0:
-                    out_g[n, t] = 0.0
-                    if out_a is not None:
-                        out_a[n, t] = 0.0
-                    continue
-            x = r[n * sr_n + t * sr_t]
-            cont = 1.0
-            kt = False
-            if pk is not None:
-                kt = k[n * sk_n + t * sk_t] != 0
-                if kt:
-                    cont = 0.0
-            if ptr is not None:
-                if tr[n * str_n + t * str_t] != 0:
-                    cont = 0.0
-                    if pb is not None:
-                        if not kt:  # terminated wins: V(s'_t) of a terminal step is never read
-                            x += gamma * b[n * sb_n + t * sb_t]
-            vt = 0.0
-            if pv is not None:
-                vt = v[n * sv_n + t * sv_t]
-            g = x + (gamma * cont) * z
-            out_g[n, t] = g
-            if out_a is not None:
-                out_a[n, t] = g - vt
-            z = ((1.0 - lam) * vt + lam * x) + (gl * cont) * z
-        carry_out[n] = z
+def _visit(fields, outs, prm, at, z0, z1):
+    """One step of one row: masked, the identity writing 0; else the family's step."""
+    k, tr, m, b = fields[0]
+    zero = prm[0]
+    if not _live(m, at):
+        _write0(outs, at, zero)
+        return z0, z1
+    kv = _flag(k, at)
+    trv = _flag(tr, at)
+    z, vals = STEP(fields[1], at, kv, trv, _bootstrap(b, tr, at, kv, trv, zero), prm, z0, z1)  # noqa: F821
+    _write(outs, at, vals, zero)
+    return np.float64(z[0]), np.float64(z[1])
+
+
+def _enter(cin, bounds, prm, g, j, T):
+    """The state past the row's far end: the carry in; else 0, or backward ``V(s_T)`` (the pair
+    state of V-trace: ``(u, V) = (0, V(s_T))``)."""
+    if cin is not None:
+        z0 = np.float64(_ld(cin, (g, j, 0), prm[0]))
+        return z0, (np.float64(_ld(cin, (g, j, 1), prm[0])) if NS == 2 else 0.0)  # noqa: F821
+    z = 0.0
+    if REVERSE and prm[1]:  # noqa: F821
+        z = np.float64(_window_end(bounds[3], bounds[0], bounds[2], (g, j), T, prm[0]))
+    return (0.0, z) if NS == 2 else (z, 0.0)  # noqa: F821
+
+
+def _leave(cout, g, j, z0, z1, zero):
+    """The state at the row's near end into the carry out ``(address, stride_g, stride_j, stride_k)``."""
+    i = g * cout[1] + j * cout[2]
+    _store(cout[0], i, z0, zero)
+    if NS == 2:  # noqa: F821
+        _store(cout[0], i + cout[3], z1, zero)
+
+
+def _drive(rows, fields, outs, cin, cout, prm, lanes):
+    """Rows ``g0 ≤ g < g1`` × ``j0 ≤ j < j1`` over ``T`` steps: one row at a time (``lanes`` None),
+    or every step of all of them before the next (``lanes`` True), one state per row in ``S``."""
+    g0, g1, j0, j1, T = rows
+    if lanes is None:
+        for g in range(g0, g1):
+            for j in range(j0, j1):
+                z0, z1 = _enter(cin, fields[0], prm, g, j, T)
+                for i in range(T):
+                    z0, z1 = _visit(fields, outs, prm, (g, j, T - 1 - i if REVERSE else i), z0, z1)  # noqa: F821
+                _leave(cout, g, j, z0, z1, prm[0])
+    else:
+        S = np.empty((2, j1 - j0), np.float64)
+        for g in range(g0, g1):
+            for j in range(j0, j1):
+                S[0, j - j0], S[1, j - j0] = _enter(cin, fields[0], prm, g, j, T)
+            for i in range(T):
+                t = _opaque(T - 1 - i if REVERSE else i)  # keeps the lanes loop vectorised  # noqa: F821
+                for j in range(j0, j1):
+                    z0, z1 = _visit(fields, outs, prm, (g, j, t), S[0, j - j0], S[1, j - j0])
+                    S[0, j - j0] = z0
+                    if NS == 2:  # noqa: F821
+                        S[1, j - j0] = z1
+            for j in range(j0, j1):
+                _leave(cout, g, j, S[0, j - j0], S[1, j - j0], prm[0])
+
+
+# the compiled copies are named after this hash of coefficients.py (see the module docstring)
+with open(C.__file__, "rb") as _src:
+    _TAG = format(zlib.crc32(_src.read()), "08x")
+
+
+def _specialise(name, reverse, step, ns):
+    """``_drive`` (and the functions it calls) compiled for one family and direction."""
+    ns_ = dict(globals(), STEP=step, NS=ns, REVERSE=reverse)
+    tag = f"{name}_{'backward' if reverse else 'forward'}_{_TAG}"
+    for fname in ("_visit", "_enter", "_leave", "_drive"):
+        fn = globals()[fname]
+        copy = pytypes.FunctionType(fn.__code__, ns_, fname)
+        copy.__qualname__ = f"{fname}_{tag}"
+        copy.__module__, copy.__doc__ = fn.__module__, fn.__doc__
+        ns_[fname] = njit(**(_INLINE if fname != "_drive" else _JIT))(copy)
+    return ns_["_drive"]
 
 
 # ---------------------------------------------------------------------------------------------
-# Retrace(λ): W_t = V_t + c_t(Q_t − q_t) = V_t + c_t(local_t − q_t) + γ·nd_t·c_t·W_{t+1},
-#             Q_t = local_t + γ·nd_t·W_{t+1},  c_t = λ·min(c̄, π/μ)
+# the families: one step each, ``step(data, at, k, tr, boot, prm, z0, z1) -> ((z0, z1), outputs)``:
+# the step's own fields, the coefficient functions, the state one step further along the scan
 # ---------------------------------------------------------------------------------------------
 
 
-def _retrace(N, n0, n1, T, pr, sr_n, sr_t, pv, sv_n, sv_t, pk, sk_n, sk_t, ptr, str_n, str_t,
-             pb, sb_n, sb_t, pm, sm_n, sm_t, pc, sc_n, plp, slp_n, slp_t, ptl, stl_n, stl_t,
-             pq, sq_n, sq_t, out, carry_out, gamma, lam, c_bar, end_boot):
-    r = _view(pr, _span(N, T, sr_n, sr_t), out)
-    v = _view(pv, _span(N, T, sv_n, sv_t), out)
-    lp = _view(plp, _span(N, T, slp_n, slp_t), out)
-    tl = _view(ptl, _span(N, T, stl_n, stl_t), out)
-    q = _view(pq, _span(N, T, sq_n, sq_t), out)
-    if pk is not None:
-        k = _bytes(pk, _span(N, T, sk_n, sk_t))
-    if ptr is not None:
-        tr = _bytes(ptr, _span(N, T, str_n, str_t))
-    if pb is not None:
-        b = _view(pb, _span(N, T, sb_n, sb_t), out)
-    if pm is not None:
-        m = _bytes(pm, _span(N, T, sm_n, sm_t))
-    if pc is not None:
-        c = _view(pc, _span(N, 1, sc_n, 0), out)
-    for n in range(n0, n1):
-        end = T - 1
-        if pm is not None:
-            while end >= 0 and m[n * sm_n + end * sm_t] == 0:
-                out[n, end] = 0.0
-                end -= 1
-        z = 0.0
-        if pc is not None:
-            z = c[n * sc_n]
-        elif pb is not None:
-            if end_boot:
-                z = b[n * sb_n + (end if end >= 0 else T - 1) * sb_t]
-                if pk is not None:
-                    if end >= 0 and k[n * sk_n + end * sk_t] != 0:
-                        z = 0.0
-        for t in range(end, -1, -1):
-            if pm is not None:
-                if m[n * sm_n + t * sm_t] == 0:
-                    out[n, t] = 0.0
-                    continue
-            x = r[n * sr_n + t * sr_t]
-            g = gamma
-            kt = False
-            if pk is not None:
-                kt = k[n * sk_n + t * sk_t] != 0
-                if kt:
-                    g = 0.0
-            if ptr is not None:
-                if tr[n * str_n + t * str_t] != 0:
-                    g = 0.0
-                    if pb is not None:
-                        if not kt:
-                            x += gamma * b[n * sb_n + t * sb_t]
-            ratio = np.exp(tl[n * stl_n + t * stl_t] - lp[n * slp_n + t * slp_t])
-            ct = lam * _clip(ratio, c_bar)
-            out[n, t] = x + g * z
-            z = (v[n * sv_n + t * sv_t] + ct * (x - q[n * sq_n + t * sq_t])) + (g * ct) * z
-        carry_out[n] = z
+@njit(**_JIT)
+def _lambda(data, at, k, tr, boot, prm, z0, z1):
+    """TD(λ), GAE, discounted returns (λ = 1), Monte Carlo (boot ≡ 0, V ≡ 0): data (rewards,
+    values), outputs (G, A = G − V), state Z = (1−λ)V + λG."""
+    r, v = _ld(data[0], at, prm[0]), _ld(data[1], at, prm[0])
+    gamma, lam = prm[2]
+    a, b = _lambda_step(r, v, k, tr, boot, gamma, lam)
+    g = _lambda_out(r, k, tr, boot, gamma, z0)
+    return (a + b * z0, 0.0), (g, g - v)
 
 
-# ---------------------------------------------------------------------------------------------
-# V-trace: state (u, V) of the next step;  u_t = ρ_t(local_t − V_t) + γ·nd_t·(ρ_t·V_{t+1} + c_t·u_{t+1}),
-#   vs_t = V_t + u_t,  pg_t = ρpg_t·(local_t + γ·nd_t·(V_{t+1} + u_{t+1}) − V_t)
-# ---------------------------------------------------------------------------------------------
+@njit(**_JIT)
+def _retrace(data, at, k, tr, boot, prm, z0, z1):
+    """Retrace(λ): data (rewards, values, q_values, log_probs, target_log_probs), output Q, state
+    W = V + c(Q − q), c = λ·min(c̄, π/μ)."""
+    zero = prm[0]
+    gamma, lam, c_bar = prm[2]
+    r, v = _ld(data[0], at, zero), _ld(data[1], at, zero)
+    c = lam * _clip(np.exp(_ld(data[4], at, zero) - _ld(data[3], at, zero)), c_bar)
+    a, b = _retrace_step(r, v, k, tr, boot, _ld(data[2], at, zero), c, gamma)
+    return (a + b * z0, 0.0), (_lambda_out(r, k, tr, boot, gamma, z0),)
 
 
-def _vtrace(N, n0, n1, T, pr, sr_n, sr_t, pv, sv_n, sv_t, pk, sk_n, sk_t, ptr, str_n, str_t,
-            pb, sb_n, sb_t, pm, sm_n, sm_t, pc, sc_n, sc_k, plp, slp_n, slp_t, ptl, stl_n, stl_t,
-            out_vs, out_pg, carry_out, gamma, lam, rho_bar, c_bar, pg_rho_bar, end_boot):
-    r = _view(pr, _span(N, T, sr_n, sr_t), out_vs)
-    v = _view(pv, _span(N, T, sv_n, sv_t), out_vs)
-    lp = _view(plp, _span(N, T, slp_n, slp_t), out_vs)
-    tl = _view(ptl, _span(N, T, stl_n, stl_t), out_vs)
-    if pk is not None:
-        k = _bytes(pk, _span(N, T, sk_n, sk_t))
-    if ptr is not None:
-        tr = _bytes(ptr, _span(N, T, str_n, str_t))
-    if pb is not None:
-        b = _view(pb, _span(N, T, sb_n, sb_t), out_vs)
-    if pm is not None:
-        m = _bytes(pm, _span(N, T, sm_n, sm_t))
-    if pc is not None:
-        c = _view(pc, _span(N, 2, sc_n, sc_k), out_vs)
-    for n in range(n0, n1):
-        end = T - 1
-        if pm is not None:
-            while end >= 0 and m[n * sm_n + end * sm_t] == 0:
-                out_vs[n, end] = 0.0
-                out_pg[n, end] = 0.0
-                end -= 1
-        u = 0.0  # u past the window end
-        vn = 0.0  # V past the window end
-        if pc is not None:
-            u = c[n * sc_n]
-            vn = c[n * sc_n + sc_k]
-        elif pb is not None:
-            if end_boot:
-                vn = b[n * sb_n + (end if end >= 0 else T - 1) * sb_t]
-                if pk is not None:
-                    if end >= 0 and k[n * sk_n + end * sk_t] != 0:
-                        vn = 0.0
-        for t in range(end, -1, -1):
-            if pm is not None:
-                if m[n * sm_n + t * sm_t] == 0:
-                    out_vs[n, t] = 0.0
-                    out_pg[n, t] = 0.0
-                    continue
-            x = r[n * sr_n + t * sr_t]
-            g = gamma
-            kt = False
-            if pk is not None:
-                kt = k[n * sk_n + t * sk_t] != 0
-                if kt:
-                    g = 0.0
-            if ptr is not None:
-                if tr[n * str_n + t * str_t] != 0:
-                    g = 0.0
-                    if pb is not None:
-                        if not kt:
-                            x += gamma * b[n * sb_n + t * sb_t]
-            vt = v[n * sv_n + t * sv_t]
-            ratio = np.exp(tl[n * stl_n + t * stl_t] - lp[n * slp_n + t * slp_t])
-            rho = _clip(ratio, rho_bar)
-            ct = lam * _clip(ratio, c_bar)
-            rpg = _clip(ratio, pg_rho_bar)
-            out_pg[n, t] = rpg * ((x + g * (vn + u)) - vt)
-            u = (rho * (x - vt) + g * (rho * vn)) + (g * ct) * u
-            out_vs[n, t] = vt + u
-            vn = vt
-        carry_out[n, 0] = u
-        carry_out[n, 1] = vn
+@njit(**_JIT)
+def _vtrace(data, at, k, tr, boot, prm, u_next, v_next):
+    """V-trace: data (rewards, values, log_probs, target_log_probs), outputs (vs, pg), state (u, V)."""
+    zero = prm[0]
+    gamma, lam, rho_bar, c_bar, pg_rho_bar = prm[2]
+    r, v = _ld(data[0], at, zero), _ld(data[1], at, zero)
+    ratio = np.exp(_ld(data[3], at, zero) - _ld(data[2], at, zero))
+    p, q, _, a, w = _vtrace_step(r, v, k, tr, boot, _clip(ratio, rho_bar), lam * _clip(ratio, c_bar), gamma)
+    pg = _vtrace_pg(r, v, k, tr, boot, _clip(ratio, pg_rho_bar), gamma, v_next + u_next)
+    u = a + p * u_next + q * v_next  # the pair map; its V part is V_t itself
+    return (u, w), (v + u, pg)
 
 
-# ---------------------------------------------------------------------------------------------
-# forward: eligibility traces (decay = γλ) and episodic sums (decay = 1), x [N, T, F]
-#   e_t = x_t + decay·F_{t−1},  F_t = nd_t·e_t,  F_{−1} = initial,  final = F_{T−1}
-# ---------------------------------------------------------------------------------------------
+@njit(**_JIT)
+def _trace(data, at, k, tr, boot, prm, f_prev, z1):
+    """Eligibility traces (decay = γλ), episodic sums (decay = 1), forward: data (x,), state F = nd·e."""
+    e = _trace_out(_ld(data[0], at, prm[0]), prm[2][0], f_prev)
+    return (_trace_state(e, k, tr), 0.0), (e,)
 
 
-def _trace(N, n0, n1, T, F, px, sx_n, sx_t, sx_f, pk, sk_n, sk_t, ptr, str_n, str_t, pm, sm_n, sm_t,
-           pc, sc_n, sc_f, out, final, decay):
-    x = _view(px, 1 + (N - 1) * sx_n + (T - 1) * sx_t + (F - 1) * sx_f, out)
-    if pk is not None:
-        k = _bytes(pk, _span(N, T, sk_n, sk_t))
-    if ptr is not None:
-        tr = _bytes(ptr, _span(N, T, str_n, str_t))
-    if pm is not None:
-        m = _bytes(pm, _span(N, T, sm_n, sm_t))
-    if pc is not None:
-        c = _view(pc, _span(N, F, sc_n, sc_f), out)
-    for n in range(n0, n1):
-        for f in range(F):
-            final[n, f] = 0.0
-            if pc is not None:
-                final[n, f] = c[n * sc_n + f * sc_f]
-        for t in range(T):
-            if pm is not None:
-                if m[n * sm_n + t * sm_t] == 0:
-                    for f in range(F):
-                        out[n, t, f] = 0.0
-                    continue
-            nd = 1.0  # not done; the state is reset by multiplying (0·NaN = NaN carries on)
-            if pk is not None:
-                if k[n * sk_n + t * sk_t] != 0:
-                    nd = 0.0
-            if ptr is not None:
-                if tr[n * str_n + t * str_t] != 0:
-                    nd = 0.0
-            base = n * sx_n + t * sx_t
-            for f in range(F):
-                e = x[base + f * sx_f] + decay * final[n, f]
-                out[n, t, f] = e
-                final[n, f] = nd * e
+@njit(**_JIT)
+def _adjoint(data, at, k, tr, boot, prm, w, z1):
+    """The TD(λ) adjoint, forward: data (∂L/∂G, ∂L/∂A), outputs (r̄, V̄), state W."""
+    ga = _ld(data[1], at, prm[0])
+    g = _ld(data[0], at, prm[0]) + ga
+    gamma, lam = prm[2]
+    a, b = _adjoint_step(g, k, tr, gamma, lam)
+    return (a + b * w, 0.0), _adjoint_out(g, ga, lam, w)
 
 
-# ---------------------------------------------------------------------------------------------
-# the generic primitive: y_t = α_t + β_t·y_{t∓1}, y outside the row = initial
-# ---------------------------------------------------------------------------------------------
+@njit(**_JIT)
+def _affine(data, at, k, tr, boot, prm, y, z1):
+    """The generic primitive y_t = α_t + β_t·y_{t∓1}: data (α, β), output y, state y."""
+    y = _ld(data[0], at, prm[0]) + _ld(data[1], at, prm[0]) * y
+    return (y, 0.0), (y,)
 
 
-def _affine(N, n0, n1, T, pa, sa_n, sa_t, pb, sb_n, sb_t, pc, sc_n, out, final, reverse):
-    a = _view(pa, _span(N, T, sa_n, sa_t), out)
-    b = _view(pb, _span(N, T, sb_n, sb_t), out)
-    if pc is not None:
-        c = _view(pc, _span(N, 1, sc_n, 0), out)
-    for n in range(n0, n1):
-        y = 0.0
-        if pc is not None:
-            y = c[n * sc_n]
-        if reverse:
-            for t in range(T - 1, -1, -1):
-                y = a[n * sa_n + t * sa_t] + b[n * sb_n + t * sb_t] * y
-                out[n, t] = y
-        else:
-            for t in range(T):
-                y = a[n * sa_n + t * sa_t] + b[n * sb_n + t * sb_t] * y
-                out[n, t] = y
-        final[n] = y
-
-
-# ---------------------------------------------------------------------------------------------
-# the TD(λ) adjoint (the backward pass of the TD(λ) family), forward in time:
-#   U_t = W_{t+1} = c_t·Ḡ_t + λc_t·U_{t−1},  U_{−1} = W_0,  c_t = γ·nd_t,  Ḡ = ḡ_G + ḡ_A
-#   r̄_t = Ḡ_t + λW_t,  V̄_t = (1−λ)W_t − ḡ_A,t  (W_t = U_{t−1});  carry out W_T = U_{T−1}
-# ---------------------------------------------------------------------------------------------
-
-
-def _lambda_adjoint(N, n0, n1, T, pg, sg_n, sg_t, pa, sa_n, sa_t, pk, sk_n, sk_t, ptr, str_n, str_t,
-                    pm, sm_n, sm_t, pc, sc_n, out_r, out_v, carry_out, gamma, lam):
-    gg = _view(pg, _span(N, T, sg_n, sg_t), out_r)
-    if pa is not None:
-        ga = _view(pa, _span(N, T, sa_n, sa_t), out_r)
-    if pk is not None:
-        k = _bytes(pk, _span(N, T, sk_n, sk_t))
-    if ptr is not None:
-        tr = _bytes(ptr, _span(N, T, str_n, str_t))
-    if pm is not None:
-        m = _bytes(pm, _span(N, T, sm_n, sm_t))
-    if pc is not None:
-        c = _view(pc, _span(N, 1, sc_n, 0), out_r)
-    for n in range(n0, n1):
-        w = 0.0
-        if pc is not None:
-            w = c[n * sc_n]
-        for t in range(T):
-            if pm is not None:
-                if m[n * sm_n + t * sm_t] == 0:
-                    out_r[n, t] = 0.0
-                    if out_v is not None:
-                        out_v[n, t] = 0.0
-                    continue
-            a = 0.0
-            if pa is not None:
-                a = ga[n * sa_n + t * sa_t]
-            g = gg[n * sg_n + t * sg_t] + a
-            out_r[n, t] = g + lam * w
-            if out_v is not None:
-                out_v[n, t] = (1.0 - lam) * w - a
-            cont = gamma
-            if pk is not None:
-                if k[n * sk_n + t * sk_t] != 0:
-                    cont = 0.0
-            if ptr is not None:
-                if tr[n * str_n + t * str_t] != 0:
-                    cont = 0.0
-            w = cont * g + (lam * cont) * w
-        carry_out[n] = w
-
-
-_KERNELS = {name: njit(**_JIT)(fn) for name, fn in (
-    ("lambda", _lambda), ("retrace", _retrace), ("vtrace", _vtrace), ("trace", _trace),
-    ("affine", _affine), ("lambda_adjoint", _lambda_adjoint))}
+# family: (step, state size, the data fields after the main input, outputs (None: as the problem
+# asks), parameters, whether the window end reads V(s_T))
+_FAMILIES = {
+    "lambda": (_lambda, 1, ("values",), None, ("gamma", "lam"), True),
+    "retrace": (_retrace, 1, ("values", "q_values", "log_probs", "target_log_probs"), 1, ("gamma", "lam", "c_bar"),
+                True),
+    "vtrace": (_vtrace, 2, ("values", "log_probs", "target_log_probs"), 2,
+               ("gamma", "lam", "rho_bar", "c_bar", "pg_rho_bar"), True),
+    "trace": (_trace, 1, (), 1, ("decay",), False),
+    "lambda_adjoint": (_adjoint, 1, ("grad_advantages",), None, ("gamma", "lam"), False),
+    "affine": (_affine, 1, ("beta",), 1, (), False),
+}
+_DRIVERS = {(fam, reverse): _specialise(fam, reverse, spec[0], spec[1]) for fam, spec in _FAMILIES.items()
+            for reverse in (True, False) if reverse == spec[5] or fam == "affine"}
 
 
 # ---------------------------------------------------------------------------------------------
 # the call
 # ---------------------------------------------------------------------------------------------
 
-_NUMPY = {torch.float32: np.float32, torch.float64: np.float64}
-_ABSENT = (None, None, 0, 0)
 
+@njit(**_JIT)
+def _transpose(src, dst):
+    """``dst[t, n] = src[n, t]``, in tiles of 32 rows × 32 steps."""
+    N, T = src.shape
+    for n0 in range(0, N, 32):
+        for t0 in range(0, T, 32):
+            for t in range(t0, min(t0 + 32, T)):
+                for n in range(n0, min(n0 + 32, N)):
+                    dst[t, n] = src[n, t]
+
+
+_NUMPY = {torch.float32: np.float32, torch.float64: np.float64}
+_ZERO = {torch.float32: np.float32(0), torch.float64: np.float64(0)}  # the accumulation dtype's 0
 
 _POOL = {"pool": None, "size": 0}
 _POOL_LOCK = threading.Lock()
@@ -470,71 +454,85 @@ def _pool(workers):
         return _POOL["pool"]
 
 
-def _launch(name, N, work, *args):
-    """Run kernel ``name`` over rows ``[0, N)``: on this thread, or with enough work split into
-    contiguous row ranges over ``torch.get_num_threads()`` threads (the kernels release the GIL)."""
-    kernel = _KERNELS[name]
+def _field(x, dt, nj, keep, per_step=True):
+    """``x`` ``[N, T]`` (or ``[N]``, ``[N, K]``: a column along time, a carry's components) as
+    ``(address, stride_g, stride_j, stride_t)``, its rows ``j`` (``nj``) or ``g``; converted to the
+    accumulation dtype ``dt`` where it is in another (``dt`` None: a flag, converted to bool where it
+    is neither bool nor uint8); ``None`` for an absent field. In the lanes order a per-step field
+    that is not time-major (a flag made ``[N, T]`` next to ``[T, N]`` buffers, a field broadcast over
+    the rows) is copied to time-major first: a transposing copy costs less than the loop over the
+    lanes when it cannot be vectorised."""
+    if x is None:
+        return None
+    if dt is None:
+        if x.dtype is not torch.bool and x.dtype is not torch.uint8:
+            x = x != 0
+            keep.append(x)
+    elif x.dtype is not dt:
+        x = x.to(dt)
+        keep.append(x)
+    s = x.stride()
+    if nj and per_step and s[0] != 1 and len(s) > 1 and x.shape[1] > 1:
+        src = (x.view(torch.uint8) if x.dtype is torch.bool else x).numpy()  # a flag: its bytes
+        dst = np.empty(src.shape[::-1], src.dtype)
+        _transpose(src, dst)  # on this thread (torch's copy would wake its thread pool)
+        x = torch.from_numpy(dst).mT
+        keep.append(x)
+        s = x.stride()
+    st = s[1] if len(s) > 1 else 0
+    return (x.data_ptr(), 0, s[0], st) if nj else (x.data_ptr(), s[0], 0, st)
+
+
+def _outputs(n, N, T, npdt, nj):
+    """``n`` (1 or 2) outputs ``[N, T]`` in the accumulation dtype, and what the driver writes them
+    through: views of ``[T, N]`` arrays when the rows are the lanes ``j`` (written in memory order)."""
+    if nj:
+        o = torch.from_numpy(np.empty((T, N), npdt).T)
+        res = [o] if n == 1 else [o, torch.from_numpy(np.empty((T, N), npdt).T)]
+        strides = (0, 1, N)
+    else:
+        o = torch.from_numpy(np.empty((N, T), npdt))
+        res = [o] if n == 1 else [o, torch.from_numpy(np.empty((N, T), npdt))]
+        strides = (T, 0, 1)
+    return res, ((o.data_ptr(),) if n == 1 else (o.data_ptr(), res[1].data_ptr()), strides)
+
+
+def _carry_out(N, k, npdt, nj, J=1):
+    """The carry out ``[N]`` (``[N, k]`` for ``k`` > 1, ``N = G·J``), and its address and strides."""
+    c = torch.from_numpy(np.empty((N,) if k == 1 else (N, k), npdt))
+    return c, ((c.data_ptr(), 0, k, 1) if nj else (c.data_ptr(), k * J, k, 1))
+
+
+def _launch(driver, G, J, T, lanes, args):
+    """Run ``driver`` over rows ``g`` < ``G`` × ``j`` < ``J``: on this thread, or with enough work split
+    into contiguous ranges of rows over ``torch.get_num_threads()`` threads (the loops release the
+    GIL); ``args``: the driver's arguments after ``rows``."""
+    lanes = True if lanes else None
+    rows = G if G > 1 else J  # split over g when there is more than one, else over j
+    work = G * J * T
     parts = 1
-    if N >= PARALLEL_MIN_ROWS and work >= PARALLEL_MIN_ELEMENTS:
-        parts = min(torch.get_num_threads(), N, work // PARALLEL_MIN_ELEMENTS)
+    if rows >= PARALLEL_MIN_ROWS and work >= PARALLEL_MIN_ELEMENTS:
+        parts = min(torch.get_num_threads(), rows, work // PARALLEL_MIN_ELEMENTS)
     if parts <= 1:
-        kernel(N, 0, N, *args)
+        driver((0, G, 0, J, T), *args, lanes)
         return
-    bounds = [N * i // parts for i in range(parts + 1)]
+    b = [rows * i // parts for i in range(parts + 1)]
+    ranges = [(b[i], b[i + 1], 0, J, T) if G > 1 else (0, G, b[i], b[i + 1], T) for i in range(parts)]
     pool = _pool(parts - 1)
-    futures = [pool.submit(kernel, N, bounds[i], bounds[i + 1], *args) for i in range(1, parts)]
-    kernel(N, 0, bounds[1], *args)
+    futures = [pool.submit(driver, r, *args, lanes) for r in ranges[1:]]
+    driver(ranges[0], *args, lanes)
     for fut in futures:
         fut.result()
 
 
-def _f(x, dt):
-    """A float field: ``(tensor, address, stride_n, stride_t)`` in dtype ``dt`` (converted only if it
-    is in another dtype); an absent one has no address (its loads are compiled out)."""
-    if x is None:
-        return _ABSENT
-    if x.dtype != dt:
-        x = x.to(dt)
+def _time_major(x):
+    """Whether to run the lanes order on ``x`` ``[N, T]``: it steps through memory faster along its
+    rows than along time, and has enough rows (``LANES_MIN_ROWS``)."""
     s = x.stride()
-    return x, x.data_ptr(), s[0], s[1]
+    return x.shape[0] >= LANES_MIN_ROWS and x.shape[1] > 1 and s[0] < s[1]
 
 
-def _b(x):
-    """A flag as bytes: ``(tensor, address, stride_n, stride_t)``; bool and uint8 in place."""
-    if x is None:
-        return _ABSENT
-    if x.dtype != torch.bool and x.dtype != torch.uint8:
-        x = x != 0
-    s = x.stride()
-    return x, x.data_ptr(), s[0], s[1]
-
-
-def _col(x, dt):
-    """A per-row value ``[N]`` (or ``[N, K]``): ``(tensor, address, stride_n, stride_k)``."""
-    if x is None:
-        return _ABSENT
-    if x.dtype != dt:
-        x = x.to(dt)
-    s = x.stride()
-    return x, x.data_ptr(), s[0], (s[1] if len(s) > 1 else 0)
-
-
-def _boot(x, dt):
-    """``bootstrap_values`` ``[N, T]``, or ``[N]`` read as a column repeated along time (stride 0)."""
-    if x is not None and x.dim() == 1:
-        if x.dtype != dt:
-            x = x.to(dt)
-        return x, x.data_ptr(), x.stride(0), 0
-    return _f(x, dt)
-
-
-def _out(a, dt):
-    t = torch.from_numpy(a)
-    return t if t.dtype == dt else t.to(dt)
-
-
-def _torch_run(p):
-    return torch_backend.run(p)
+_FLAG_NAMES = ("terminated", "truncated", "mask")
 
 
 def run(p: Problem):
@@ -544,7 +542,8 @@ def run(p: Problem):
     for the forward estimators) in ``p.out_dtype``, 0 at masked steps; ``carry`` in
     ``p.compute_dtype``: the state at the window's first step (``[N]``, ``[N, 2]`` for V-trace) for
     the backward families, ``W_T`` for ``lambda_adjoint``, ``None`` for ``trace`` and ``affine``
-    (whose outputs end with ``final``).
+    (whose outputs end with ``final``). In the lanes order the outputs are ``[N, T]`` views of
+    time-major tensors.
     """
     fam = p.family
     f = p.fields
@@ -552,127 +551,75 @@ def run(p: Problem):
     npdt = _NUMPY.get(dt)
     if npdt is None:
         raise TypeError(f"the compiled CPU backend accumulates in float32 or float64, got {dt}")
-    if fam == "trace":
-        return _run_trace(p, f, dt, npdt)
-    if fam == "affine":
-        return _run_affine(p, f, dt, npdt)
+    spec = _FAMILIES.get(fam)
+    if spec is None:
+        raise ValueError(f"unknown family {fam!r}")
+    _, ns, names, n_out, params, boots = spec
     main = p.main
     if main.device.type != "cpu":
         raise ValueError(f"the compiled CPU backend runs on CPU tensors, got {main.device}")
-    N, T = main.shape
-    if fam == "lambda_adjoint":
-        return _run_adjoint(p, f, dt, npdt, N, T)
-    if N == 0 or T == 0:
-        return _torch_run(p)
-    r = _f(main, dt)
-    k = _b(f.get("terminated"))
-    tr = _b(f.get("truncated"))
-    m = _b(f.get("mask"))
-    bv = f.get("bootstrap_values")
-    if p.no_bootstrap:
-        bv = None
-    b = _boot(bv, dt)
-    # the window end reads V(s_T) unless a carry is given or it is terminal
-    end_boot = p.carry is None and p.window_end != "terminal" and not p.no_bootstrap
-    if end_boot and bv is None:
-        raise ValueError("bootstrap_values is required: the window end bootstraps from V(s_T)")
-    c = _col(p.carry, dt)
+    shape = main.shape
+    N, T = shape[0], shape[1]
     od = p.out_dtype
-    if fam == "lambda":
-        v = _f(f.get("values"), dt)
-        g_out = np.empty((N, T), npdt)
-        a_out = np.empty((N, T), npdt) if "advantages" in p.outputs else None
-        carry = np.empty(N, npdt)
-        _launch("lambda", N, N * T, T, r[1], r[2], r[3], v[1], v[2], v[3], k[1], k[2], k[3],
-                tr[1], tr[2], tr[3], b[1], b[2], b[3], m[1], m[2], m[3], c[1], c[2],
-                g_out, a_out, carry, p.gamma, p.lam, end_boot)
-        named = {"returns": g_out, "advantages": a_out}
-        return tuple(_out(named[o], od) for o in p.outputs), torch.from_numpy(carry)
-    v = _f(f["values"], dt)
-    lp = _f(f["log_probs"], dt)
-    tl = _f(f["target_log_probs"], dt)
-    if fam == "retrace":
-        q = _f(f["q_values"], dt)
-        out = np.empty((N, T), npdt)
-        carry = np.empty(N, npdt)
-        _launch("retrace", N, N * T, T, r[1], r[2], r[3], v[1], v[2], v[3], k[1], k[2], k[3],
-                tr[1], tr[2], tr[3], b[1], b[2], b[3], m[1], m[2], m[3], c[1], c[2],
-                lp[1], lp[2], lp[3], tl[1], tl[2], tl[3], q[1], q[2], q[3], out, carry,
-                p.gamma, p.lam, p.c_bar, end_boot)
-        return (_out(out, od),), torch.from_numpy(carry)
-    if fam != "vtrace":
-        raise ValueError(f"unknown family {fam!r}")
-    vs = np.empty((N, T), npdt)
-    pg = np.empty((N, T), npdt)
-    carry = np.empty((N, 2), npdt)
-    _launch("vtrace", N, N * T, T, r[1], r[2], r[3], v[1], v[2], v[3], k[1], k[2], k[3],
-            tr[1], tr[2], tr[3], b[1], b[2], b[3], m[1], m[2], m[3], c[1], c[2], c[3],
-            lp[1], lp[2], lp[3], tl[1], tl[2], tl[3], vs, pg, carry,
-            p.gamma, p.lam, p.rho_bar, p.c_bar, p.pg_rho_bar, end_boot)
-    return (_out(vs, od), _out(pg, od)), torch.from_numpy(carry)
-
-
-def _run_trace(p, f, dt, npdt):
-    x = f["x"]
-    if x.device.type != "cpu":
-        raise ValueError(f"the compiled CPU backend runs on CPU tensors, got {x.device}")
-    N, T = x.shape[0], x.shape[1]
-    feat = tuple(x.shape[2:])
-    Fn = 1
-    for d in feat:
-        Fn *= d
+    feat = shape[2:]  # the forward estimators' features
+    Fn = math.prod(feat) if feat else 1
     if N == 0 or T == 0 or Fn == 0:
-        return _torch_run(p)
-    if x.dtype != dt:
-        x = x.to(dt)
-    x3 = x.reshape(N, T, Fn) if x.dim() != 3 else x  # a view unless the features cannot merge
-    s = x3.stride()
-    k = _b(f.get("terminated"))
-    tr = _b(f.get("truncated"))
-    m = _b(f.get("mask"))
-    c = _ABSENT if p.carry is None else _col(p.carry.reshape(N, Fn), dt)
-    out = np.empty((N, T, Fn), npdt)
-    final = np.empty((N, Fn), npdt)
-    _launch("trace", N, N * T * Fn, T, Fn, x3.data_ptr(), s[0], s[1], s[2], k[1], k[2], k[3],
-            tr[1], tr[2], tr[3], m[1], m[2], m[3], c[1], c[2], c[3], out, final, p.decay)
-    return (_out(out, p.out_dtype).reshape(x.shape), torch.from_numpy(final).reshape(N, *feat)), None
-
-
-def _run_affine(p, f, dt, npdt):
-    alpha, beta = f["alpha"], f["beta"]
-    if alpha.device.type != "cpu":
-        raise ValueError(f"the compiled CPU backend runs on CPU tensors, got {alpha.device}")
-    N, T = alpha.shape
-    init = p.carry
-    if N == 0 or T == 0:
-        init = torch.zeros(N, dtype=dt) if init is None else init.to(dt)
-        return (torch.empty((N, T), dtype=p.out_dtype), init), None
-    a = _f(alpha, dt)
-    b = _f(beta, dt)
-    c = _col(init, dt)
-    y = np.empty((N, T), npdt)
-    final = np.empty(N, npdt)
-    _launch("affine", N, N * T, T, a[1], a[2], a[3], b[1], b[2], b[3], c[1], c[2], y, final,
-            bool(p.reverse))
-    return (_out(y, p.out_dtype), torch.from_numpy(final)), None
-
-
-def _run_adjoint(p, f, dt, npdt, N, T):
-    two = len(p.outputs) > 1
-    if N == 0 or T == 0:
-        outs = tuple(torch.zeros((N, T), dtype=p.out_dtype) for _ in p.outputs)
-        w = torch.zeros(N, dtype=dt) if p.carry is None else p.carry.to(dt)
-        return outs, w
-    g = _f(f["grad_returns"], dt)
-    a = _f(f.get("grad_advantages"), dt)
-    k = _b(f.get("terminated"))
-    tr = _b(f.get("truncated"))
-    m = _b(f.get("mask"))
-    c = _col(p.carry, dt)
-    r_out = np.empty((N, T), npdt)
-    v_out = np.empty((N, T), npdt) if two else None
-    carry = np.empty(N, npdt)
-    _launch("lambda_adjoint", N, N * T, T, g[1], g[2], g[3], a[1], a[2], a[3], k[1], k[2], k[3],
-            tr[1], tr[2], tr[3], m[1], m[2], m[3], c[1], c[2], r_out, v_out, carry, p.gamma, p.lam)
-    outs = (_out(r_out, p.out_dtype),) if v_out is None else (_out(r_out, p.out_dtype), _out(v_out, p.out_dtype))
-    return outs, torch.from_numpy(carry)
+        if fam == "affine" or fam == "lambda_adjoint":  # the carry passes through an empty window
+            c = torch.zeros(N, dtype=dt) if p.carry is None else p.carry.to(dt)
+            outs = (torch.empty((N, T), dtype=od),) if fam == "affine" else (
+                tuple(torch.zeros((N, T), dtype=od) for _ in p.outputs))
+            return (outs + (c,), None) if fam == "affine" else (outs, c)
+        return torch_backend.run(p)
+    keep = []
+    cin = p.carry
+    if fam == "trace":
+        main = (main if main.dtype is dt else main.to(dt)).reshape(N, T, Fn)  # a view unless they cannot merge
+        keep.append(main)
+        if Fn == 1:  # one feature: rows as for the other families
+            main = main[:, :, 0]
+            cin = None if cin is None else cin.reshape(N)
+    if Fn == 1:
+        nj = lanes = _time_major(main)  # the rows are the lanes j, time outermost
+        G, J = (1, N) if nj else (N, 1)
+        data = tuple([_field(main, dt, nj, keep)] + [_field(f.get(n), dt, nj, keep) for n in names])
+        bounds = [_field(f.get(n), None, nj, keep) for n in _FLAG_NAMES]
+        cin = _field(cin, dt, nj, keep, False)
+        if n_out is None:  # TD(λ): the returns always (G is its first output); the adjoint: as asked
+            n_out = (2 if "advantages" in p.outputs else 1) if fam == "lambda" else len(p.outputs)
+        res, outs = _outputs(n_out, N, T, npdt, nj)
+    else:  # the features of row g are its lanes j, time outermost where they are nearer than steps
+        s = main.stride()
+        nj, lanes, G, J = False, s[2] < s[1], N, Fn
+        data = ((main.data_ptr(), s[0], s[2], s[1]),)
+        bounds = [_field(f.get(n), None, False, keep) for n in _FLAG_NAMES]
+        bounds = [None if b is None else (b[0], b[1], None, b[3]) for b in bounds]  # shared: stride_j None
+        if cin is not None:
+            cin = cin.reshape(N, Fn)
+            cin = cin if cin.dtype is dt else cin.to(dt)
+            keep.append(cin)
+            cin = (cin.data_ptr(), cin.stride(0), cin.stride(1), 0)
+        out = torch.from_numpy(np.empty((N, T, Fn), npdt))
+        res, outs = [out], ((out.data_ptr(),), (T * Fn, 1, Fn))
+    end_boot = False
+    if boots:
+        bv = None if p.no_bootstrap else f.get("bootstrap_values")
+        # the window end reads V(s_T) unless a carry is given or it is terminal
+        end_boot = p.carry is None and p.window_end != "terminal" and not p.no_bootstrap
+        if end_boot and bv is None:
+            raise ValueError("bootstrap_values is required: the window end bootstraps from V(s_T)")
+        bounds.append(_field(bv, dt, nj, keep))
+    else:
+        bounds.append(None)
+    carry, cout = _carry_out(N * Fn, ns, npdt, nj, J)
+    prm = (_ZERO[dt], end_boot, tuple([float(getattr(p, n)) for n in params]))
+    driver = _DRIVERS[fam, bool(p.reverse) if fam == "affine" else boots]
+    _launch(driver, G, J, T, lanes, ((tuple(bounds), data), outs, cin, cout, prm))
+    if fam == "lambda":
+        res = [res[1] if o == "advantages" else res[0] for o in p.outputs]
+    if od is not dt:
+        res = [o.to(od) for o in res]
+    if fam == "trace":
+        return (res[0].reshape(shape), carry.reshape(N, *feat)), None
+    if fam == "affine":
+        return (res[0], carry), None
+    return tuple(res), carry
