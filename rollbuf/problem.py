@@ -51,8 +51,9 @@ class Family(str, enum.Enum):
         return self.value
 
 
-_MAIN = {Family.TD_LAMBDA: "rewards", Family.RETRACE: "rewards", Family.VTRACE: "rewards", Family.FORWARD: "x",
-         Family.AFFINE: "alpha", Family.TD_LAMBDA_ADJOINT: "grad_returns"}  # the field that fixes [N, T]
+# the field that fixes [N, T] of the families whose main field is not ``rewards`` (compared by identity:
+# torch.compile does not trace a dict keyed by this enum, whose __hash__ is overridden)
+_MAIN = ((Family.FORWARD, "x"), (Family.AFFINE, "alpha"), (Family.TD_LAMBDA_ADJOINT, "grad_returns"))
 
 
 class Problem(NamedTuple):
@@ -93,10 +94,13 @@ class Problem(NamedTuple):
     def main(self) -> torch.Tensor:
         """The field that fixes ``[N, T]``: ``x`` (forward), ``alpha`` (affine), ``grad_returns``
         (adjoint), the estimator's first field (generic), else ``rewards``."""
-        name = _MAIN.get(self.family)
-        if name is None:  # Family.GENERIC
+        fam = self.family
+        if fam is Family.GENERIC:
             return self.fields[self.estimator.fields[0].name]
-        return self.fields[name]
+        for family, name in _MAIN:
+            if fam is family:
+                return self.fields[name]
+        return self.fields["rewards"]
 
     @property
     def num_rows(self) -> int:

@@ -573,5 +573,10 @@ def test_cpu_bench_smoke(tmp_path):
                             "--no-first-call", "--impls", impls]) == 0
     rows = list(csv.DictReader(open(tmp_path / "cpu.csv")))
     assert len(rows) == 12
+    import importlib.util
+
+    absent = set() if importlib.util.find_spec("stable_baselines3") else {"sb3"}  # (a GPU machine without it)
+    rows = [r for r in rows if not (r["impl"] in absent and r["status"] == "unsupported")]
+    assert len(rows) >= 10
     assert all(r["status"] == "ok" and float(r["err"]) < 1e-4 and float(r["call_us"]) > 0 for r in rows)
     assert "| 3 × 40 |" in (tmp_path / "cpu.md").read_text()

@@ -242,7 +242,10 @@ def test_cleanrl_replacement_equals_cleanrl_loop(backend, monkeypatch):
     next_value = torch.randn(1, N, generator=g)
     next_done = torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0, 1.0])
     want = ex.cleanrl_loop(rewards, values, dones, next_value, next_done, 0.99, 0.95)
-    got = ex.rollbuf_gae(rewards, values, dones, next_value, next_done, 0.99, 0.95)
+    dev = "cuda" if backend == "triton" and torch.cuda.is_available() else "cpu"  # else the interpreter
+    inputs = [x.to(dev) for x in (rewards, values, dones, next_value, next_done)]
+    got = [x.cpu() if x.is_contiguous() else x.cpu().mT.contiguous().mT
+           for x in ex.rollbuf_gae(*inputs, 0.99, 0.95)]  # (the layout kept on the way back)
     for a, b in zip(got, want):
         assert a.shape == (T, N)
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
@@ -270,10 +273,12 @@ def test_cleanrl_layout_is_as_documented(monkeypatch):
     real = F.gae
     for backend, contiguous in time_major.items():
         monkeypatch.setattr(F, "gae", lambda *a, b=backend, **k: real(*a, **k, backend=b))
-        got = ex.rollbuf_gae(rewards, values, dones, next_value, next_done, 0.99, 0.95)
+        dev = "cuda" if backend == "triton" and torch.cuda.is_available() else "cpu"  # else the interpreter
+        inputs = [x.to(dev) for x in (rewards, values, dones, next_value, next_done)]
+        got = ex.rollbuf_gae(*inputs, 0.99, 0.95)
         for a, b in zip(got, want):
             assert a.is_contiguous() == contiguous, backend
-            torch.testing.assert_close(a.reshape(-1), b.reshape(-1), rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(a.reshape(-1).cpu(), b.reshape(-1), rtol=1e-5, atol=1e-5)
 
 
 def test_graphed_snippet_is_the_tested_example():
