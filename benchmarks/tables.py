@@ -37,8 +37,7 @@ SOURCES = {
     "beyond": ["peers_p0_00a2400.csv", "peers_p1_00a2400.csv"],
     "pufferlib": ["peers_p0_00a2400.csv", "peers_p1_00a2400.csv", "peers_puff16_4fa49f4.csv"],
     "naive": ["kernels_h200_7bce722.csv"],
-    "host": [f"host_ab_direct_launch/host_new{i}_{c}.csv" for c in ("0f979ef", "4d15103a", "4d15103b")
-             for i in (1, 2)],
+    "host": ["host_path_3babafa.csv"],
     "scoreboard": None,  # _scoreboard_csvs()
     "bandwidth": None,
     "long": None,
@@ -262,15 +261,26 @@ _HOST_NAMES = {"F.gae": "`rollbuf.functional.gae`", "F.advantages": "`rollbuf.fu
 
 
 def host() -> str:
+    """``python -m benchmarks host-path``: the eager calls' wall time per call on rl-triton's grid
+    (min–median–max over its shapes, and the shapes where the call is within 1.25× of rl-triton's),
+    then the CUDA-graph rows."""
     paths = sources("host")
-    rows = [r for r in read_rows(paths) if r.get("part") == "host" and r.get("us")]
-    by: dict = {}
-    for r in rows:
-        by.setdefault(r["competitor"], []).append(float(r["us"]))
-    out = [[_HOST_NAMES[c], len(v), _num(min(v)), _num(statistics.median(v)), _num(max(v))]
-           for c, v in by.items() if c in _HOST_NAMES]
-    return "\n".join([_gpu_provenance(rows, paths, device_key="gpu"), ""] + _table(
-        ["call (4096 × 128, fp32)", "runs", "best µs", "median µs", "worst µs"], out))
+    rows = read_rows(paths)
+    eager = [r for r in rows if r["part"] == "eager"]
+    peer = {(r["n"], r["t"]): float(r["wall_us"]) for r in eager if r["call"] == "rl_triton.compute_gae"}
+    out = []
+    for call in dict.fromkeys(r["call"] for r in eager):
+        mine = {(r["n"], r["t"]): float(r["wall_us"]) for r in eager if r["call"] == call}
+        v = sorted(mine.values())
+        ratio = [mine[k] / peer[k] for k in mine if k in peer]
+        within = sum(x <= 1.25 for x in ratio)
+        out.append([f"`{call}`", len(v), _num(v[0]), _num(statistics.median(v)), _num(v[-1]),
+                    f"{min(ratio):.2f}–{max(ratio):.2f}× ({within} of {len(ratio)} ≤ 1.25×)"])
+    graph = [[f"{r['call']} ({r['n']} × {r['t']})", _num(float(r["wall_us"]))] for r in rows
+             if r["part"] in ("graph", "replay")]
+    return "\n".join([_gpu_provenance(rows, paths), ""] + _table(
+        ["eager call (rl-triton's grid, fp32)", "shapes", "min µs", "median µs", "max µs",
+         "÷ rl-triton's eager call"], out) + [""] + _table(["CUDA graph / replay", "µs per call"], graph))
 
 
 # ------------------------------------------------------------------------------ the GPU scoreboard
