@@ -818,6 +818,8 @@ def test_the_host_time_calls_pass_the_gate():
     assert {"F.gae", "F.advantages", "Rollout.gae (adv+ret)", "Rollout.advantages (adv)",
             "naive kernel (adv), Triton's launcher"} <= set(calls)
     for name, (est, fn) in calls.items():
+        if name.startswith("rl-triton") and not torch.cuda.is_available():
+            continue  # rl-triton (when the peers were fetched into .peers/) takes CUDA tensors only
         out = fn()
         out = tuple(out) if isinstance(out, (tuple, list)) else (out,)
         assert suite.gate_error(out, oracles.outputs(est, f, **PARAMS[est])) < 1e-5, name
