@@ -91,14 +91,19 @@ class Problem(NamedTuple):
         (adjoint), the estimator's first field (generic), else ``rewards``."""
         f = self.family
         if f == Family.FORWARD:
-            return self.fields["x"]
-        if f == Family.AFFINE:
-            return self.fields["alpha"]
-        if f == Family.TD_LAMBDA_ADJOINT:
-            return self.fields["grad_returns"]
-        if f == Family.GENERIC:
-            return self.fields[self.estimator.fields[0].name]
-        return self.fields["rewards"]
+            name = "x"
+        elif f == Family.AFFINE:
+            name = "alpha"
+        elif f == Family.TD_LAMBDA_ADJOINT:
+            name = "grad_returns"
+        elif f == Family.GENERIC:
+            name = self.estimator.fields[0].name
+        else:
+            name = "rewards"
+        x = self.fields[name]
+        if x is None:
+            raise ValueError(f"the problem has no {name}, the field that fixes [N, T]")
+        return x
 
     @property
     def num_rows(self) -> int:

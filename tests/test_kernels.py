@@ -191,7 +191,8 @@ def test_flipped_chunks_match_reference(name, mix, pass_, layout):
 
 
 @pytest.mark.parametrize("force", [dict(block_t=1024), dict(block_t=256, split=True),
-                                   dict(block_t=256, split=True, presolve=True)], ids=["one-chunk", "lookback", "presolve"])
+                                   dict(block_t=256, split=True, presolve=True)],
+                         ids=["one-chunk", "lookback", "presolve"])
 @pytest.mark.parametrize("flip", [False, True])
 def test_vtrace_read_back_in_either_lane_order(flip, force):
     """V-trace without a mask over chunks longer than 128 steps reads its own targets back for
@@ -588,7 +589,8 @@ def test_more_than_2_31_elements():
     assert rel_err(ret[rows], ref.returns) < 2e-2
 
 
-@pytest.mark.skipif(CUDA, reason="fakes the compiled kernel; on a GPU test_direct_launch_respecializes runs the real one")
+@pytest.mark.skipif(CUDA,
+                    reason="fakes the compiled kernel; on a GPU test_direct_launch_respecializes runs the real one")
 def test_direct_launch_bookkeeping(monkeypatch):
     """A launch's kernel goes through Triton's JIT launch once, then is launched directly from the
     compiled kernel with the same arguments (checked with a stand-in for Triton's compiled kernel,
