@@ -46,8 +46,8 @@ import importlib.util
 import os
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
@@ -128,7 +128,7 @@ def _gae_impl(impl, max_t=None):
     return fn
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _compiled(impl):
     # one graph per T (the doubling passes depend on it) and dtype: allow the recompiles
     for knob in ("recompile_limit", "cache_size_limit"):
@@ -521,7 +521,7 @@ def _plain_gae(r, v, k, last, gamma, lam):
     return adv, ret
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _plain_kernel():
     from numba import njit
 

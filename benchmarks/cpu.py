@@ -45,11 +45,10 @@ import time
 import numpy as np
 import torch
 
-from rollbuf import oracles
-
 from benchmarks import cases, tables
 from benchmarks.competitors import CPU_GAE, CPU_LAYOUT, Unsupported
 from benchmarks.suite import TOLERANCE, gate_error
+from rollbuf import oracles
 
 COLUMNS = ["kind", "estimator", "n", "t", "dtype", "layout", "impl", "status", "err", "tol", "call_us", "p25_us",
            "p75_us", "calls", "first_call_us", "note", "cpu", "cores", "threads", "python", "torch", "numba",

@@ -105,7 +105,8 @@ def main(argv=None):
     out = os.path.join(d, "res")
     mp.start_processes(_worker, args=(args.world, os.path.join(d, "init"), args, out),
                        nprocs=args.world, start_method="spawn")
-    ag, local, dist_ = (float(x) for x in open(out).read().split())
+    with open(out) as fh:
+        ag, local, dist_ = (float(x) for x in fh.read().split())
     backend = "nccl" if args.nccl else "gloo"
     payload = args.n * K[args.estimator] * 4
     print(f"| {backend} | {args.world} | {args.estimator} | {args.n}x{args.t} | {payload} B/rank | "

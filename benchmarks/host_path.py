@@ -9,7 +9,8 @@ Parts (every time in µs; CSV ``DIR/host_path.csv``, a short table printed last)
 * ``eager``: ``functional.advantages``, ``functional.gae`` and ``Rollout.advantages`` called back to
   back, on rl-triton's 40-shape grid (T 128…4096 × N 128…8192 and T 8…128 × N 4096…32768, 39
   distinct; ``benchmarks.cases.PEER_SHAPES``), with rl-triton's ``compute_gae`` beside them when
-  ``rl_triton`` is importable (rl-triton's ``src`` on ``PYTHONPATH``). Inputs as the peers' benchmarks pass them: fp32 rewards and values,
+  ``rl_triton`` is importable (rl-triton's ``src`` on ``PYTHONPATH``). Inputs as the peers'
+  benchmarks pass them: fp32 rewards and values,
   bool terminations at 2%, the ``[N]`` window-end values (rl-triton: float32 flags, ``last_value``);
   the ``Rollout`` holds them as its per-step ``bootstrap_values`` (what ``Rollout.bootstrap``
   writes). Each measurement: ``--calls`` calls (fewer for long calls) with ``torch.cuda.synchronize()``

@@ -42,11 +42,10 @@ import time
 
 import torch
 
-from rollbuf.integrations import llm
-from rollbuf.oracles import verl_multi_turn_gae as _verl_loop
-
 from benchmarks.cases import LLM_SIZES, parse_shapes
 from benchmarks.suite import provenance, time_cuda
+from rollbuf.integrations import llm
+from rollbuf.oracles import verl_multi_turn_gae as _verl_loop
 
 
 def verl_multi_turn_gae(token_level_rewards, values, response_mask, gamma, lam):
@@ -94,7 +93,7 @@ def run_cpu(args):
     prov = dict(commit=git_commit(), date=_dt.date.today().isoformat(), threads=torch.get_num_threads(),
                 cpus=os.cpu_count(), cpu=platform.processor() or platform.machine(), torch=torch.__version__)
     rows = []
-    per_step = None  # loop seconds per token-step (per row batch), from the previous size
+    per_step = prev_B = per_token = None  # loop seconds per token-step (per row batch), from the previous size
     for B, T in sizes:
         big = B * T > 2 ** 24
         reps = 11 if B * T <= 2 ** 20 else 5 if B * T <= 2 ** 22 else 3 if not big else 2

@@ -30,8 +30,7 @@ import torch
 
 from benchmarks.cases import GRID_COMPETITORS, GRIDS, MIXES, parse_cases, parse_shapes, part, row_key
 from benchmarks.competitors import COMPETITORS, peers_dir
-from benchmarks.suite import (CLOCKS, COLUMNS, compare, copy_bandwidth, read_csv, run_cases, scoreboard,
-                              speedups)
+from benchmarks.suite import CLOCKS, COLUMNS, compare, copy_bandwidth, read_csv, run_cases, scoreboard, speedups
 
 _CLOCK_NAME = {"device_us": "device time", "call_us": "full call"}
 
@@ -62,14 +61,15 @@ def board_table(board, ours) -> list[str]:
             per.append("–" if not n else f"{n}, {_fmt(b[f'{tag}_ours_faster_share'], '{:.0%}')}, "
                        f"{_fmt(b[f'{tag}_geomean_speedup'], '{:.1f}×')}")
         passed = f"{b['passed']}" + (f" (+{b['unchecked']} timed, not gated)" if b.get("unchecked") else "")
-        lines.append(f"| {b['impl']} | {b['cases']} | {passed} | "
-                     f"{_fmt(b['pass_rate'], '{:.0%}')} | {per[0]} | {per[1]} | {_fmt(b['median_pct_copy'], '{:.0f}')} |")
+        lines.append(f"| {b['impl']} | {b['cases']} | {passed} | {_fmt(b['pass_rate'], '{:.0%}')} | "
+                     f"{per[0]} | {per[1]} | {_fmt(b['median_pct_copy'], '{:.0f}')} |")
     return lines
 
 
 def _markdown(board, rows, ours, prov):
-    lines = [f"Scoreboard ({_provenance_text(prov)}). Speedup = the competitor's time ÷ the time of `{ours}` on the cases both "
-             "passed, on one clock: device time ÷ device time (CUDA-graph replay), full call ÷ full call.", ""]
+    lines = [f"Scoreboard ({_provenance_text(prov)}). Speedup = the competitor's time ÷ the time of `{ours}` "
+             "on the cases both passed, on one clock: device time ÷ device time (CUDA-graph replay), "
+             "full call ÷ full call.", ""]
     lines += board_table(board, ours)
     bad = [r for r in rows if r.get("status") in ("wrong", "error")]
     if bad:
@@ -158,7 +158,7 @@ def _plots(rows, ours, out, gpu):
         fig, axes = plt.subplots(rows_, cols, figsize=(5 * cols + 1, 3.6 * rows_), squeeze=False,
                                  layout="constrained")
         ns = [p[1] for _, pts, _ in panels for p in pts]
-        norm = LogNorm(vmin=min(ns), vmax=max(max(ns), min(ns) + 1))
+        norm = LogNorm(vmin=min(ns), vmax=max(*ns, min(ns) + 1))
         sc = None
         for ax, (impl, pts, clock) in zip(axes.ravel(), panels):
             for layout, marker in (("env", "o"), ("time", "x")):
@@ -186,7 +186,8 @@ def _plots(rows, ours, out, gpu):
     if gpu:
         fig, ax = plt.subplots(figsize=(7, 4))
         for est in sorted({k[0] for k in mine}):
-            pts = [(k[1] * k[2], r["pct_copy"]) for k, r in mine.items() if k[0] == est and r.get("pct_copy") is not None]
+            pts = [(k[1] * k[2], r["pct_copy"]) for k, r in mine.items()
+                   if k[0] == est and r.get("pct_copy") is not None]
             ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=10, label=est)
         ax.axhline(85, color="grey", lw=0.8)
         ax.set_xscale("log", base=2)
@@ -324,23 +325,22 @@ def main(argv=None):
                             file=sys.stderr, mininterval=5)
         except ImportError:
             progress = None
-        fh = open(os.path.join(args.out, "results.csv"), "w", newline="")
-        w = csv.DictWriter(fh, fieldnames=COLUMNS, extrasaction="ignore")
-        w.writeheader()
+        with open(os.path.join(args.out, "results.csv"), "w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=COLUMNS, extrasaction="ignore")
+            w.writeheader()
 
-        def on_row(row):  # written as it is finished: a run stopped early keeps what it measured
-            w.writerow(dict(row, copy_GBps=round(bw / 1e9) if bw else ""))
-            fh.flush()
+            def on_row(row):  # written as it is finished: a run stopped early keeps what it measured
+                w.writerow(dict(row, copy_GBps=round(bw / 1e9) if bw else ""))
+                fh.flush()
 
-        rows = run_cases(cases, names, device, copy_bw=bw, progress=progress, on_row=on_row,
-                         budget_s=args.budget_s)
-        fh.close()
+            rows = run_cases(cases, names, device, copy_bw=bw, progress=progress, on_row=on_row,
+                             budget_s=args.budget_s)
         if progress is not None:
             progress.close()
     board = scoreboard(rows, ours)
     # a scoreboard merged from several runs names every commit and date it holds
-    prov = {k: ",".join(dict.fromkeys(str(r.get(k)) for r in rows)) for k in ("device", "torch", "triton", "commit", "date")} \
-        if rows else {}
+    prov = {k: ",".join(dict.fromkeys(str(r.get(k)) for r in rows))
+            for k in ("device", "torch", "triton", "commit", "date")} if rows else {}
     if bw:
         prov["copy_GBps"] = round(bw / 1e9)
     elif rows and rows[0].get("copy_GBps"):

@@ -25,16 +25,15 @@ import platform
 import statistics
 import subprocess
 import time
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 
+from benchmarks.cases import MIXES, PARAMS, Case, row_key
+from benchmarks.competitors import COMPETITORS, Unsupported, bind
 from rollbuf import oracles
 from rollbuf.estimators import REGISTRY
 from rollbuf.testing import make_rollout, window_end_index
-
-from benchmarks.cases import MIXES, PARAMS, Case, row_key
-from benchmarks.competitors import COMPETITORS, Unsupported, bind
 
 L2_BYTES = 60 * 2**20  # H200
 #: The full call of a case (:func:`wall_times`): each competitor's calls back to back in this many
@@ -147,10 +146,10 @@ def bytes_moved(case: Case, f, outs) -> int:
 def rel_err(got, ref) -> float:
     """Relative L2 error, the largest over the outputs compared (reported, not gated)."""
     errs = []
-    for a, b in zip(got, ref):
-        if a is None:
+    for g, r in zip(got, ref):
+        if g is None:
             continue
-        a, b = a.detach().to(b.device, torch.float64), b.double()  # where the oracle ran
+        a, b = g.detach().to(r.device, torch.float64), r.double()  # where the oracle ran
         if a.shape != b.shape or torch.isnan(a).any():
             return math.inf
         errs.append(((a - b).norm() / b.norm().clamp_min(1e-30)).item())
@@ -165,12 +164,12 @@ def gate_error(got, ref) -> float:
     if len(got) != len(ref) or all(a is None for a in got):
         return math.inf
     worst = 0.0
-    for a, b in zip(got, ref):
-        if a is None:
+    for g, r in zip(got, ref):
+        if g is None:
             continue
-        if not isinstance(a, torch.Tensor) or tuple(a.shape) != tuple(b.shape):
+        if not isinstance(g, torch.Tensor) or tuple(g.shape) != tuple(r.shape):
             return math.inf
-        a, b = a.detach().to(b.device, torch.float64), b.to(torch.float64)
+        a, b = g.detach().to(r.device, torch.float64), r.to(torch.float64)
         if b.numel() == 0:
             continue
         rows = b.reshape(b.shape[0], -1) if b.dim() >= 2 else b.reshape(-1, 1)

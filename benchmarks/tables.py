@@ -74,7 +74,7 @@ def _num(x, digits=3) -> str:
     x = float(x)
     if x == 0:
         return "0"
-    decimals = max(0, digits - 1 - int(math.floor(math.log10(abs(x)))))
+    decimals = max(0, digits - 1 - math.floor(math.log10(abs(x))))
     return f"{x:.{decimals}f}"
 
 
@@ -213,7 +213,8 @@ def pufferlib() -> str:
 
 #: the labels of the kernel script that preceded the ``naive`` grid (its CSVs ``kernels_h200_<commit>.csv``,
 #: the naive table's source) -> (estimator, impl)
-_KERNELS_LABELS = {"rollbuf plan (adv+ret)": ("gae", "rollbuf-triton"), "rollbuf plan (adv)": ("advantages", "rollbuf-triton"),
+_KERNELS_LABELS = {"rollbuf plan (adv+ret)": ("gae", "rollbuf-triton"),
+                   "rollbuf plan (adv)": ("advantages", "rollbuf-triton"),
                    "naive (adv+ret)": ("gae", "naive-triton"), "naive (adv)": ("advantages", "naive-triton"),
                    "rl-triton compute_gae (adv)": ("advantages", "rl-triton")}
 
@@ -300,8 +301,9 @@ def scoreboard_table() -> str:
     comp = speedups(rows, "rollbuf-triton", "doubling-compiled", "device_us")
     lines = [_gpu_provenance(rows, [Path(p) for p in paths], copy_key="copy_GBps"), ""] + board_table(
         board, "rollbuf-triton")
-    lines += ["", f"Against the eager loop (full call ÷ full call, {len(loop)} cases): {min(loop):.1f}–{max(loop):.0f}×, "
-                  f"geomean {_geomean(loop):.1f}×. Against the `torch.compile`d doubling scan (device ÷ device, "
+    lines += ["", f"Against the eager loop (full call ÷ full call, {len(loop)} cases): "
+                  f"{min(loop):.1f}–{max(loop):.0f}×, geomean {_geomean(loop):.1f}×. "
+                  "Against the `torch.compile`d doubling scan (device ÷ device, "
                   f"{len(comp)} cases): {min(comp):.1f}–{max(comp):.1f}×, geomean {_geomean(comp):.1f}×."]
     return "\n".join(lines)
 
@@ -434,7 +436,8 @@ def cpu_grid(rows=None, paths=None, shapes=None) -> str:
         ours = by.get((n, t, "rollbuf-numba"))
         trainers = [by[(n, t, i)] for i in _TRAINERS if (n, t, i) in by]
         plain = by.get((n, t, "plain-numba"))
-        cells += [_ratio(min(trainers) / ours) if ours and trainers else "–", _ratio(ours / plain) if ours and plain else "–"]
+        cells += [_ratio(min(trainers) / ours) if ours and trainers else "–",
+                  _ratio(ours / plain) if ours and plain else "–"]
         out.append(cells)
     every = sorted({(int(r["n"]), int(r["t"])) for r in steady})
     faster = [s for s in every if (s + ("rollbuf-numba",)) in by and all(
@@ -514,5 +517,6 @@ def main(argv=None) -> int:
             return 1
         return 0
     Path(args.doc).write_text(new, encoding="utf-8")
-    print(f"wrote {len(TABLES) - len(missing)} tables into {args.doc}" + (f"; not on the page: {missing}" if missing else ""))
+    print(f"wrote {len(TABLES) - len(missing)} tables into {args.doc}"
+          + (f"; not on the page: {missing}" if missing else ""))
     return 0

@@ -36,7 +36,7 @@ from collections import deque
 import gymnasium as gym
 import numpy as np
 import torch
-import torch.nn as nn
+from torch import nn
 from torch.distributions import Categorical
 from tqdm import tqdm
 
@@ -82,7 +82,8 @@ def parse_args(argv=None):
     p.add_argument("--out", default=os.path.join("runs", "ppo_cartpole"),
                    help="folder for ppo_cartpole.png and ppo_cartpole_log.csv (created if missing)")
     p.add_argument("--plot", default=None, help="learning-curve PNG ('' = none; default: OUT/ppo_cartpole.png)")
-    p.add_argument("--log", default=None, help="CSV of finished episodes ('' = none; default: OUT/ppo_cartpole_log.csv)")
+    p.add_argument("--log", default=None,
+                   help="CSV of finished episodes ('' = none; default: OUT/ppo_cartpole_log.csv)")
     p.add_argument("--no-progress", dest="progress", action="store_false",
                    help="hide the tqdm progress bar (shown without this flag)")
     args = p.parse_args(argv)
@@ -93,7 +94,7 @@ def parse_args(argv=None):
     return args
 
 
-def layer(i, o, std=np.sqrt(2), bias=0.0):
+def layer(i, o, std=2 ** 0.5, bias=0.0):
     lin = nn.Linear(i, o)
     nn.init.orthogonal_(lin.weight, std)
     nn.init.constant_(lin.bias, bias)

@@ -10,9 +10,9 @@ hyper-parameters are RL Baselines3 Zoo's for CartPole-v1 (8 envs × 32 steps, γ
 
 A tqdm bar shows the env steps done and the mean return of the last finished episodes
 (``--no-progress`` hides it). After ``--timesteps`` env steps the policy is evaluated
-deterministically on ``--eval-episodes`` episodes; the exit code is 0 when the mean return reaches ``--target``, 1 otherwise. ``--check``
-also runs SB3's own method on a copy of every rollout and stops with an error if the advantages or
-returns differ beyond float32 rounding.
+deterministically on ``--eval-episodes`` episodes; the exit code is 0 when the mean return
+reaches ``--target``, 1 otherwise. ``--check`` also runs SB3's own method on a copy of every
+rollout and stops with an error if the advantages or returns differ beyond float32 rounding.
 """
 
 from __future__ import annotations

@@ -6,9 +6,9 @@ on plain tensors; :mod:`rollbuf.boundary` holds the boundary model (docs/semanti
 """
 
 from rollbuf import functional
-from rollbuf.validation import check_finite
 from rollbuf.estimators import GAEResult, SumsResult, TracesResult, VTraceResult
 from rollbuf.rollout import Rollout
+from rollbuf.validation import check_finite
 
 __version__ = "0.1.0"
 __all__ = ["Rollout", "functional", "GAEResult", "VTraceResult", "TracesResult", "SumsResult", "check_finite"]

@@ -169,7 +169,7 @@ class Estimator:
     docs: EstimatorSpec | None = None
     function: str | None = None  # the rollbuf.functional function (default: name)
     fixed: Mapping[str, Any] = attrs.field(factory=dict)  # keyword arguments implied by this entry
-    problem_params: Callable[[Mapping], Mapping] = attrs.field(default=lambda params: dict(params))
+    problem_params: Callable[[Mapping], Mapping] = attrs.field(default=dict)
     chains: bool = True  # takes carry= / return_carry= (backward) or initial= (forward)
     coefficients: Callable | None = None
     outputs_from_state: Callable | None = None
@@ -215,7 +215,7 @@ def _backward_ref(fn):
     return call
 
 
-def _base(f):
+def _base(f: Mapping) -> tuple[Any, Any, Any, Any, Any, Any]:  # the six fields, in the reference's order
     return (f["rewards"], f.get("values"), f.get("terminated"), f.get("truncated"),
             f.get("bootstrap_values"), f.get("mask"))
 

@@ -59,7 +59,7 @@ for "rollbuf gives the numbers of the code it replaces". They compute in the dty
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 
@@ -221,7 +221,11 @@ def _loop(step, per_step, live, init, reverse):
 
 
 class _Backward:
-    """What every backward estimator reads: compacted rows, ``k``, ``d``, ``V'``."""
+    """What every backward estimator reads: compacted rows, ``k``, ``d``, ``V'`` (``v`` and ``vn``:
+    only with ``bootstrap``)."""
+
+    v: torch.Tensor
+    vn: torch.Tensor
 
     def __init__(self, rewards, values, terminated, truncated, bootstrap_values, mask, window_end,
                  bootstrap=True):
@@ -239,7 +243,6 @@ class _Backward:
             term = term | (end & ~trunc)  # an explicit truncation flag wins over the default
         self.k = term
         self.d = term | trunc | end
-        self.v = self.vn = None
         if not bootstrap:
             return
         if values is None:
@@ -434,7 +437,7 @@ def episodic_sums(x, terminated=None, truncated=None, mask=None, *, initial=None
 _BACK = ("rewards", "values", "terminated", "truncated", "bootstrap_values", "mask")
 #: Estimator name -> (function, fields it takes, fixed keywords, output names). Names as in
 #: ``rollbuf.testing.ESTIMATORS``.
-ESTIMATORS = {
+ESTIMATORS: dict[str, tuple[Callable[..., object], tuple[str, ...], dict[str, object], tuple[str, ...]]] = {
     "gae": (gae, _BACK, {}, ("advantages", "returns")),
     "advantages": (advantages, _BACK, {}, ("advantages",)),
     "lambda_returns": (lambda_returns, _BACK, {}, ("returns",)),

@@ -51,10 +51,6 @@ class Family(str, enum.Enum):
         return self.value
 
 
-# the field that fixes [N, T] of the families whose main field is not ``rewards`` (compared by identity:
-# torch.compile does not trace a dict keyed by this enum, whose __hash__ is overridden)
-_MAIN = ((Family.FORWARD, "x"), (Family.AFFINE, "alpha"), (Family.TD_LAMBDA_ADJOINT, "grad_returns"))
-
 
 class Problem(NamedTuple):
     """Immutable (a named tuple, which ``torch.compile`` traces through); :meth:`evolve` returns a
@@ -94,13 +90,21 @@ class Problem(NamedTuple):
     def main(self) -> torch.Tensor:
         """The field that fixes ``[N, T]``: ``x`` (forward), ``alpha`` (affine), ``grad_returns``
         (adjoint), the estimator's first field (generic), else ``rewards``."""
-        fam = self.family
-        if fam is Family.GENERIC:
-            return self.fields[self.estimator.fields[0].name]
-        for family, name in _MAIN:
-            if fam is family:
-                return self.fields[name]
-        return self.fields["rewards"]
+        f = self.family
+        if f is Family.FORWARD:
+            name = "x"
+        elif f is Family.AFFINE:
+            name = "alpha"
+        elif f is Family.TD_LAMBDA_ADJOINT:
+            name = "grad_returns"
+        elif f is Family.GENERIC:
+            name = self.estimator.fields[0].name
+        else:
+            name = "rewards"
+        x = self.fields[name]
+        if x is None:
+            raise ValueError(f"the problem has no {name}, the field that fixes [N, T]")
+        return x
 
     @property
     def num_rows(self) -> int:

@@ -114,8 +114,10 @@ def _num(x: torch.Tensor, diff: bool):
     return x.to(torch.float64) if diff else float(x.to(torch.float64))
 
 
-def _row(n, rewards, values, terminated, truncated, bootstrap_values, mask, window_end, extra=()):
-    """Compact row ``n`` and work out ``k``, ``d`` and the successor value ``V'`` (docs/semantics.md)."""
+def _row(n, fields: tuple, window_end, extra=()):
+    """Compact row ``n`` and work out ``k``, ``d`` and the successor value ``V'`` (docs/semantics.md).
+    ``fields``: ``(rewards, values, terminated, truncated, bootstrap_values, mask)``."""
+    rewards, values, terminated, truncated, bootstrap_values, mask = fields
     assert window_end in ("bootstrap", "terminal"), window_end
     idx = _kept(mask, n, rewards.shape[1])
     m = len(idx)
@@ -183,7 +185,7 @@ def gae(rewards, values, terminated, truncated, bootstrap_values, mask, gamma, l
     N, T = rewards.shape
     adv, ret = _zeros(N, T), _zeros(N, T)
     for n in range(N):
-        row = _row(n, rewards, values, terminated, truncated, bootstrap_values, mask, window_end)
+        row = _row(n, (rewards, values, terminated, truncated, bootstrap_values, mask), window_end)
         A = 0.0  # A_{t+1}; multiplied by (1 - d) = 0 at the window end
         G = 0.0  # G_{t+1}: the returns by their own recursion (TD(λ)), equal to A + V; they do not
         # read V_t itself, so a NaN value at t leaves the return at t finite, as on every backend
@@ -214,7 +216,7 @@ def lambda_returns(rewards, values, terminated, truncated, bootstrap_values, mas
     N, T = rewards.shape
     out = _zeros(N, T)
     for n in range(N):
-        row = _row(n, rewards, values, terminated, truncated, bootstrap_values, mask, window_end)
+        row = _row(n, (rewards, values, terminated, truncated, bootstrap_values, mask), window_end)
         G = 0.0  # G_{t+1}
         m = len(row.idx)
         for j in reversed(range(m)):
@@ -235,9 +237,9 @@ def discounted_returns(rewards, values, terminated, truncated, bootstrap_values,
     out = _zeros(N, T)
     for n in range(N):
         if bootstrap:
-            row = _row(n, rewards, values, terminated, truncated, bootstrap_values, mask, window_end)
+            row = _row(n, (rewards, values, terminated, truncated, bootstrap_values, mask), window_end)
         else:
-            row = _row(n, rewards, None, terminated, truncated, None, mask, window_end)
+            row = _row(n, (rewards, None, terminated, truncated, None, mask), window_end)
         G = 0.0  # G_{t+1}; past the window it is 0
         for j in reversed(range(len(row.idx))):
             if bootstrap:
@@ -261,7 +263,7 @@ def vtrace(rewards, values, terminated, truncated, bootstrap_values, mask, log_p
     N, T = rewards.shape
     vs_out, pg_out = _zeros(N, T), _zeros(N, T)
     for n in range(N):
-        row = _row(n, rewards, values, terminated, truncated, bootstrap_values, mask, window_end,
+        row = _row(n, (rewards, values, terminated, truncated, bootstrap_values, mask), window_end,
                    extra=(log_probs, target_log_probs))
         mu, pi = row.extra
         m = len(row.idx)
@@ -296,7 +298,7 @@ def retrace(rewards, values, terminated, truncated, bootstrap_values, mask, log_
     N, T = rewards.shape
     out = _zeros(N, T)
     for n in range(N):
-        row = _row(n, rewards, values, terminated, truncated, bootstrap_values, mask, window_end,
+        row = _row(n, (rewards, values, terminated, truncated, bootstrap_values, mask), window_end,
                    extra=(log_probs, target_log_probs, q_values))
         mu, pi, q = row.extra
         m = len(row.idx)

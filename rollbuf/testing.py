@@ -162,27 +162,12 @@ def make_rollout(n=4, t=33, *, seed=0, dtype=torch.float32, flag_dtype=torch.boo
     truncated = rand(n, t) < p_truncated
     x = None if features is None else randn(n, t, *features)
 
-    if p_masked is None:
-        mask = None
-        live = torch.ones(n, t, dtype=torch.bool)
-    else:
-        # spans: a new span starts at each step with probability 1/mask_span; each span is masked
-        # with probability p_masked
-        span_id = torch.cumsum((rand(n, t) < 1.0 / max(mask_span, 1.0)).long(), -1)
-        span_masked = rand(n, t + 1) < p_masked
-        mask = ~span_masked.gather(1, span_id)
-        live = mask
-        if garbage:
-            junk = torch.tensor([NAN, math.inf, -math.inf, 1e30, -1e30], dtype=f64)
-
-            def trash(v):
-                pick = torch.randint(0, len(junk), v.shape, generator=g)
-                m = live.reshape(live.shape + (1,) * (v.dim() - 2))
-                return torch.where(m, v, junk[pick])
-
-            rewards, values, q_values, log_probs, target = map(
-                trash, (rewards, values, q_values, log_probs, target))
-            x = None if x is None else trash(x)
+    mask = None if p_masked is None else _masked_spans(rand, n, t, p_masked, mask_span)
+    live = torch.ones(n, t, dtype=torch.bool) if mask is None else mask
+    if mask is not None and garbage:
+        rewards, values, q_values, log_probs, target = [
+            _with_garbage(v, live, g) for v in (rewards, values, q_values, log_probs, target)]
+        x = None if x is None else _with_garbage(x, live, g)
 
     end = window_end_index(mask, (n, t))
     steps = torch.arange(t)
@@ -191,18 +176,10 @@ def make_rollout(n=4, t=33, *, seed=0, dtype=torch.float32, flag_dtype=torch.boo
     bootstrap_values = torch.where(read, randn(n, t), NAN)
 
     def cast(v):
-        if v is None:
-            return None
-        if batch_shape is not None:
-            v = v.reshape(*batch_shape, *v.shape[1:])
-        return v.to(dtype).to(device)
+        return _placed(v, dtype, batch_shape, device)
 
     def flag(v):
-        if v is None:
-            return None
-        if batch_shape is not None:
-            v = v.reshape(*batch_shape, *v.shape[1:])
-        return v.to(flag_dtype).to(device)
+        return _placed(v, flag_dtype, batch_shape, device)
 
     out = dict(rewards=cast(rewards), values=cast(values), terminated=flag(terminated),
                truncated=flag(truncated), bootstrap_values=cast(bootstrap_values), mask=flag(mask),
@@ -210,6 +187,31 @@ def make_rollout(n=4, t=33, *, seed=0, dtype=torch.float32, flag_dtype=torch.boo
     if x is not None:
         out["x"] = cast(x)
     return out
+
+
+def _masked_spans(rand, n: int, t: int, p_masked: float, mask_span: float) -> torch.Tensor:
+    """A ``[n, t]`` mask (``rand(*shape)``: uniform draws): a new span starts at each step with
+    probability ``1/mask_span``; each span is masked with probability ``p_masked``."""
+    span_id = torch.cumsum((rand(n, t) < 1.0 / max(mask_span, 1.0)).long(), -1)
+    span_masked = rand(n, t + 1) < p_masked
+    return ~span_masked.gather(1, span_id)
+
+
+def _with_garbage(v: torch.Tensor, live: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+    """``v`` (float64, ``[n, t, ...]``) with NaN, ±inf or ±1e30 drawn from ``g`` at the steps off ``live``."""
+    junk = torch.tensor([NAN, math.inf, -math.inf, 1e30, -1e30], dtype=torch.float64)
+    pick = torch.randint(0, len(junk), v.shape, generator=g)
+    m = live.reshape(live.shape + (1,) * (v.dim() - 2))
+    return torch.where(m, v, junk[pick])
+
+
+def _placed(v: torch.Tensor | None, dtype: torch.dtype, batch_shape: tuple | None, device) -> torch.Tensor | None:
+    """``v`` (``[N, T, ...]``) reshaped to ``[*batch_shape, T, ...]`` where given, in ``dtype`` on ``device``."""
+    if v is None:
+        return None
+    if batch_shape is not None:
+        v = v.reshape(*batch_shape, *v.shape[1:])
+    return v.to(dtype).to(device)
 
 
 #: Flag densities the strategies draw from: none, sparse, dense, every step.
@@ -391,7 +393,7 @@ def _fmt(v: float) -> str:
 def _context(fields: Mapping, row: tuple, t: int | None) -> list[str]:
     """Lines describing the boundary around ``(row, t)`` of a rollout given by its fields."""
     flags = {k: fields.get(k) for k in _FLAG_FIELDS if fields.get(k) is not None}
-    lines = []
+    lines: list[str] = []
     shape = _layout(fields)
     if shape is None:
         return lines
@@ -441,9 +443,8 @@ def _first_bad(bad: torch.Tensor, lead: int, per_step: bool, direction: str) -> 
         flat = int(bad.reshape(-1).nonzero()[0, 0])
         return tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), bad.shape))
     rows = bad.reshape(*bad.shape[:lead + 1], -1).any(-1)  # [*B, T]
-    if lead == 0:
-        row = ()
-    else:
+    row: tuple[int, ...] = ()
+    if lead > 0:
         r = int(rows.reshape(-1, rows.shape[-1]).any(-1).nonzero()[0, 0])
         row = tuple(int(i) for i in torch.unravel_index(torch.tensor(r), rows.shape[:-1]))
     t = int(rows[row].nonzero()[-1, 0])  # backward: the latest step differs first
@@ -509,7 +510,7 @@ def assert_close_to_reference(actual: torch.Tensor, expected: torch.Tensor,
              f"rtol {rtol:g}, atol {atol:g} x row scale)"]
     av, ev = float(a[index]), float(e[index])
     where = f"index {index}"
-    row, t = None, None
+    context: list[str] = []
     if layout is not None:
         row = index[:lead]
         t = index[lead] if per_step else None
@@ -518,10 +519,10 @@ def assert_close_to_reference(actual: torch.Tensor, expected: torch.Tensor,
         where = f"row {row_txt}" + (f", step {t}" if per_step else " (per-row output)")
         if feat:
             where += f", feature {feat}"
+        context = _context(context_fields or {}, row, t)  # a layout comes from the context fields
     lines.append(f"first at {where}: actual {_fmt(av)}, expected {_fmt(ev)} "
                  f"(abs err {_fmt(abs(av - ev))}, allowed {_fmt(float(allowed[index]))})")
-    if layout is not None:
-        lines += _context(context_fields, row, t)
+    lines += context
     raise AssertionError("\n".join(lines))
 
 
@@ -544,7 +545,7 @@ def assert_matches_reference(estimator_name: str, outputs, fields: Mapping, *, r
         raise AssertionError(f"{estimator_name}: got {len(actual)} outputs, the estimator has {len(expected)}")
     entry = estimators.get(estimator_name)
     names, direction = entry.outputs, entry.direction
-    for i, (a, e) in enumerate(zip(actual, expected)):
+    for i, (a, e) in enumerate(zip(actual, expected, strict=False)):  # a prefix of the outputs
         label = f"{estimator_name}.{names[i] if i < len(names) else i}"
         assert_close_to_reference(a, e, fields, rtol=rtol, atol=atol, name=label, equal_nan=equal_nan,
                                   direction=direction)

@@ -27,6 +27,8 @@ The rules (docs/semantics.md, "Boundaries"):
 
 from __future__ import annotations
 
+from typing import overload
+
 import torch
 
 __all__ = [
@@ -40,6 +42,12 @@ __all__ = [
 ]
 
 
+@overload
+def _bool(flag: torch.Tensor) -> torch.Tensor: ...
+@overload
+def _bool(flag: None) -> None: ...
+@overload
+def _bool(flag: torch.Tensor | None) -> torch.Tensor | None: ...
 def _bool(flag: torch.Tensor | None) -> torch.Tensor | None:
     if flag is None:
         return None
@@ -84,6 +92,8 @@ def interior_truncation(terminated, truncated, mask) -> torch.Tensor:
     """``[*B, T]`` bool: truncations (that read ``bootstrap_values``) before the window end, which a
     ``[*B]`` window-end column cannot serve."""
     read = bootstrap_read(terminated, truncated, mask)
+    if read is None:
+        raise ValueError("interior_truncation: truncated must be a [*B, T] tensor, got None")
     T = read.shape[-1]
     j = window_end_index(mask, read.shape, read.device)
     return read & (torch.arange(T, device=read.device) < j.unsqueeze(-1))

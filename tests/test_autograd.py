@@ -68,9 +68,9 @@ def test_backend_gradients_equal_reference_gradients(name):
                    for o in out)
         grads[backend] = torch.autograd.grad(loss, xs, allow_unused=True)
     for backend in ("torch", "triton"):
-        for k, a, b in zip(keys, grads["reference"], grads[backend]):
-            a = torch.zeros_like(f[k]) if a is None else a
-            b = torch.zeros_like(f[k]) if b is None else b
+        for k, ga, gb in zip(keys, grads["reference"], grads[backend]):
+            a = torch.zeros_like(f[k]) if ga is None else ga
+            b = torch.zeros_like(f[k]) if gb is None else gb
             torch.testing.assert_close(b, a, msg=lambda m: f"{backend} d/d{k}: {m}")
 
 
@@ -200,8 +200,8 @@ def test_lambda_family_adjoint_variants(backend, variant):
     out differentiated, a terminal window end, ``[N]`` bootstrap values (without truncations, and
     with truncations at the window end only: the column is then read as ``[N, T]`` values holding it
     at the window end), an explicit carry in, and Monte-Carlo returns (no bootstrap)."""
-    from rollbuf.backends import autograd as AG
     from rollbuf import functional as F
+    from rollbuf.backends import autograd as AG
 
     f = _inputs(8, True)
     calls = []
@@ -251,8 +251,8 @@ def test_lambda_family_adjoint_variants(backend, variant):
 def test_trace_adjoint_with_features_and_initial(name):
     """The forward estimators' analytic adjoint (triton backward) with per-feature traces ``[N, T, F]``,
     ``initial`` and ``final`` both in the loss, against finite differences."""
-    from rollbuf.backends import autograd as AG
     from rollbuf import functional as F
+    from rollbuf.backends import autograd as AG
 
     f = _inputs(12, True)
     g = torch.Generator().manual_seed(4)
@@ -277,8 +277,8 @@ def test_trace_adjoint_with_features_and_initial(name):
 def test_retrace_adjoint_with_clipping_and_carry_out(masked):
     """Retrace's analytic adjoint (triton backward, from the saved output Q) with the trace clipped
     at c̄ = 1 on many steps and the carry out in the loss: the same VJP as the torch backend."""
-    from rollbuf.backends import autograd as AG
     from rollbuf import functional as F
+    from rollbuf.backends import autograd as AG
 
     f = _inputs(13, masked)
     keys = ("rewards", "values", "bootstrap_values", "log_probs", "target_log_probs", "q_values")
@@ -311,8 +311,8 @@ def test_vtrace_adjoint_with_clipping_and_carry_out(masked):
     """V-trace's analytic adjoint (triton backward, from the saved output vs) with ρ̄ = c̄ = ρ̄_pg = 1
     (the clips active on many steps), both outputs and the carry out in the loss: the same VJP as the
     torch backend; and with an explicit carry in."""
-    from rollbuf.backends import autograd as AG
     from rollbuf import functional as F
+    from rollbuf.backends import autograd as AG
 
     f = _inputs(14, masked)
     keys = ("rewards", "values", "bootstrap_values", "log_probs", "target_log_probs")
@@ -335,9 +335,9 @@ def test_vtrace_adjoint_with_clipping_and_carry_out(masked):
                 w = [torch.randn(o.shape, generator=g, dtype=torch.float64).to(DEV) for o in (vs, pg, carry)]
                 loss = (vs * w[0]).sum() + (pg * w[1]).sum() + (carry * w[2]).sum()
                 grads[backend] = torch.autograd.grad(loss, xs + [init], allow_unused=True)
-            for k, a, b in zip(keys + ("carry",), grads["torch"], grads["triton"]):
-                a = torch.zeros(()) if a is None else a
-                b = torch.zeros(()) if b is None else b
+            for k, ga, gb in zip(keys + ("carry",), grads["torch"], grads["triton"]):
+                a = torch.zeros(()) if ga is None else ga
+                b = torch.zeros(()) if gb is None else gb
                 torch.testing.assert_close(b.cpu(), a.cpu(), msg=lambda m_: f"carry_in={carry_in} d/d{k}: {m_}")
     finally:
         AG.vtrace_backward = orig

@@ -23,10 +23,15 @@ from benchmarks.cases import GRIDS, Case  # noqa: E402
 from benchmarks.suite import compare, run_cases, scoreboard  # noqa: E402
 
 
+def _csv_rows(path) -> list[dict]:
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
 def test_cpu_smoke_run_writes_scoreboard_and_csv(tmp_path):
     rc = cli.main(["--grid", "cpu-smoke", "--competitors", "rollbuf-torch,loop", "--out", str(tmp_path)])
     assert rc == 0
-    rows = list(csv.DictReader(open(tmp_path / "results.csv")))
+    rows = _csv_rows(tmp_path / "results.csv")
     assert len(rows) == 2 * len(GRIDS["cpu-smoke"])
     ours = [r for r in rows if r["impl"] == "rollbuf-torch"]
     assert all(r["status"] == "ok" and float(r["rel_err"]) < 1e-4 for r in ours)
@@ -47,7 +52,7 @@ def test_a_wrong_competitor_is_reported_wrong_not_timed(monkeypatch):
     rows = run_cases([Case("gae", 4, 200, mix="term+trunc")], ["rollbuf-torch", "broken"], "cpu", reps=1)
     status = {r["impl"]: r["status"] for r in rows}
     assert status == {"rollbuf-torch": "ok", "broken": "wrong"}
-    assert "call_us" not in [r for r in rows if r["impl"] == "broken"][0]
+    assert "call_us" not in next(r for r in rows if r["impl"] == "broken")
     board = {b["impl"]: b for b in scoreboard(rows, "rollbuf-torch")}
     assert board["broken"]["pass_rate"] == 0.0
 
@@ -81,11 +86,11 @@ def test_budget_skips_and_scoreboard_from_csv_parts(tmp_path):
     assert cli.main(["--grid", "cpu-smoke", "--competitors", "rollbuf-torch", "--part", "0/2", "--out", str(a)]) == 0
     assert cli.main(["--grid", "cpu-smoke", "--competitors", "rollbuf-torch", "--part", "1/2", "--budget-s", "0",
                      "--out", str(b)]) == 0
-    rows_b = list(csv.DictReader(open(b / "results.csv")))
+    rows_b = _csv_rows(b / "results.csv")
     assert rows_b and {r["status"] for r in rows_b} == {"skipped"}
     assert cli.main(["--from-csv", str(a / "results.csv"), str(b / "results.csv"), "--out", str(merged)]) == 0
     board = (merged / "scoreboard.md").read_text()
-    n_a = len(list(csv.DictReader(open(a / "results.csv"))))
+    n_a = len(_csv_rows(a / "results.csv"))
     assert f"| rollbuf-torch | {n_a} | {n_a} | 100% |" in board  # skipped cases are not counted as attempted
 
 
@@ -97,7 +102,7 @@ def test_a_part_run_again_without_some_shapes_stays_within_the_part(tmp_path):
     def keys(out, *extra):
         grid = [] if "--grid" in extra else ["--grid", "peers"]
         assert cli.main([*grid, "--competitors", "rollbuf-torch", "--budget-s", "0", "--out", str(out), *extra]) == 0
-        return {(r["estimator"], r["n"], r["t"], r["mix"]) for r in csv.DictReader(open(out / "results.csv"))}
+        return {(r["estimator"], r["n"], r["t"], r["mix"]) for r in _csv_rows(out / "results.csv")}
 
     whole = keys(tmp_path / "w", "--part", "1/2")
     other = keys(tmp_path / "o", "--part", "0/2")
@@ -152,9 +157,9 @@ def test_window_end_bootstrap_is_finite_in_small_cases():
 
 
 def test_redo_runs_only_failed_cases_and_later_csvs_replace_rows(tmp_path):
-    first, again, merged = tmp_path / "a", tmp_path / "b", tmp_path / "m"
+    first, again = tmp_path / "a", tmp_path / "b"
     assert cli.main(["--grid", "cpu-smoke", "--competitors", "rollbuf-torch", "--out", str(first)]) == 0
-    rows = list(csv.DictReader(open(first / "results.csv")))
+    rows = _csv_rows(first / "results.csv")
     rows[0]["status"] = "wrong"  # as if one case had failed
     with open(first / "results.csv", "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=list(rows[0]))
@@ -162,7 +167,7 @@ def test_redo_runs_only_failed_cases_and_later_csvs_replace_rows(tmp_path):
         w.writerows(rows)
     assert cli.main(["--grid", "cpu-smoke", "--competitors", "rollbuf-torch", "--redo", str(first / "results.csv"),
                      "--out", str(again)]) == 0
-    redo = list(csv.DictReader(open(again / "results.csv")))
+    redo = _csv_rows(again / "results.csv")
     assert [(r["estimator"], r["n"], r["t"], r["mix"]) for r in redo] == [
         (rows[0]["estimator"], rows[0]["n"], rows[0]["t"], rows[0]["mix"])]
     assert redo[0]["status"] == "ok"
@@ -183,7 +188,7 @@ def test_gpu_commands_dry_run(name, tmp_path):
     res = subprocess.run([sys.executable, "-m", "benchmarks", name, "--device", "cpu", "--out", str(tmp_path)],
                          capture_output=True, text=True, timeout=900, env=env, cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
-    rows = list(csv.DictReader(open(tmp_path / f"{name}.csv")))
+    rows = _csv_rows(tmp_path / f"{name}.csv")
     if name == "memory":  # every case ran; outputs counted (3 x 37 fp32: 444 B, a 512-byte block)
         assert len(rows) == 15 and all(int(r["output_bytes"]) > 0 for r in rows), rows
         assert all(int(r["output_alloc_bytes"]) % 512 == 0 for r in rows)
@@ -226,7 +231,7 @@ def _mask_ignored(name, f, params):
 
 def _retrace_current_trace(name, f, params):
     """Retrace with the off-by-one trace: c_t where the recursion has c_{t+1}."""
-    r, v, q = (f[k].float() for k in ("rewards", "values", "q_values"))
+    r, _, q = (f[k].float() for k in ("rewards", "values", "q_values"))
     k, tr = C._flags(f)
     nxt = C._successor(f).float()
     c = params["lam"] * torch.exp(f["target_log_probs"].float() - f["log_probs"].float()).clamp(max=1.0)
@@ -305,7 +310,7 @@ def test_gate_oracle_is_independent_at_every_size(monkeypatch):
     rows = run_cases([Case("vtrace", 4, 2**13 + 7), Case("gae", 3, 50)], ["rollbuf-torch"], "cpu", reps=1)
     assert sorted(calls) == [("gae", 150), ("vtrace", 4 * (2**13 + 7))]
     assert all(r["status"] == "ok" and r["err"] < suite.TOLERANCE[torch.float32] for r in rows)
-    src = open(suite.__file__, encoding="utf-8").read()
+    src = Path(suite.__file__).read_text(encoding="utf-8")
     assert "reference_outputs" not in src and "_ORACLE_TORCH" not in src
 
 
@@ -505,7 +510,7 @@ def test_peers_adapters_through_the_gate(fake_peers):
                                                 "monte_carlo_returns", "retrace", "eligibility_traces",
                                                 "episodic_sums") for m in ("term-only", "term+trunc"))
     assert cli.main(["--cases", cases, "--competitors", "rollbuf-torch,rl-triton,pufferlib", "--out", str(out)]) == 0
-    rows = list(csv.DictReader(open(out / "results.csv")))
+    rows = _csv_rows(out / "results.csv")
     rt = {(r["estimator"], r["mix"]): r for r in rows if r["impl"] == "rl-triton"}
     assert len(rt) == 16 and all(r["status"] == "ok" and float(r["err"]) < 1e-4 for r in rt.values()), rt
     pl = {(r["estimator"], r["mix"]): r["status"] for r in rows if r["impl"] == "pufferlib"}
@@ -569,7 +574,7 @@ def test_llm_command_on_the_cpu(tmp_path):
     """``python -m benchmarks llm --device cpu`` on one tiny size: rollbuf's padded and packed
     calls equal verl's token loop."""
     assert runner(["llm", "--device", "cpu", "--sizes", "2x48", "--out", str(tmp_path)]) == 0
-    rows = list(csv.DictReader(open(tmp_path / "llm_cpu.csv")))
+    rows = _csv_rows(tmp_path / "llm_cpu.csv")
     assert len(rows) == 1 and float(rows[0]["max_abs_err"]) < 1e-5
 
 
@@ -705,7 +710,7 @@ def test_host_path_benchmark_dry_run(tmp_path):
     out = io.StringIO()
     with redirect_stdout(out):
         assert mod.main(["--dry-run", "--out", str(tmp_path), "--calls", "3"]) == 0
-    rows = list(csv.DictReader(open(tmp_path / "host_path.csv")))
+    rows = list(csv.DictReader((tmp_path / "host_path.csv").read_text().splitlines()))
     eager = [r for r in rows if r["part"] == "eager"]
     assert {r["call"] for r in eager} == {"functional.advantages", "functional.gae", "Rollout.advantages"}
     assert {(r["n"], r["t"]) for r in eager} == {(str(n), str(t)) for n, t in mod.DRY_SHAPES}
@@ -744,7 +749,7 @@ def test_default_run_scores_what_auto_runs_with_a_readable_header(tmp_path):
         backends.resolve("auto", torch.device("cuda" if gpu else "cpu"))]
     out = tmp_path / "run"
     assert cli.main(["--cases", "gae:4x50:term+trunc", "--out", str(out)]) == 0
-    rows = list(csv.DictReader(open(out / "results.csv")))
+    rows = _csv_rows(out / "results.csv")
     impls = {r["impl"]: r["status"] for r in rows}
     assert impls[auto] == "ok" and "rollbuf-torch" in impls
     board = (out / "scoreboard.md").read_text()
@@ -783,7 +788,7 @@ def test_the_naive_kernel_passes_the_gate_and_refuses_what_it_does_not_compute()
                       ("gae", 16, "term+trunc"): "unsupported", ("vtrace", 16, "term-only"): "unsupported",
                       ("advantages", C.NAIVE_MAX_T + 1, "term-only"): "unsupported"}
     assert all(r["err"] < 1e-5 for r in rows if r["status"] == "ok")
-    assert all(0 < bn and 0 < w for bn, w in C.naive_configs(40))
+    assert all(bn > 0 and w > 0 for bn, w in C.naive_configs(40))
 
 
 # --------------------------------------------------------------------------- the CPU table, host
@@ -808,10 +813,9 @@ def test_the_cpu_table_gates_every_row_against_the_oracle(monkeypatch):
 def test_the_host_time_calls_pass_the_gate():
     """``python -m benchmarks host`` times these calls on a GPU after gating each (here on the CPU,
     the naive kernel under Triton's interpreter): each gives the oracle's outputs."""
-    from rollbuf import oracles
-
     from benchmarks import host_time
     from benchmarks.cases import PARAMS
+    from rollbuf import oracles
 
     f = suite.make_fields(Case("gae", 6, 40, mix="term-only"), "cpu")
     calls = host_time.calls(f)

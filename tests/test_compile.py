@@ -19,8 +19,8 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 def _step(backend):
     def step(r, v, k, tr, bv, lp, tlp, x):
-        adv, ret = F.gae(0.99, 0.95, rewards=r, values=v, terminated=k, truncated=tr,
-                         bootstrap_values=bv, backend=backend)
+        adv, _ = F.gae(0.99, 0.95, rewards=r, values=v, terminated=k, truncated=tr,
+                       bootstrap_values=bv, backend=backend)
         vs, pg = F.vtrace(tlp, 0.99, log_probs=lp, rewards=r, values=v, terminated=k, truncated=tr,
                           bootstrap_values=bv, backend=backend)
         g, carry = F.lambda_returns(0.99, 0.9, rewards=r, values=v, terminated=k, truncated=tr,

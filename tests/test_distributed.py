@@ -17,6 +17,7 @@ the Triton kernel); elsewhere those tests are deselected (conftest.py).
 from __future__ import annotations
 
 import datetime
+import itertools
 import math
 import os
 import sys
@@ -113,7 +114,7 @@ def _rollout(cuts, seed=0):
     trunc = torch.zeros(N, T, dtype=torch.bool)
     mask = torch.ones(N, T, dtype=torch.bool)
     edges = sorted({c for c in cuts if 0 < c < T})
-    shards = [(a, b) for a, b in zip(cuts[:-1], cuts[1:]) if b > a]  # non-empty shards
+    shards = [(a, b) for a, b in itertools.pairwise(cuts) if b > a]  # non-empty shards
     for e in edges:
         term[0, e - 1] = True  # terminated at the last step of a shard
         trunc[1, e - 1] = True  # truncated at the last step of a shard (reads bootstrap_values)
@@ -166,9 +167,10 @@ def _call_kwargs(case, fields, lo, hi, device, rank=None, world=None, backend=No
         v = fields[name][:, lo:hi].to(device)
         v = v.to(dtype) if dtype is not None and v.is_floating_point() else v
         kw[name] = v if batch is None else v.reshape(*batch, *v.shape[1:])
-    for k, v in params.items():
+    for k, given in params.items():
         if k in ("batch", "dtype"):
             continue
+        v = given
         if isinstance(v, str) and v.partition("@")[0] in _WINDOW:
             name, _, where = v.partition("@")
             mine = rank is None or where == "" or (where == "last" and rank == world - 1) or \
@@ -349,7 +351,7 @@ def _check(per_rank, world, layout, case, backend):
 
 
 @pytest.mark.parametrize("world,layout,case,backend", PARAMS,
-                         ids=[f"w{w}-{l}-{c}-{b}" for w, l, c, b in PARAMS])
+                         ids=[f"w{w}-{lay}-{c}-{b}" for w, lay, c, b in PARAMS])
 def test_sharded_equals_unsharded(world, layout, case, backend, tmp_path_factory):
     per_rank = _run_world(world, "gloo", tmp_path_factory)
     _check(per_rank, world, layout, case, backend)

@@ -63,7 +63,8 @@ def test_generated_table_matches_registry(semantics):
     printed = _load("semantics_table").render().strip()
     assert pasted == printed, (
         "docs/semantics.md's boundary table is out of date with the registry "
-        "(rollbuf.estimators.REGISTRY): paste the output of `python docs/examples/semantics_table.py` between the markers"
+        "(rollbuf.estimators.REGISTRY): paste the output of `python docs/examples/semantics_table.py` "
+        "between the markers"
     )
 
 
@@ -403,7 +404,8 @@ def test_python_blocks_run(page, tmp_path, monkeypatch):
         try:
             exec(compile(code, f"{_page_id(page)}:{line}", "exec"), namespace)
         except Exception as exc:
-            raise AssertionError(f"the Python block at {_page_id(page)}:{line} fails: {type(exc).__name__}: {exc}") from exc
+            raise AssertionError(
+                f"the Python block at {_page_id(page)}:{line} fails: {type(exc).__name__}: {exc}") from exc
         ran += 1
     assert ran or "```python" not in text
 
@@ -484,9 +486,6 @@ def test_integrations_documented(api, module):
 # ------------------------------------------------------- torch.compile, as performance.md recommends
 
 def _compile_params():
-    import torch
-
-    gpu = torch.cuda.is_available()
     return [
         pytest.param("auto"),
         pytest.param("triton"),
@@ -517,7 +516,7 @@ def test_no_warning_from_rollbuf_under_torch_compile(backend):
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        adv, ret = torch.compile(step, fullgraph=True)(r, v, b)
+        _, ret = torch.compile(step, fullgraph=True)(r, v, b)
     want = F.gae(0.99, 0.95, rewards=r, values=v, bootstrap_values=b, backend="torch")
     torch.testing.assert_close(ret, want.returns)
     here = str(ROOT / "rollbuf")

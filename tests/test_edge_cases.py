@@ -263,8 +263,9 @@ def test_a_non_finite_forward_input_reaches_every_later_step(backend, name, valu
 @pytest.mark.parametrize("name", BACKWARD + ["eligibility_traces", "episodic_sums"])
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")], ids=["nan", "inf", "-inf"])
 def test_a_non_finite_reward_gives_the_reference_answer(backend, name, value):
-    """One non-finite reward: every backend gives the reference's outputs, NaN for NaN (a backward estimator carries it to the earlier steps of its row, across episode ends too:
-    the recursions multiply the next step's state by a zero discount there, and 0·NaN = NaN)."""
+    """One non-finite reward: every backend gives the reference's outputs, NaN for NaN (a backward
+    estimator carries it to the earlier steps of its row, across episode ends too: the recursions
+    multiply the next step's state by a zero discount there, and 0·NaN = NaN)."""
     f = make_rollout(3, 17, seed=5, p_masked=0.2)
     f["rewards"] = f["rewards"].clone()
     f["mask"][1, 8] = True
@@ -317,9 +318,8 @@ def test_check_finite_names_the_first_non_finite_input_read():
     r[2, 7] = float("nan")
     kw = dict(rewards=r, values=f["values"], terminated=f["terminated"], bootstrap_values=torch.zeros(4))
     assert torch.isnan(F.gae(0.9, 0.8, **kw).advantages[2]).any()  # off: NaN flows to the outputs
-    with rollbuf.check_finite():
-        with pytest.raises(ValueError, match=r"rewards is not finite at row 2, step 7"):
-            F.gae(0.9, 0.8, **kw)
+    with rollbuf.check_finite(), pytest.raises(ValueError, match=r"rewards is not finite at row 2, step 7"):
+        F.gae(0.9, 0.8, **kw)
     F.gae(0.9, 0.8, **kw)  # off again after the block
 
 

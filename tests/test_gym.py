@@ -181,7 +181,7 @@ def test_terminated_vs_truncated(mode):
 def test_no_truncation_no_value_call():
     env = FakeVectorEnv([[(1, "term")], [(3, "term")]], SAME_STEP)
     conv = StepConverter.from_env(env, lambda b: pytest.fail("value_fn called without a truncation"))
-    obs, _ = env.reset()
+    env.reset()
     out = conv(*env.step(np.zeros(2)))
     assert out["terminated"].tolist() == [True, False] and torch.isnan(out["bootstrap_values"]).all()
 
@@ -197,7 +197,7 @@ def test_next_step_masks_the_reset_step():
     env = FakeVectorEnv([[(2, "term")], [(3, "trunc")]], NEXT_STEP)
     conv = StepConverter.from_env(env, value_fn)
     assert conv.needs_mask
-    obs, _ = env.reset()
+    env.reset()
     masks, rewards = [], []
     for _ in range(7):
         out = conv(*env.step(np.zeros(2)))

@@ -93,7 +93,7 @@ def _successor_values(f, window_end="bootstrap"):
 def test_gae_lambda0_is_one_step_td_error(backend, mix, window_end):
     f = _rollout(mix, seed=1)
     adv, ret = F.gae(0.9, 0.0, window_end=window_end, backend=backend, **_fields(f))
-    r, v, k, vn = _successor_values(f, window_end)
+    r, v, _, vn = _successor_values(f, window_end)
     delta = r + 0.9 * vn - v  # vn is 0 where terminated: δ = r + γ(1−k)V' − V
     assert_close_to_reference(adv, delta, f)
     assert_close_to_reference(ret, delta + v, f)

@@ -7,7 +7,6 @@ import importlib
 import os
 import subprocess
 import sys
-import warnings
 
 import pytest
 
@@ -27,7 +26,7 @@ def test_ci_has_the_third_party_oracles():
     import stable_baselines3  # noqa: F401
     import torchrl  # noqa: F401
 
-    import rollbuf.integrations.sb3  # noqa: F401
+    import rollbuf.integrations.sb3
     import rollbuf.integrations.torchrl  # noqa: F401
 
 

@@ -16,11 +16,11 @@ import torch
 
 pytest.importorskip("stable_baselines3", reason="the test extra installs stable-baselines3")
 
-from gymnasium import spaces  # noqa: E402
-from stable_baselines3.common.buffers import DictRolloutBuffer as SB3DictRolloutBuffer  # noqa: E402
-from stable_baselines3.common.buffers import RolloutBuffer as SB3RolloutBuffer  # noqa: E402
+from gymnasium import spaces
+from stable_baselines3.common.buffers import DictRolloutBuffer as SB3DictRolloutBuffer
+from stable_baselines3.common.buffers import RolloutBuffer as SB3RolloutBuffer
 
-from rollbuf.integrations import sb3  # noqa: E402
+from rollbuf.integrations import sb3
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 

@@ -198,7 +198,8 @@ def test_average_gae_set_keys_auto_reset():
 
 def test_value_estimate_methods():
     td = synthetic((3,), 19, seed=13)
-    ours, theirs = rt.GAE(gamma=0.99, lmbda=0.95, value_network=None), TorchRLGAE(gamma=0.99, lmbda=0.95, value_network=None)
+    ours = rt.GAE(gamma=0.99, lmbda=0.95, value_network=None)
+    theirs = TorchRLGAE(gamma=0.99, lmbda=0.95, value_network=None)
     torch.testing.assert_close(ours.value_estimate(td.clone()), theirs.value_estimate(td.clone()), **F32)
     ours = rt.TDLambdaEstimator(gamma=0.99, lmbda=0.95, value_network=None)
     theirs = TorchRLTDLambda(gamma=0.99, lmbda=0.95, value_network=None, vectorized=False)
@@ -347,7 +348,7 @@ def test_vtrace_equals_torchrl(collected, rho, c):
 
 def test_vtrace_inconsistent_next_values_and_average():
     """Synthetic data with next values unrelated to the next step's: TorchRL's numbers."""
-    ours, theirs, actor = vtrace_pair(0.9, 1.1, average_adv=True)
+    ours, theirs, _ = vtrace_pair(0.9, 1.1, average_adv=True)
     ours.value_network = theirs.value_network = None
     td = synthetic((3,), 33, seed=14, dtype=torch.float32)
     td["observation"] = torch.randn(3, 33, 4)
@@ -449,8 +450,8 @@ def test_gae_with_tensor_gamma_lmbda_of_either_dtype(gamma_dtype, lmbda_dtype, g
     assert_same(a, b, TIGHT)
     torch.testing.assert_close(ours.value_estimate(td.clone()), theirs.value_estimate(td.clone()), **TIGHT)
     td32 = synthetic((3,), 53, seed=int(gamma * 100) + 1, dtype=torch.float32, consistent=False)
-    for theirs in (TorchRLGAE(gamma=g, lmbda=lm, value_network=None), theirs):
-        a, b = run_both(ours, theirs, td32)
+    for other in (TorchRLGAE(gamma=g, lmbda=lm, value_network=None), theirs):
+        a, b = run_both(ours, other, td32)
         assert_same(a, b, F32)
 
 

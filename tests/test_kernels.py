@@ -191,7 +191,8 @@ def test_flipped_chunks_match_reference(name, mix, pass_, layout):
 
 
 @pytest.mark.parametrize("force", [dict(block_t=1024), dict(block_t=256, split=True),
-                                   dict(block_t=256, split=True, presolve=True)], ids=["one-chunk", "lookback", "presolve"])
+                                   dict(block_t=256, split=True, presolve=True)],
+                         ids=["one-chunk", "lookback", "presolve"])
 @pytest.mark.parametrize("flip", [False, True])
 def test_vtrace_read_back_in_either_lane_order(flip, force):
     """V-trace without a mask over chunks longer than 128 steps reads its own targets back for

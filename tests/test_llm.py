@@ -243,7 +243,7 @@ def test_masked_whiten_reads_no_data():
     x = torch.zeros(4, 9, device="meta")
     m = torch.ones(4, 9, dtype=torch.bool, device="meta")
     assert llm.masked_whiten(x, m).device.type == "meta"
-    adv, ret = llm.compute_gae_advantage_return(x, x, m, 1.0, 0.95, whiten=True, backend="torch")
+    adv, _ = llm.compute_gae_advantage_return(x, x, m, 1.0, 0.95, whiten=True, backend="torch")
     assert adv.device.type == "meta" and adv.shape == (4, 9)
 
 
@@ -412,7 +412,7 @@ def test_packed_sequences_do_not_leak_into_each_other():
     v = torch.tensor([0.5, 0.5, NAN, NAN, 3.0, 3.0])
     m = torch.tensor([1, 1, 0, 0, 1, 1])
     cu = torch.tensor([0, 4, 6], dtype=torch.int32)
-    adv, ret = llm.packed_gae(r, v, m, cu, 1.0, 1.0)
+    adv, _ = llm.packed_gae(r, v, m, cu, 1.0, 1.0)
     # seq 0: A_1 = 1 − 0.5 = 0.5 (terminal), A_0 = 0 + 0.5 − 0.5 + A_1 = 0.5
     # seq 1: A_5 = 5 − 3 = 2, A_4 = 0 + 3 − 3 + 2 = 2
     assert_close(adv, torch.tensor([0.5, 0.5, 0.0, 0.0, 2.0, 2.0]), rtol=0, atol=1e-7)

@@ -128,7 +128,7 @@ def test_shuffled_order_mixes_composed_and_found_states(name):
     its state at random: chains of every length, found at every depth."""
     h = _setup(name)
     rng = random.Random(zlib.crc32(name.encode()))
-    for trial in range(2):
+    for _trial in range(2):
         args, outs, co, ws = h.la.prepare(*h.la.inputs(h.p))
         for tile in range(h.tiles):
             for rank in range(5):
@@ -148,7 +148,7 @@ def test_program_waits_on_an_unpublished_predecessor(name):
     tile 1 waits on the chunk before it, which the thread publishes as an aggregate first and its
     state a moment later, so the program also composes while waiting."""
     h = _setup(name)
-    args, outs, co, ws = h.la.prepare(*h.la.inputs(h.p))
+    args, outs, _, ws = h.la.prepare(*h.la.inputs(h.p))
     tile, rank = 1, 4
     for t in range(h.tiles):
         for r in range(5):

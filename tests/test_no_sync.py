@@ -68,7 +68,7 @@ def estimator_calls(device, backend) -> dict:
     flags = dict(terminated=masked["terminated"], truncated=masked["truncated"], mask=masked["mask"], backend=backend)
     calls["eligibility_traces, mask, features, initial"] = lambda: F.eligibility_traces(
         x, 0.99, 0.9, torch.randn(N, 3, device=device), **flags)
-    calls["eligibility_traces"] = lambda: F.eligibility_traces(base["rewards"], 0.99, 0.9, terminated=base["terminated"],
+    calls["eligibility_traces"] = lambda: F.eligibility_traces(base["rewards"], 0.99, 0.9, terminated=base["terminated"],  # noqa: E501
                                                                backend=backend)
     calls["episodic_sums, mask, initial"] = lambda: F.episodic_sums(rewards=masked["rewards"],
                                                                      initial=torch.zeros(N, device=device), **flags)

@@ -165,8 +165,10 @@ MASKED_N = Case(bootstrap_values=torch.tensor([12.0, NAN], dtype=torch.float64),
 
 def _stack(a: Case, b: Case) -> Case:
     """Two independent rows (N = 2), both with [N, T] bootstrap values and the same window_end."""
-    cat = lambda x, y, T=4: torch.cat([torch.zeros(1, T, dtype=torch.bool) if x is None else x,
-                                       torch.zeros(1, T, dtype=torch.bool) if y is None else y])
+    def cat(x, y, T=4):
+        return torch.cat([torch.zeros(1, T, dtype=torch.bool) if x is None else x,
+                          torch.zeros(1, T, dtype=torch.bool) if y is None else y])
+
     return Case(torch.cat([a.rewards, b.rewards]), torch.cat([a.values, b.values]),
                 torch.cat([a.q_values, b.q_values]), torch.cat([a.ratio, b.ratio]),
                 terminated=cat(a.terminated, b.terminated), truncated=cat(a.truncated, b.truncated),

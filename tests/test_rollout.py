@@ -363,7 +363,7 @@ def test_methods_follow_in_place_writes_and_replaced_fields(call, backend):
     before = _first(fn(ro, 0.9))
     ro.values.set_(ro.values.detach() - 1.0)  # set_: new storage again
     _same_results(fn(ro, 0.9), functional(ro, 0.9))
-    if call != "discounted_returns" and call != "monte_carlo":  # (they do not read values)
+    if call not in ("discounted_returns", "monte_carlo"):  # (they do not read values)
         assert not torch.equal(before, _first(fn(ro, 0.9)))
     other = _bound_rollout(seed=1)
     _same_results(fn(other, 0.9), functional(other, 0.9))

@@ -462,7 +462,7 @@ def test_the_plain_and_the_checked_validation_agree():
         "no mask": dict(mask=None), "uint8 flags": dict(terminated=torch.zeros(N, T, dtype=torch.uint8)),
         "float64 values": dict(values=torch.zeros(N, T, dtype=torch.float64)),
         "no bootstrap values": dict(bootstrap_values=None, truncated=None),
-        "a transposed field": dict(values=torch.zeros(T, N)), "an int field": dict(rewards=torch.zeros(N, T, dtype=torch.int32)),
+        "a transposed field": dict(values=torch.zeros(T, N)), "an int field": dict(rewards=torch.zeros(N, T, dtype=torch.int32)),  # noqa: E501
         "a subclass": dict(values=torch.nn.Parameter(torch.zeros(N, T), requires_grad=False)),
         "a 0-d field": dict(values=torch.tensor(1.0)), "a list": dict(values=[0.0] * T),
         "[N, 1] bootstrap": dict(bootstrap_values=torch.zeros(N, 1)),

@@ -163,3 +163,14 @@ def test_empty_window_with_per_step_bootstrap_values_refuses_its_carry(backend, 
         _, zero = _empty_window_call(name, 3, 3, dev, b[:, 3:], bootstrap=False, return_carry=True,
                                      backend=backend)
         assert not zero.any()
+
+
+def test_interior_truncation_names_a_missing_truncated():
+    """``windows.interior_truncation`` reads the truncations: without them it says so (it raised an
+    AttributeError on ``None`` before)."""
+    k = torch.zeros(2, 5, dtype=torch.bool)
+    with pytest.raises(ValueError, match="truncated"):
+        windows.interior_truncation(k, None, None)
+    tr = k.clone()
+    tr[0, 1] = tr[1, 4] = True
+    assert windows.interior_truncation(k, tr, None).tolist() == [[False, True, False, False, False], [False] * 5]

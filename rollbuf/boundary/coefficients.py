@@ -79,8 +79,8 @@ def compose_pair(p_o, q_o, s_o, a_o, w_o, p_i, q_i, s_i, a_i, w_i):
 # TD(λ) family: TD(λ) returns, GAE (A = G − V), bootstrapped discounted returns (λ = 1) and
 # Monte-Carlo returns (λ = 1 with boot ≡ 0 and V ≡ 0: a truncation then simply cuts).
 #   G_t = local_t + γ·nd_t·Z_{t+1},   Z_t = (1−λ)V_t + λG_t
-# Interior step: G_t = r_t + γ[(1−λ)V_{t+1} + λG_{t+1}]           (TD(λ), d_t = 0)     
-# Done step:     G_t = r_t + γ(1−k_t)·boot_t                       (d_t = 1)      
+# Interior step: G_t = r_t + γ[(1−λ)V_{t+1} + λG_{t+1}]           (TD(λ), d_t = 0)
+# Done step:     G_t = r_t + γ(1−k_t)·boot_t                       (d_t = 1)
 # Window end:    Z_T = V(s_T) = bootstrap value (or 0 if terminal), so G_{T−1} = r + γ(1−k)V'.
 # ----------------------------------------------------------------------------------------------
 

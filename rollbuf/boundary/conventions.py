@@ -22,8 +22,6 @@ tensor / wrong dtype) or ``ValueError`` (wrong shape, device, missing key) namin
 
 from __future__ import annotations
 
-from typing import Optional, Union
-
 import torch
 from tensordict import TensorDict, TensorDictBase
 
@@ -44,7 +42,7 @@ __all__ = [
 #: older / aggregated key.
 TORCHRL_LOG_PROB_KEYS = ("action_log_prob", "sample_log_prob")
 
-_Key = Union[str, tuple]
+_Key = str | tuple
 
 
 # ----------------------------------------------------------------------------------- validation
@@ -200,9 +198,9 @@ def _transpose01(tensors: tuple, fn: str):
     if not tensors:
         raise TypeError(f"{fn}() needs at least one tensor")
     out = []
-    for i, x in enumerate(tensors):
+    for i, given in enumerate(tensors):
         name = f"tensors[{i}]" if len(tensors) > 1 else "tensor"
-        x = _tensor(x, name)
+        x = _tensor(given, name)
         if x.ndim < 2:
             raise ValueError(f"{name} must have at least 2 dimensions, got shape {tuple(x.shape)}")
         out.append(x.transpose(0, 1))
@@ -256,7 +254,7 @@ def _key_str(key: _Key) -> str:
     return repr(key)
 
 
-def td_entry(td: TensorDictBase, key: _Key) -> Optional[torch.Tensor]:
+def td_entry(td: TensorDictBase, key: _Key) -> torch.Tensor | None:
     """``td[key]`` with a trailing singleton feature dim squeezed (a view); ``None`` if absent."""
     if key not in td.keys(include_nested=True):
         return None
@@ -275,7 +273,7 @@ def td_entry(td: TensorDictBase, key: _Key) -> Optional[torch.Tensor]:
     return x
 
 
-def fields_from_torchrl(td: TensorDictBase, *, log_prob_key: Optional[_Key] = None) -> dict:
+def fields_from_torchrl(td: TensorDictBase, *, log_prob_key: _Key | None = None) -> dict:
     """rollbuf fields from a TorchRL rollout TensorDict.
 
     **Source convention** (TorchRL collectors and value estimators): ``td.batch_size`` is
@@ -374,7 +372,7 @@ def fields_from_torchrl(td: TensorDictBase, *, log_prob_key: Optional[_Key] = No
         lp = td_entry(td, log_prob_key)
         if lp is None:
             raise ValueError(f"td is missing the key {_key_str(log_prob_key)} (log_prob_key)")
-    if lp is not None:
+    if lp is not None and log_prob_key is not None:  # lp is read at a key
         out["log_probs"] = _float(lp, f"td[{_key_str(log_prob_key)}]")
     return out
 
@@ -384,8 +382,8 @@ def torchrl_from_fields(
     values: torch.Tensor,
     terminated: torch.Tensor,
     truncated: torch.Tensor,
-    bootstrap_values: Optional[torch.Tensor] = None,
-    log_probs: Optional[torch.Tensor] = None,
+    bootstrap_values: torch.Tensor | None = None,
+    log_probs: torch.Tensor | None = None,
     *,
     log_prob_key: _Key = "action_log_prob",
 ) -> TensorDict:
@@ -439,7 +437,7 @@ def torchrl_from_fields(
         bootstrap_values = _float(bootstrap_values, "bootstrap_values")
         _same(bootstrap_values, "bootstrap_values", rewards, "rewards")
         nxt["state_value"] = bootstrap_values.unsqueeze(-1)
-    root = {"state_value": values.unsqueeze(-1)}
+    root: dict[_Key, torch.Tensor] = {"state_value": values.unsqueeze(-1)}
     if log_probs is not None:
         log_probs = _float(log_probs, "log_probs")
         _same(log_probs, "log_probs", rewards, "rewards")

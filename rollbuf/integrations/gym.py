@@ -52,7 +52,8 @@ string, and observations are handled as NumPy arrays, torch tensors, or dicts/tu
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -172,7 +173,7 @@ class StepConverter:
         self._resetting = np.zeros(num_envs, dtype=bool)  # NEXT_STEP: envs that reset on the next step
 
     @classmethod
-    def from_env(cls, envs, value_fn: Callable[[Any], Any], **kw) -> "StepConverter":
+    def from_env(cls, envs, value_fn: Callable[[Any], Any], **kw) -> StepConverter:
         """A converter for ``envs`` (a Gymnasium ``VectorEnv``): ``num_envs`` and the autoreset
         mode are read from it (:func:`autoreset_mode`)."""
         return cls(value_fn, envs.num_envs, autoreset_mode(envs), **kw)

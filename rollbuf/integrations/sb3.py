@@ -82,7 +82,7 @@ def compute_returns_and_advantage(rollout_buffer, last_values, dones) -> None:
     ``dones``: per env, whether the observation after the buffer starts a new episode (SB3 passes
     the ``dones`` of the last ``env.step``). γ and λ are the buffer's ``gamma`` and ``gae_lambda``.
     """
-    arrays, (T, N) = _buffer_arrays(rollout_buffer)
+    arrays, (_, N) = _buffer_arrays(rollout_buffer)
     if isinstance(last_values, torch.Tensor):
         lv = last_values.detach().to("cpu")
     elif isinstance(last_values, np.ndarray):

@@ -50,7 +50,9 @@ network call.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from contextlib import nullcontext
+from typing import Any, NamedTuple
 
 try:
     import torch
@@ -106,7 +108,7 @@ def _time_last(x: torch.Tensor, time_dim: int) -> torch.Tensor:
 def _check_fields(time_dim: int, **fields) -> None:
     shapes = {name: tuple(x.shape) for name, x in fields.items() if x is not None}
     first = next(iter(shapes.values()))
-    for name, shape in shapes.items():
+    for shape in shapes.values():
         if shape != first:
             raise ValueError(
                 "the value, next value, reward, done and terminated entries must have one shape "
@@ -165,7 +167,18 @@ def _trace_lambda(gamma: float, lmbda: float, dtype: torch.dtype) -> float:
     return min(1.0, product / gamma)
 
 
-def _gae(gamma, lmbda, value, next_value, reward, done, terminated, time_dim, scalar_dtype=torch.float32):
+class _Steps(NamedTuple):
+    """The per-step entries of a TorchRL rollout that the estimators read, time at ``time_dim``."""
+
+    value: torch.Tensor
+    next_value: torch.Tensor
+    reward: torch.Tensor
+    done: torch.Tensor
+    terminated: torch.Tensor
+    time_dim: int
+
+
+def _gae(gamma, lmbda, steps: _Steps, scalar_dtype=torch.float32):
     """TorchRL's GAE: ``δ_t = r_t + γ(1−k_t)·nv_t − V_t``, ``A_t = δ_t + γλ(1−d_t)A_{t+1}``,
     ``value_target = A + V``; ``(advantage, value_target)``. ``scalar_dtype``: the dtype ``γλ`` is
     rounded to (that of TorchRL's ``gamma``·``lmbda`` buffers).
@@ -173,6 +186,7 @@ def _gae(gamma, lmbda, value, next_value, reward, done, terminated, time_dim, sc
     rollbuf's δ uses ``V_{t+1}`` inside an episode; TorchRL's uses ``nv_t`` at every step. Adding
     the difference (:func:`_successor_correction`) to the rewards makes every δ TorchRL's.
     """
+    value, next_value, reward, done, terminated, time_dim = steps
     _check_fields(time_dim, value=value, next_value=next_value, reward=reward, done=done,
                   terminated=terminated)
     v = _time_last(value, time_dim)
@@ -180,13 +194,12 @@ def _gae(gamma, lmbda, value, next_value, reward, done, terminated, time_dim, sc
     k = _time_last(terminated, time_dim)
     d = _time_last(done, time_dim)
     r = _time_last(reward, time_dim) + _successor_correction(gamma, v, nv, d, k)
-    adv, target = F.gae(gamma, _trace_lambda(gamma, lmbda, scalar_dtype), rewards=r, values=v, terminated=k, truncated=d & ~k,
-                        bootstrap_values=nv, backend="auto")
+    adv, target = F.gae(gamma, _trace_lambda(gamma, lmbda, scalar_dtype), rewards=r, values=v, terminated=k,
+                        truncated=d & ~k, bootstrap_values=nv, backend="auto")
     return adv.movedim(-1, time_dim), target.movedim(-1, time_dim)
 
 
-def _vtrace(gamma, rho_bar, c_bar, log_pi, log_mu, value, next_value, reward, done, terminated, time_dim,
-            gamma_dtype=torch.float32):
+def _vtrace(gamma, rho_bar, c_bar, log_pi, log_mu, steps: _Steps, gamma_dtype=torch.float32):
     """TorchRL's ``vtrace_advantage_estimate``: ``(pg_advantage, vs)``, in the dtype that
     ``gamma_dtype`` (that of TorchRL's ``gamma`` buffer) and the float entries promote to, as
     TorchRL's arithmetic promotes them (float32 data with a float64 ``gamma``: float64).
@@ -196,6 +209,7 @@ def _vtrace(gamma, rho_bar, c_bar, log_pi, log_mu, value, next_value, reward, do
     to the rewards, which makes the traces TorchRL's, and ``min(ρ̄, π/μ)·c_t`` is taken back out of
     the policy-gradient advantages, whose ``r_t + γ(1−k_t)vs_{t+1}`` must not see it.
     """
+    value, next_value, reward, done, terminated, time_dim = steps
     _check_fields(time_dim, value=value, next_value=next_value, reward=reward, done=done,
                   terminated=terminated, log_pi=log_pi, log_mu=log_mu)
     dt = functools.reduce(torch.promote_types, [x.dtype for x in (log_pi, log_mu, value, next_value, reward)],
@@ -219,6 +233,14 @@ def _vtrace(gamma, rho_bar, c_bar, log_pi, log_mu, value, next_value, reward, do
 class _Scalars:
     """The Python float of a scalar buffer (``gamma``, ``lmbda``, ...), read from the device once
     per buffer (not once per call): rollbuf takes its constants as Python floats."""
+
+    # what the mixin reads of TorchRL's estimator base class, which it is mixed into (annotations only)
+    tensor_keys: Any
+    value_network: Any
+    shifted: bool
+    vmap_randomness: Any
+    _call_value_nets: Callable[..., Any]
+    _prepare_shifted_tensordict: Callable[..., Any]
 
     def scalar(self, name: str) -> float:
         t = getattr(self, name)
@@ -332,7 +354,7 @@ class GAE(_Scalars, _TorchRLGAE):
             truncated = self._broadcast_optional(tensordict.get(("next", "truncated")), value)
             reward = reward + gamma * value * truncated
             terminated = done
-        adv, value_target = _gae(gamma, lmbda, value, next_value, reward, done, terminated, time_dim,
+        adv, value_target = _gae(gamma, lmbda, _Steps(value, next_value, reward, done, terminated, time_dim),
                                  self.scalar_dtype("gamma", "lmbda"))
         if self.average_gae:
             adv = self._normalize_advantage(adv, valid, groups=self._group_ids(tensordict))
@@ -352,9 +374,9 @@ class GAE(_Scalars, _TorchRLGAE):
         if self.is_stateless and params is None:
             raise RuntimeError("Expected params to be passed to advantage module but got none.")
         value, next_value = self._values(tensordict, params, target_params)
-        valid, reward, done, terminated = self._signals(tensordict, time_dim)
+        _, reward, done, terminated = self._signals(tensordict, time_dim)
         reward, done, terminated = self._prepare_signals(reward, done, terminated, value)
-        return _gae(gamma, lmbda, value, next_value, reward, done, terminated, time_dim,
+        return _gae(gamma, lmbda, _Steps(value, next_value, reward, done, terminated, time_dim),
                     self.scalar_dtype("gamma", "lmbda"))[1]
 
 
@@ -441,8 +463,9 @@ class VTrace(_Scalars, _TorchRLVTrace):
                                      log_prob_key=self.tensor_keys.sample_log_prob).view_as(value)
         time_dim = self._get_time_dim(time_dim, tensordict)
         valid, reward, done, terminated = self._signals(tensordict, time_dim)
-        adv, value_target = _vtrace(gamma, rho_bar, c_bar, log_pi, log_mu, value, next_value, reward, done,
-                                    terminated, time_dim, self.scalar_dtype("gamma"))
+        adv, value_target = _vtrace(gamma, rho_bar, c_bar, log_pi, log_mu,
+                                    _Steps(value, next_value, reward, done, terminated, time_dim),
+                                    self.scalar_dtype("gamma"))
         if self.average_adv:
             groups = self._group_ids(tensordict)
             if groups is None:
