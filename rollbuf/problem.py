@@ -91,13 +91,13 @@ class Problem(NamedTuple):
         """The field that fixes ``[N, T]``: ``x`` (forward), ``alpha`` (affine), ``grad_returns``
         (adjoint), the estimator's first field (generic), else ``rewards``."""
         f = self.family
-        if f is Family.FORWARD:
+        if f == Family.FORWARD:
             name = "x"
-        elif f is Family.AFFINE:
+        elif f == Family.AFFINE:
             name = "alpha"
-        elif f is Family.TD_LAMBDA_ADJOINT:
+        elif f == Family.TD_LAMBDA_ADJOINT:
             name = "grad_returns"
-        elif f is Family.GENERIC:
+        elif f == Family.GENERIC:
             name = self.estimator.fields[0].name
         else:
             name = "rewards"
