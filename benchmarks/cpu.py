@@ -219,6 +219,8 @@ def run_grid(shapes, impls, budget_s, max_call_s, log=print):
                     last_time[(impl, N)] = (T, med * 1e-6)
             except Unsupported as e:
                 row.update(status="unsupported", note=str(e))
+            except (RuntimeError, MemoryError) as e:  # a competitor out of memory is a result, not the end of the run
+                row.update(status="failed", note=f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
             rows.append(row)
             log(f"{N}x{T} {impl}: {row['status']} {row.get('call_us', '')} us (err {row.get('err', '')})")
         del d, ref
