@@ -44,8 +44,8 @@ SOURCES = {
     "llm": ["llm_gpu_1f929cf.csv"],
     "backward": ["backward_gpu_29d23ce.csv"],
     "memory": ["memory_c5d166c.csv"],
-    "cpu": ["cpu_d0a71ad.csv"],
-    "first-call": ["cpu_d0a71ad.csv"],
+    "cpu": ["cpu_54810f8.csv"],
+    "first-call": ["cpu_54810f8.csv"],
     "gpu-tests": ["gpu_tests_073aa40.log", "gpu_tests_073aa40_rerun.log"],
 }
 
