@@ -101,21 +101,9 @@ def _problem(name, kw: dict):
     concrete backend (``kw`` as :func:`_estimate` takes it)."""
     est = estimators.get(name)
     get = kw.get
-    n = 0  # the arguments recognised: any other is an error
-    fields = {}
-    for f in est.fields:
-        fname = f.name
-        if fname in kw:
-            fields[fname] = kw[fname]
-            n += 1
-        else:
-            fields[fname] = None
-    params = {}
-    for prm in est.params:
-        pname = prm.name
-        if pname in kw:
-            params[pname] = kw[pname]
-            n += 1
+    fields = {f.name: get(f.name) for f in est.fields}
+    params = {prm.name: kw[prm.name] for prm in est.params if prm.name in kw}
+    n = sum(name in kw for name in fields) + len(params)  # the arguments recognised: any other is an error
     for key in _OPTIONS:
         n += key in kw
     for key, v in est.fixed.items():
