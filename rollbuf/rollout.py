@@ -84,7 +84,7 @@ _WRITTEN_BY = {
 
 
 _STEP_FIELDS = ("rewards", "values", "terminated", "truncated", "log_probs", "bootstrap_values", "mask")
-_OWN = ("rewards", "values", "terminated", "truncated", "bootstrap_values", "mask")  # what _fields() passes
+_OWN = ("rewards", "values", "terminated", "truncated", "bootstrap_values", "mask")  # what estimator_fields() passes
 _OWN_SET = frozenset(_OWN)
 
 
@@ -294,8 +294,10 @@ class Rollout:
     # public tensorclass API on every call: writes in place, assigned fields and new storage are all
     # seen), after the host-side check that no field it reads was left unwritten (:meth:`_needs`).
 
-    def _fields(self):
-        """The rollout's own fields by name (the tensors themselves; absent ones ``None``)."""
+    def estimator_fields(self) -> dict:
+        """The fields the TD(λ)-family methods pass to :mod:`rollbuf.functional`, by name: the tensors
+        themselves (no copy), absent ones ``None``; ``F.gae(0.99, 0.95, **ro.estimator_fields())``
+        is ``ro.gae(0.99, 0.95)`` without the unwritten-field check."""
         d = self.to_dict()
         return {name: d.get(name) for name in _OWN}
 
@@ -303,7 +305,7 @@ class Rollout:
         """``functional.<function>(**args, **fields)`` (``fields``: the rollout's own by default)."""
         if _OWN_SET.isdisjoint(args):  # (a field given twice: the functional call raises the TypeError)
             self._reads(function, args)
-        return getattr(F, function)(**args, **(fields or self._fields()))
+        return getattr(F, function)(**args, **(fields or self.estimator_fields()))
 
     def _reads(self, function, args):
         """The unwritten-field check (:meth:`_needs`) of a TD(λ)-family call."""
@@ -326,7 +328,7 @@ class Rollout:
 
     def discounted_returns(self, gamma, bootstrap=True, **kw):
         """Discounted returns: :func:`rollbuf.functional.discounted_returns`."""
-        f = self._fields()
+        f = self.estimator_fields()
         if not bootstrap:
             f["bootstrap_values"] = None
         return self._estimate("discounted_returns", dict(kw, gamma=gamma, bootstrap=bootstrap), f)

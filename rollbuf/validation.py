@@ -407,18 +407,18 @@ _Tensor = torch.Tensor
 
 
 def _backward_fields(est: Estimator, fields: Mapping, window_end, carry) -> Fields:
-    """The checked fields of a backward estimator's call: :func:`_backward_plain` for the calls
+    """The checked fields of a backward estimator's call: :func:`backward_plain` for the calls
     whose every tensor is a plain tensor of the call's shape, device and a dtype of its kind (one
-    pass, no message built), else :func:`_backward_checked`, which checks the same and raises the
+    pass, no message built), else :func:`backward_checked`, which checks the same and raises the
     error that names the argument."""
-    c = _backward_plain(est, fields, window_end, carry)
-    return _backward_checked(est, fields, window_end, carry) if c is None else c
+    c = backward_plain(est, fields, window_end, carry)
+    return backward_checked(est, fields, window_end, carry) if c is None else c
 
 
-def _backward_plain(est: Estimator, fields: Mapping, window_end, carry) -> Fields | None:
-    """:func:`_backward_checked`'s result for a call that passes every one of its checks with the
+def backward_plain(est: Estimator, fields: Mapping, window_end, carry) -> Fields | None:
+    """:func:`backward_checked`'s result for a call that passes every one of its checks with the
     main field's shape as ``[*B, T]``; ``None`` for any other call (it then goes through
-    :func:`_backward_checked`, which accepts it or names what is wrong)."""
+    :func:`backward_checked`, which accepts it or names what is wrong)."""
     if window_end not in WINDOW_ENDS:
         return None
     main = fields.get(est.fields[0].name)
@@ -456,34 +456,40 @@ def _backward_plain(est: Estimator, fields: Mapping, window_end, carry) -> Field
         else:
             return None
         out[name] = x if f.read else None
-    if boot is not None:
-        name = boot.name
-        bv = fields.get(name)
-        if not boot.read:
-            out[name] = None
-        elif bv is None:
-            if (carry is None and window_end == "bootstrap") or out.get("truncated") is not None:
-                return None  # required: the checked path names it
-            out[name] = None
-        else:
-            if type(bv) is not _Tensor or bv.dtype not in _FLOAT_SET or bv.device != device:
-                return None
-            floats.append(bv)
-            bs = bv.shape
-            if bs != shape:
-                if bs != shape[:-1]:
-                    return None
-                if out.get("truncated") is not None and shape[-1]:  # the window-end column only
-                    if _FINITE["on"]:
-                        return None  # the checked path reads the flags and names an interior truncation
-                    bv = windows.window_end_column(bv, out.get("mask"), shape)
-            out[name] = bv
+    if boot is not None and not _plain_bootstrap(boot, fields.get(boot.name), out, floats, (shape, device),
+                                                 window_end == "bootstrap" and carry is None):
+        return None
     c = Fields(shape, device)
     c.fields, c.floats = out, floats
     return c
 
 
-def _backward_checked(est: Estimator, fields: Mapping, window_end, carry) -> Fields:
+def _plain_bootstrap(boot, bv, out: dict, floats: list, where, needed: bool) -> bool:
+    """:func:`backward_plain`'s ``bootstrap_values``: put in ``out`` (and ``floats``), or ``False`` for
+    a call the checked path must see (a required one missing, a wrong shape, dtype or device)."""
+    shape, device = where
+    if not boot.read:
+        out[boot.name] = None
+        return True
+    if bv is None:
+        out[boot.name] = None
+        return not (needed or out.get("truncated") is not None)  # required: the checked path names it
+    if type(bv) is not _Tensor or bv.dtype not in _FLOAT_SET or bv.device != device:
+        return False
+    floats.append(bv)
+    bs = bv.shape
+    if bs != shape:
+        if bs != shape[:-1]:
+            return False
+        if out.get("truncated") is not None and shape[-1]:  # the window-end column only
+            if _FINITE["on"]:
+                return False  # the checked path reads the flags and names an interior truncation
+            bv = windows.window_end_column(bv, out.get("mask"), shape)
+    out[boot.name] = bv
+    return True
+
+
+def backward_checked(est: Estimator, fields: Mapping, window_end, carry) -> Fields:
     first = est.fields[0]
     main = main_tensor(first.name, fields.get(first.name))
     # [*B, T] is the shape most per-step fields have (ties: the first field's), so that the one

@@ -338,7 +338,7 @@ def test_methods_follow_in_place_writes_and_replaced_fields(call, backend):
           "monte_carlo": lambda ro, g: ro.discounted_returns(g, bootstrap=False, **kw)}[call]
 
     def functional(ro, g):
-        f = ro._fields()
+        f = ro.estimator_fields()
         if call == "monte_carlo":
             f["bootstrap_values"] = None
             return F.discounted_returns(g, bootstrap=False, **f, backend=backend)
@@ -394,7 +394,7 @@ def test_methods_take_the_autograd_path_when_a_field_starts_requiring_grad():
     assert adv.requires_grad
     (g,) = torch.autograd.grad(adv.sum(), ro.values)
     v = ro.values.detach().clone().requires_grad_(True)
-    f = dict(ro._fields(), values=v)
+    f = dict(ro.estimator_fields(), values=v)
     (want,) = torch.autograd.grad(F.gae(0.9, 0.8, **f, backend="torch").advantages.sum(), v)
     torch.testing.assert_close(g, want)
 
@@ -410,8 +410,8 @@ def test_copies_of_a_rollout_compute_from_their_own_fields():
     ro.gae(0.9, 0.8, backend="torch")
     for i, other in enumerate((copy.copy(ro), copy.deepcopy(ro), pickle.loads(pickle.dumps(ro)), ro.clone())):
         other.rewards.add_(i + 1.0)
-        _same_results(other.gae(0.9, 0.8, backend="torch"), F.gae(0.9, 0.8, **other._fields(), backend="torch"))
-        _same_results(ro.gae(0.9, 0.8, backend="torch"), F.gae(0.9, 0.8, **ro._fields(), backend="torch"))
+        _same_results(other.gae(0.9, 0.8, backend="torch"), F.gae(0.9, 0.8, **other.estimator_fields(), backend="torch"))
+        _same_results(ro.gae(0.9, 0.8, backend="torch"), F.gae(0.9, 0.8, **ro.estimator_fields(), backend="torch"))
 
 
 @pytest.mark.filterwarnings("ignore:The method:UserWarning")
@@ -425,7 +425,7 @@ def test_methods_on_the_triton_backend_follow_writes_and_copies():
     ro = _bound_rollout(n=4, t=37, seed=3, backend_device="cuda" if torch.cuda.is_available() else "cpu")
 
     def reference(r):
-        cpu = {k: (None if v is None else v.cpu()) for k, v in r._fields().items()}
+        cpu = {k: (None if v is None else v.cpu()) for k, v in r.estimator_fields().items()}
         return F.advantages(0.9, 0.8, **cpu, backend="reference")
 
     adv = ro.advantages(0.9, 0.8, backend="triton")
@@ -457,7 +457,7 @@ def test_a_slice_sees_writes_through_the_parent():
     first = team.advantages(0.9, 0.8, backend="torch")
     ro.record(5, rewards=torch.full((4, 3), 100.0))
     again = team.advantages(0.9, 0.8, backend="torch")
-    _same_results(again, F.advantages(0.9, 0.8, **team._fields(), backend="torch"))
+    _same_results(again, F.advantages(0.9, 0.8, **team.estimator_fields(), backend="torch"))
     assert not torch.equal(first, again)
 
 
@@ -489,11 +489,11 @@ def test_the_rollout_reads_its_fields_through_the_public_tensorclass_api():
     """The estimator methods read the rollout's fields with ``to_dict()`` (tensorclass's public API),
     the very tensors the rollout holds, absent ones ``None``."""
     ro = _bound_rollout()
-    f = ro._fields()
+    f = ro.estimator_fields()
     assert all(f[k] is getattr(ro, k) for k in f)
     ro2 = Rollout(rewards=torch.ones(2, 3), values=torch.zeros(2, 3), terminated=torch.zeros(2, 3, dtype=torch.bool),
                   batch_size=[2, 3])
-    assert ro2._fields()["truncated"] is None and ro2._fields()["mask"] is None
+    assert ro2.estimator_fields()["truncated"] is None and ro2.estimator_fields()["mask"] is None
 
 
 # ---- a field never written: the estimator names it and the call that writes it ----------------
@@ -545,7 +545,7 @@ def test_forgetting_bootstrap_is_an_error_naming_it(name, backend):
     ro.bootstrap(torch.full((3,), 2.0, device=dev))
     got = call(ro, backend=backend)
     assert not _as_tuple(got)[0].isnan().any()
-    want = call(_from_fields({**ro._fields(), "log_probs": ro.log_probs}), backend=backend)  # built from tensors
+    want = call(_from_fields({**ro.estimator_fields(), "log_probs": ro.log_probs}), backend=backend)  # built from tensors
     _same_results(got, want)
     _same_results(call(ro, backend=backend), want)  # again
 
@@ -615,7 +615,7 @@ def test_assigning_or_new_storage_writes_a_field():
     ro.values.data = torch.zeros(2, 3)  # the same tensor object, new storage: written
     ro.bootstrap_values = torch.zeros(2, 3)  # assigned: the window end too
     assert ro.gae(0.9, 0.8, backend="torch").advantages.tolist() == F.gae(
-        0.9, 0.8, **ro._fields(), backend="torch").advantages.tolist()
+        0.9, 0.8, **ro.estimator_fields(), backend="torch").advantages.tolist()
 
 
 # ---- NumPy and tensor integers, NumPy arrays, complex values ------------------------------------

@@ -473,9 +473,9 @@ def test_the_plain_and_the_checked_validation_agree():
             for window_end, carry in (("bootstrap", None), ("terminal", None), ("bootstrap", torch.zeros(N)),
                                       ("sideways", None)):
                 fields = {f.name: dict(base, **change).get(f.name) for f in est.fields}
-                plain = validation._backward_plain(est, fields, window_end, carry)
+                plain = validation.backward_plain(est, fields, window_end, carry)
                 try:
-                    checked = validation._backward_checked(est, fields, window_end, carry)
+                    checked = validation.backward_checked(est, fields, window_end, carry)
                 except (TypeError, ValueError):
                     assert plain is None, (name, label, window_end)
                     continue
