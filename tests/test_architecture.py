@@ -93,6 +93,7 @@ LAZY = {
     ("rollbuf.testing", "hypothesis"): "hypothesis is a test dependency, needed by the strategies only",
     ("rollbuf.testing", "rollbuf.functional"): "the testing kit calls the public API (a layer above it)",
     ("rollbuf.distributed", "torch.distributed"): "imported by a sharded call only",
+    ("rollbuf.context_parallel", "torch.distributed"): "imported by a sharded call only",
     ("rollbuf.integrations.torchrl", "tensordict"): "TorchRL's tensordict utilities, with TorchRL (optional)",
     ("rollbuf.integrations.torchrl", "torchrl.objectives.utils"): "TorchRL is an optional dependency",
     ("rollbuf.integrations.torchrl", "torchrl.objectives.value.advantages"): "TorchRL is an optional dependency",
