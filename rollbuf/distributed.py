@@ -7,28 +7,13 @@ returns on each rank exactly that rank's slice of what the functional estimator 
 unsharded rows. The ranks exchange one ``all_gather`` of ``O(N)`` numbers per call, never the data
 (``docs/distributed.md``: the communication model and the expected scaling).
 
-**How.** Every estimator is an affine scan over a state ``Z`` with own-step coefficients
-(:mod:`rollbuf.boundary.coefficients`), so a whole shard is one affine map from the state past its
-end in scan order to the state at its start (backward: ``Z_start = a + b·Z_after``; V-trace: a 2×2
-upper-triangular map on ``(u, V)``; forward: ``F_end = a + b·F_before``). Each rank
-
-1. validates its call like the functional one and computes its shard's map
-   (:func:`rollbuf.backends.torch_backend.window_map`, a tree reduction of the same step maps the scan uses);
-2. all-gathers, per row: the map, and for the backward estimators the window-end state it would
-   supply if the row's window end (its last unmasked step) were on this rank, with a priority
-   saying whether it is (live step in the row) — an *owner* is needed because masks can leave the
-   last shards of a row without a live step, so that a row's window end (and the
-   ``bootstrap_values`` column it reads) is on an earlier rank;
-3. composes, locally, the gathered maps of the later shards (backward) with the owner's window-end
-   state, or of the earlier shards (forward) with rank 0's ``initial``, which gives its own carry;
-4. runs the local estimator on its shard with that carry (``carry=`` / ``initial=``), with the
-   requested backend.
-
-The shard map is computed by the plain-torch helper on every backend (also for ``triton``), not by
-running the kernel with two carries and differencing: the difference ``f(1) − f(0)`` loses the
-relative precision of ``b`` when ``|a| ≫ |b|`` (its error, ``≈ ε·|a|``, is then multiplied by the
-carry), and V-trace's pair map would need three runs. The helper composes the step maps exactly as
-the scan does, costs one extra elementwise pass over the shard, and runs on the input's device.
+**How** (``docs/distributed.md``, "How it works"). Every estimator is an affine scan, so a shard is
+one affine map from the state past its end (in scan order) to the state at its start. Each rank
+computes its shard's map (:func:`rollbuf.backends.torch_backend.window_map`, on every backend: a
+difference of two kernel runs would lose the relative precision of ``b``) and, backward, its
+candidate window-end state with a priority (the row's window end, its last unmasked step, may be on
+an earlier rank); all-gathers them; composes the later (backward) or earlier (forward) ranks' maps
+into its own carry; and runs the local estimator on its shard with that carry.
 
 **Window-level arguments** (``gamma``, ``lam``, ..., ``window_end``, ``carry``, ``initial``, a
 ``[*B]`` ``bootstrap_values``) are passed identically on every rank; each rank's call is validated
@@ -39,9 +24,9 @@ does not hold the row's window end is not read (unless that step is truncated). 
 ``bootstrap_values`` is the window-end column only, as in :mod:`rollbuf.functional`: a truncation at
 the last live step of a rank that does not hold the row's window end reads NaN, and the row is NaN
 from that step back, on every rank that holds part of it (found with the exchange: no device sync).
-``return_carry=True`` returns the carry of the *whole* window (the state at rank 0's first step) on every rank, and the
-forward estimators' ``final`` is the whole window's ``final`` on every rank: both chain the next
-window without further communication.
+``return_carry=True`` returns the carry of the *whole* window (the state at rank 0's first step) on
+every rank, and the forward estimators' ``final`` is the whole window's ``final`` on every rank:
+both chain the next window without further communication.
 
 Validation happens before the exchange: a rank that raises leaves the others waiting in the
 collective (as with any collective). ``backend="reference"`` is rejected (it computes whole rows).
