@@ -7,28 +7,13 @@ returns on each rank exactly that rank's slice of what the functional estimator 
 unsharded rows. The ranks exchange one ``all_gather`` of ``O(N)`` numbers per call, never the data
 (``docs/distributed.md``: the communication model and the expected scaling).
 
-**How.** Every estimator is an affine scan over a state ``Z`` with own-step coefficients
-(:mod:`rollbuf.boundary.coefficients`), so a whole shard is one affine map from the state past its
-end in scan order to the state at its start (backward: ``Z_start = a + b·Z_after``; V-trace: a 2×2
-upper-triangular map on ``(u, V)``; forward: ``F_end = a + b·F_before``). Each rank
-
-1. validates its call like the functional one and computes its shard's map
-   (:func:`rollbuf.backends.torch_backend.window_map`, a tree reduction of the same step maps the scan uses);
-2. all-gathers, per row: the map, and for the backward estimators the window-end state it would
-   supply if the row's window end (its last unmasked step) were on this rank, with a priority
-   saying whether it is (live step in the row) — an *owner* is needed because masks can leave the
-   last shards of a row without a live step, so that a row's window end (and the
-   ``bootstrap_values`` column it reads) is on an earlier rank;
-3. composes, locally, the gathered maps of the later shards (backward) with the owner's window-end
-   state, or of the earlier shards (forward) with rank 0's ``initial``, which gives its own carry;
-4. runs the local estimator on its shard with that carry (``carry=`` / ``initial=``), with the
-   requested backend.
-
-The shard map is computed by the plain-torch helper on every backend (also for ``triton``), not by
-running the kernel with two carries and differencing: the difference ``f(1) − f(0)`` loses the
-relative precision of ``b`` when ``|a| ≫ |b|`` (its error, ``≈ ε·|a|``, is then multiplied by the
-carry), and V-trace's pair map would need three runs. The helper composes the step maps exactly as
-the scan does, costs one extra elementwise pass over the shard, and runs on the input's device.
+**How** (``docs/distributed.md``, "How it works"). Every estimator is an affine scan, so a shard is
+one affine map from the state past its end (in scan order) to the state at its start. Each rank
+computes its shard's map (:func:`rollbuf.backends.torch_backend.window_map`, on every backend: a
+difference of two kernel runs would lose the relative precision of ``b``) and, backward, its
+candidate window-end state with a priority (the row's window end, its last unmasked step, may be on
+an earlier rank); all-gathers them; composes the later (backward) or earlier (forward) ranks' maps
+into its own carry; and runs the local estimator on its shard with that carry.
 
 **Window-level arguments** (``gamma``, ``lam``, ..., ``window_end``, ``carry``, ``initial``, a
 ``[*B]`` ``bootstrap_values``) are passed identically on every rank; each rank's call is validated
@@ -38,10 +23,10 @@ is read from the last rank, ``initial=`` from rank 0. ``bootstrap_values[..., -1
 does not hold the row's window end is not read (unless that step is truncated). A ``[*B]``
 ``bootstrap_values`` is the window-end column only, as in :mod:`rollbuf.functional`: a truncation at
 the last live step of a rank that does not hold the row's window end reads NaN, and the row is NaN
-from that step back, on every rank that holds part of it (found with the exchange: no device sync). ``return_carry=True``
-returns the carry of the *whole* window (the state at rank 0's first step) on every rank, and the
-forward estimators' ``final`` is the whole window's ``final`` on every rank: both chain the next
-window without further communication.
+from that step back, on every rank that holds part of it (found with the exchange: no device sync).
+``return_carry=True`` returns the carry of the *whole* window (the state at rank 0's first step) on
+every rank, and the forward estimators' ``final`` is the whole window's ``final`` on every rank:
+both chain the next window without further communication.
 
 Validation happens before the exchange: a rank that raises leaves the others waiting in the
 collective (as with any collective). ``backend="reference"`` is rejected (it computes whole rows).
@@ -115,85 +100,92 @@ def _exchange(p: Problem, backend, *, group, column=False):
         )
     dist, rank, world = _group_info(group)
     dt = p.compute_dtype
-    main = p.main
-    N, T = main.shape[0], main.shape[1]
-    forward = p.family == Family.FORWARD
-    pair = p.pair
-
     # 1. this shard's map, and (backward) its window-end candidate with its priority
-    maps = tuple(torch.as_tensor(x, dtype=dt, device=main.device) for x in torch_backend.window_map(p))
-    if forward:
-        a, b = maps
-        a = a.reshape(N, math.prod(p.feature_shape))
-        if rank == 0:  # fold `initial` in: rank 0's map becomes a constant
-            if p.carry is not None:
-                a = a + b.unsqueeze(-1) * p.carry.reshape(a.shape).to(dt)
-            b = torch.zeros_like(b)
-        payload = torch.cat([a, b.unsqueeze(-1)], -1)
-    else:
-        m = p.fields.get("mask")
-        if p.carry is not None:
-            cand = p.carry.to(dt)
-        else:
-            cand = torch_backend.end_carry(p, dt)
-        # priority of this rank as the row's window end: a live step (2) beats a non-empty shard
-        # (1, only used by rows with no live step at all: their carry is V(s_T) of the last column)
-        if m is None:
-            prio = torch.full((N,), 2.0 if T else 0.0, dtype=dt, device=main.device)
-        else:
-            prio = (m != 0).any(-1).to(dt) + (1.0 if T else 0.0)
-        if p.carry is not None and rank == world - 1:
-            prio = torch.full_like(prio, 3.0)  # a chained window: the state past it is `carry`
-        cand = cand.reshape(N, 2 if pair else 1)
-        # a [*B] column: whether this shard's last live step is truncated and reads it (interior
-        # to the row when another rank holds the row's window end)
-        reads = _reads_shard_end(p) if column else torch.zeros(N, dtype=torch.bool, device=main.device)
-        payload = torch.cat([torch.stack(maps, -1), cand, reads.to(dt).unsqueeze(-1), prio.unsqueeze(-1)], -1)
-
-    # 2. the exchange: one all_gather of O(N) numbers per rank
-    g = _all_gather(dist, payload, world, group)  # [N, k, R]
-
-    # 3. this shard's carry, and the whole window's carry / final, from the gathered maps
-    ranks = torch.arange(world, device=main.device)
-    if forward:
-        Fn = g.shape[1] - 1
-        elems = (g[:, :Fn, :], g[:, Fn:, :])  # a [N, Fn, R], b [N, 1, R]
-        prefix = scan.doubling_scan(elems, C.compose, reverse=False)[0]  # b = 0: constant
-        feat = p.feature_shape
-        initial = p.carry if rank == 0 else prefix[..., rank - 1].reshape(N, *feat)
-        final = prefix[..., -1].reshape(N, *feat)
-        local = p.evolve(carry=None if initial is None else initial.to(dt))
-    else:
-        k = _PAIR if pair else 2
-        nc = 2 if pair else 1
-        elems = tuple(g[:, i, :] for i in range(k))  # each [N, R]
-        cands = g[:, k:k + nc, :]  # [N, nc, R]
-        score = g[:, -1, :].round().long() * world + ranks  # last rank of the highest priority
-        owner = score.amax(-1) % world  # [N]
-        z_end = cands.gather(-1, owner.view(N, 1, 1).expand(N, nc, 1)).squeeze(-1)  # [N, nc]
-        z_end = z_end if pair else z_end.squeeze(-1)
-        suffix = scan.doubling_scan(elems, C.compose_pair if pair else C.compose, reverse=True)
-        whole = _apply(tuple(s[:, 0] for s in suffix), z_end, pair)
-        mine = z_end if rank == world - 1 else _apply(tuple(s[:, rank + 1] for s in suffix), z_end, pair)
-        local = p.evolve(carry=mine)
-        if column:  # a truncation before the row's window end read the column: NaN from there back
-            interior = (g[:, k + nc, :] != 0) & (ranks != owner.unsqueeze(-1))  # [N, R]
-            later = interior[:, rank + 1:].any(-1)
-            nan = torch.full((), float("nan"), dtype=dt, device=main.device)
-            fields = p.fields
-            if T:  # (an empty shard reads no bootstrap value)
-                bv = fields["bootstrap_values"]
-                fields = dict(fields, bootstrap_values=torch.where(interior[:, rank].unsqueeze(-1), nan.to(bv.dtype), bv))
-            local = p.evolve(carry=torch.where(later.view(N, *([1] * (mine.dim() - 1))), nan, mine), fields=fields)
-            whole = torch.where(interior.any(-1).view(N, *([1] * (whole.dim() - 1))), nan, whole)
-
-    # 4. the local estimator on this shard, with its carry
+    maps = tuple(torch.as_tensor(x, dtype=dt, device=p.main.device) for x in torch_backend.window_map(p))
+    if p.family == Family.FORWARD:
+        # 2. the exchange: one all_gather of O(N) numbers per rank; 3. the carries; 4. the local run
+        g = _all_gather(dist, _forward_payload(p, maps, rank), world, group)
+        local, final = _forward_carry(p, g, rank)
+        outs, carry = backends.run(local, backend)
+        return (*outs[:-1], final.to(dt)), carry  # the whole window's final, on every rank
+    g = _all_gather(dist, _backward_payload(p, maps, rank, world, column), world, group)
+    local, whole = _backward_carry(p, g, rank, column)
     outs, carry = backends.run(local, backend)
-    if forward:
-        outs = (*outs[:-1], final.to(dt))  # the whole window's final, on every rank
-    elif p.want_carry:
-        carry = whole.to(dt)
-    return outs, carry
+    return outs, (whole.to(dt) if p.want_carry else carry)
+
+
+def _forward_payload(p: Problem, maps, rank):
+    """``[N, F + 1]``: this shard's forward map ``(a, b)``; rank 0 folds ``initial`` in (its map
+    becomes a constant)."""
+    a, b = maps
+    a = a.reshape(p.main.shape[0], math.prod(p.feature_shape))
+    if rank == 0:
+        if p.carry is not None:
+            a = a + b.unsqueeze(-1) * p.carry.reshape(a.shape).to(a.dtype)
+        b = torch.zeros_like(b)
+    return torch.cat([a, b.unsqueeze(-1)], -1)
+
+
+def _forward_carry(p: Problem, g, rank):
+    """This shard's problem with its ``initial`` (the composed maps of the earlier ranks), and the
+    whole window's ``final``, from the gathered ``[N, F + 1, R]``."""
+    N, Fn = g.shape[0], g.shape[1] - 1
+    prefix = scan.doubling_scan((g[:, :Fn, :], g[:, Fn:, :]), C.compose, reverse=False)[0]  # b = 0
+    feat = p.feature_shape
+    initial = p.carry if rank == 0 else prefix[..., rank - 1].reshape(N, *feat)
+    local = p.evolve(carry=None if initial is None else initial.to(p.compute_dtype))
+    return local, prefix[..., -1].reshape(N, *feat)
+
+
+def _backward_payload(p: Problem, maps, rank, world, column):
+    """``[N, k]``: this shard's map, its window-end candidate (the state past the row's window end
+    if that were on this rank), whether its last live step reads a ``[*B]`` column, its priority."""
+    main, dt = p.main, p.compute_dtype
+    N, T = main.shape[0], main.shape[1]
+    m = p.fields.get("mask")
+    cand = p.carry.to(dt) if p.carry is not None else torch_backend.end_carry(p, dt)
+    # priority of this rank as the row's window end: a live step (2) beats a non-empty shard
+    # (1, only used by rows with no live step at all: their carry is V(s_T) of the last column)
+    if m is None:
+        prio = torch.full((N,), 2.0 if T else 0.0, dtype=dt, device=main.device)
+    else:
+        prio = (m != 0).any(-1).to(dt) + (1.0 if T else 0.0)
+    if p.carry is not None and rank == world - 1:
+        prio = torch.full_like(prio, 3.0)  # a chained window: the state past it is `carry`
+    cand = cand.reshape(N, 2 if p.pair else 1)
+    # a [*B] column: whether this shard's last live step is truncated and reads it (interior
+    # to the row when another rank holds the row's window end)
+    reads = _reads_shard_end(p) if column else torch.zeros(N, dtype=torch.bool, device=main.device)
+    return torch.cat([torch.stack(maps, -1), cand, reads.to(dt).unsqueeze(-1), prio.unsqueeze(-1)], -1)
+
+
+def _backward_carry(p: Problem, g, rank, column):
+    """This shard's problem with its carry (the later ranks' maps composed with the window-end
+    owner's state), and the whole window's carry, from the gathered ``[N, k, R]``."""
+    N, world, pair = g.shape[0], g.shape[-1], p.pair
+    k, nc = (_PAIR, 2) if pair else (2, 1)
+    ranks = torch.arange(world, device=g.device)
+    score = g[:, -1, :].round().long() * world + ranks  # last rank of the highest priority
+    owner = score.amax(-1) % world  # [N]
+    z_end = g[:, k:k + nc, :].gather(-1, owner.view(N, 1, 1).expand(N, nc, 1)).squeeze(-1)  # [N, nc]
+    z_end = z_end if pair else z_end.squeeze(-1)
+    suffix = scan.doubling_scan(tuple(g[:, i, :] for i in range(k)), C.compose_pair if pair else C.compose,
+                                reverse=True)
+    whole = _apply(tuple(s[:, 0] for s in suffix), z_end, pair)
+    mine = z_end if rank == world - 1 else _apply(tuple(s[:, rank + 1] for s in suffix), z_end, pair)
+    if not column:
+        return p.evolve(carry=mine), whole
+    # a truncation before the row's window end read the column: NaN from there back
+    interior = (g[:, k + nc, :] != 0) & (ranks != owner.unsqueeze(-1))  # [N, R]
+    later = interior[:, rank + 1:].any(-1)
+    nan = torch.full((), float("nan"), dtype=mine.dtype, device=g.device)
+    fields = p.fields
+    if p.main.shape[1]:  # (an empty shard reads no bootstrap value)
+        bv = fields["bootstrap_values"]
+        fields = dict(fields, bootstrap_values=torch.where(interior[:, rank].unsqueeze(-1), nan.to(bv.dtype), bv))
+    lift = (N, *([1] * (mine.dim() - 1)))
+    local = p.evolve(carry=torch.where(later.view(lift), nan, mine), fields=fields)
+    return local, torch.where(interior.any(-1).view(N, *([1] * (whole.dim() - 1))), nan, whole)
 
 
 def _reads_shard_end(p: Problem):
