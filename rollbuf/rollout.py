@@ -294,7 +294,7 @@ class Rollout:
     # public tensorclass API on every call: writes in place, assigned fields and new storage are all
     # seen), after the host-side check that no field it reads was left unwritten (:meth:`_needs`).
 
-    def estimator_fields(self) -> dict:
+    def estimator_fields(self):
         """The fields the TD(λ)-family methods pass to :mod:`rollbuf.functional`, by name: the tensors
         themselves (no copy), absent ones ``None``; ``F.gae(0.99, 0.95, **ro.estimator_fields())``
         is ``ro.gae(0.99, 0.95)`` without the unwritten-field check."""
