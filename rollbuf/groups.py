@@ -18,11 +18,11 @@ __all__ = ["GroupStats", "group_ids", "group_stats", "sequence_scores", "to_toke
 
 
 class GroupStats(NamedTuple):
-    """Per sample, ``[B]``: ``count``, ``mean``, unbiased ``std`` and length-``weighted_mean`` of its
-    group; ``loo_mean``, unbiased ``loo_std`` of the group's other members; ``top2_gap``: the best
-    score minus the second best at a group's unique best sample, 0 at every other sample."""
+    """Per sample, ``[B]``: ``size``, ``mean``, unbiased ``std`` and ``weighted_mean`` of its group;
+    ``loo_mean`` and unbiased ``loo_std`` of the group's other members; ``top2_gap``: best minus
+    second best score at a group's unique best sample, 0 elsewhere."""
 
-    count: torch.Tensor
+    size: torch.Tensor
     mean: torch.Tensor
     std: torch.Tensor
     loo_mean: torch.Tensor

@@ -15,7 +15,7 @@ import torch
 
 from rollbuf import groups as G
 
-FIELDS = ("count", "mean", "std", "loo_mean", "loo_std", "top2_gap", "weighted_mean")
+FIELDS = ("size", "mean", "std", "loo_mean", "loo_std", "top2_gap", "weighted_mean")
 
 
 def loop_stats(x, labels, w):
@@ -71,7 +71,7 @@ def test_group_stats_equal_the_float64_loop(seed, dtype):
 def test_groups_of_one():
     x = torch.tensor([2.5, -1.0, 4.0])
     s = G.group_stats(x, *G.group_ids(["a", "b", "b"]))
-    assert s.count.tolist() == [1, 2, 2]
+    assert s.size.tolist() == [1, 2, 2]
     assert s.mean[0] == 2.5 and s.std[0] == 0 and s.loo_mean[0] == 2.5 and s.loo_std[0] == 0
     assert s.top2_gap.tolist() == [0, 0, 5.0] and s.weighted_mean[0] == 2.5
     assert s.loo_mean[1:].tolist() == [4.0, -1.0] and s.loo_std[1:].tolist() == [0, 0]

@@ -40,7 +40,8 @@ def batch(seed, B=48, L=10, singles=True):
         sizes[-2] += sizes.pop()
     labels = np.repeat(np.arange(len(sizes)), sizes)
     rewards = torch.tensor(g.normal(size=(B, L)) * 0.1, dtype=torch.float32)
-    rewards[torch.arange(B), torch.tensor(g.integers(0, L, B))] += torch.tensor(g.normal(size=B) * 2, dtype=torch.float32)
+    score = torch.tensor(g.normal(size=B) * 2, dtype=torch.float32)
+    rewards[torch.arange(B), torch.tensor(g.integers(0, L, B))] += score
     for k in range(len(sizes)):
         rows = np.flatnonzero(labels == k)
         if k % 4 == 1:  # zero variance: the same rewards (integers: verl's mean of them is exact too)

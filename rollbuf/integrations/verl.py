@@ -13,12 +13,6 @@ import torch
 from rollbuf import groups
 from rollbuf.integrations import llm
 
-__all__ = ["compute_gae_advantage_return", "compute_grpo_outcome_advantage", "compute_grpo_vectorized_outcome_advantage",
-           "compute_gdpo_outcome_advantage", "compute_grpo_passk_outcome_advantage", "compute_rloo_outcome_advantage",
-           "compute_reinforce_plus_plus_baseline_outcome_advantage", "compute_rloo_vectorized_outcome_advantage",
-           "compute_opo_outcome_advantage", "compute_gpg_outcome_advantage", "compute_remax_outcome_advantage",
-           "compute_reinforce_plus_plus_outcome_advantage", "ESTIMATORS", "register"]
-
 
 def _stats(x, index, weights=None):
     ids, n = groups.group_ids(index, x.device)
@@ -35,8 +29,8 @@ def _outcome(rewards, mask, index, advantage, dtype=None, weights=None):
 
 
 def _grpo(x, s, epsilon, norm):  # verl: a group of one has mean 0 and std 1
-    a = x - torch.where(s.count == 1, 0, s.mean)
-    return a / (torch.where(s.count == 1, 1, s.std) + epsilon) if norm else a
+    a = x - torch.where(s.size == 1, 0, s.mean)
+    return a / (torch.where(s.size == 1, 1, s.std) + epsilon) if norm else a
 
 
 def _f32(r):  # verl's vectorized forms return float32 for 16-bit rewards
@@ -44,8 +38,7 @@ def _f32(r):  # verl's vectorized forms return float32 for 16-bit rewards
 
 
 def compute_gae_advantage_return(token_level_rewards, values, response_mask, gamma, lam):
-    """verl's GAE: :func:`rollbuf.integrations.llm.compute_gae_advantage_return` with ``whiten=True``,
-    ``fill_masked="carry"`` (verl's values at every token)."""
+    """verl's GAE: :func:`rollbuf.integrations.llm.compute_gae_advantage_return`, whitened, verl's values."""
     return llm.compute_gae_advantage_return(token_level_rewards, values, response_mask, gamma, lam, whiten=True,
                                             fill_masked="carry")
 
@@ -99,12 +92,12 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(token_level_rewards, 
                                                            config=None, **kwargs):
     """verl's REINFORCE++-baseline."""
     return _outcome(token_level_rewards, response_mask, index, lambda x, s: groups.masked_whiten(
-        x - torch.where(s.count == 1, 0, s.mean), response_mask))
+        x - torch.where(s.size == 1, 0, s.mean), response_mask))
 
 
 def compute_rloo_outcome_advantage(token_level_rewards, response_mask, index, epsilon=1e-6, config=None, **kwargs):
     """verl's RLOO (a group of one keeps its score)."""
-    return _outcome(token_level_rewards, response_mask, index, lambda x, s: torch.where(s.count > 1, x - s.loo_mean, x))
+    return _outcome(token_level_rewards, response_mask, index, lambda x, s: torch.where(s.size > 1, x - s.loo_mean, x))
 
 
 def compute_rloo_vectorized_outcome_advantage(token_level_rewards, response_mask, index, epsilon=1e-6, config=None,
@@ -116,7 +109,7 @@ def compute_rloo_vectorized_outcome_advantage(token_level_rewards, response_mask
 def compute_opo_outcome_advantage(token_level_rewards, response_mask, index, epsilon=1e-6, config=None, **kwargs):
     """verl's OPO (the baseline weighted by response length)."""
     return _outcome(token_level_rewards, response_mask, index,
-                    lambda x, s: x - torch.where(s.count == 1, 0, s.weighted_mean),
+                    lambda x, s: x - torch.where(s.size == 1, 0, s.weighted_mean),
                     weights=response_mask.sum(-1, dtype=torch.float32))
 
 
@@ -124,7 +117,7 @@ def compute_gpg_outcome_advantage(token_level_rewards, response_mask, index, eps
                                   config=None, **kwargs):
     """verl's GPG (``alpha`` is recomputed from the scores, as in verl)."""
     return _outcome(token_level_rewards, response_mask, index, lambda x, s: x.numel() / torch.count_nonzero(x).clamp(
-        min=1) * (x - torch.where(s.count == 1, 0, s.mean)) / f_norm)
+        min=1) * (x - torch.where(s.size == 1, 0, s.mean)) / f_norm)
 
 
 def compute_reinforce_plus_plus_outcome_advantage(token_level_rewards, response_mask, config=None, **kwargs):
@@ -169,3 +162,6 @@ def register(prefix: str = "rollbuf_") -> list[str]:
     for name, fn in ESTIMATORS.items():
         core_algos.register_adv_est(prefix + name)(fn)
     return [prefix + name for name in ESTIMATORS]
+
+
+__all__ = [name for name in list(globals()) if name.startswith("compute_")] + ["ESTIMATORS", "register"]
