@@ -164,4 +164,4 @@ def register(prefix: str = "rollbuf_") -> list[str]:
     return [prefix + name for name in ESTIMATORS]
 
 
-__all__ = [name for name in list(globals()) if name.startswith("compute_")] + ["ESTIMATORS", "register"]
+__all__ = [name for name in list(globals()) if name.startswith("compute_")] + ["register"]
