@@ -178,3 +178,12 @@ def test_opo_all_masked_group_is_finite():
     a, _ = R.compute_opo_outcome_advantage(rewards, mask, index)
     assert (a[:2] == 0).all() and a[2].tolist() == [3.0, 3.0]
     assert core_algos.compute_opo_outcome_advantage(rewards, mask, index)[0][:2].isnan().all()
+
+
+@pytest.mark.parametrize("name", OUTCOME)
+def test_no_host_read_of_a_value(name):
+    """With a tensor index, the outcome estimators read no value back (meta tensors have none)."""
+    rewards = torch.empty(12, 7, device="meta")
+    mask = torch.empty(12, 7, dtype=torch.long, device="meta")
+    a, r = _call(OURS[name], rewards, mask, torch.empty(12, dtype=torch.long, device="meta"), name)
+    assert a.shape == r.shape == (12, 7) and a.device.type == "meta"
