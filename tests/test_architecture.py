@@ -97,6 +97,7 @@ LAZY = {
     ("rollbuf.integrations.torchrl", "tensordict"): "TorchRL's tensordict utilities, with TorchRL (optional)",
     ("rollbuf.integrations.torchrl", "torchrl.objectives.utils"): "TorchRL is an optional dependency",
     ("rollbuf.integrations.torchrl", "torchrl.objectives.value.advantages"): "TorchRL is an optional dependency",
+    ("rollbuf.integrations.verl", "verl.trainer.ppo"): "verl is optional: imported by register() only",
 }
 
 

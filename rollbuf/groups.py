@@ -1,0 +1,144 @@
+"""Group statistics for outcome-reward advantages (GRPO, RLOO, ...), framework-neutral: ``[B]`` scores
+with a group id each, their broadcast to padded or packed tokens, masked whitening (optionally over a
+process group). Plain torch ops, no loop, no host sync (capturable in a CUDA graph). Edge rules:
+docs/semantics.md, "Group statistics"."""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from rollbuf.validation import FLOATS
+
+__all__ = ["GroupStats", "group_ids", "group_stats", "sequence_scores", "to_tokens", "masked_whiten"]
+
+
+class GroupStats(NamedTuple):
+    """Per sample, ``[B]``: ``size``, ``mean``, unbiased ``std`` and ``weighted_mean`` of its group;
+    ``loo_mean`` and unbiased ``loo_std`` of the group's other members; ``top2_gap``: best minus
+    second best score at a group's unique best sample, 0 elsewhere."""
+
+    size: torch.Tensor
+    mean: torch.Tensor
+    std: torch.Tensor
+    loo_mean: torch.Tensor
+    loo_std: torch.Tensor
+    top2_gap: torch.Tensor
+    weighted_mean: torch.Tensor
+
+
+def _float(name, x, dim=None):
+    if not isinstance(x, torch.Tensor) or x.dtype not in FLOATS:
+        raise TypeError(f"{name} must be a floating-point torch.Tensor, got {getattr(x, 'dtype', type(x).__name__)}")
+    if dim is not None and x.dim() != dim:
+        raise ValueError(f"{name} must be {dim}-d, got shape {tuple(x.shape)}")
+    return x.to(torch.float64 if x.dtype == torch.float64 else torch.float32)
+
+
+def group_ids(index, device=None) -> tuple[torch.Tensor, int]:
+    """``(ids, num_groups)``: ``[B]`` int64 ids in ``[0, num_groups)``, equal for equal labels. ``index``:
+    a 1-d NumPy array (or list) of labels (verl's ``uid``), converted on the host; or a 1-d integer
+    tensor, ranked on its device (``num_groups = B`` then, an upper bound: the rest are empty)."""
+    if isinstance(index, torch.Tensor):
+        if index.dim() != 1 or index.is_floating_point() or index.is_complex():
+            raise ValueError(f"index must be a 1-d integer tensor, got {index.dtype} shape {tuple(index.shape)}")
+        srt, perm = torch.sort(index.to(device))
+        first = torch.cat([srt.new_ones(min(1, srt.numel()), dtype=torch.bool), srt[1:] != srt[:-1]])
+        return torch.empty_like(perm).scatter_(0, perm, first.cumsum(0) - 1), index.numel()
+    arr = np.asarray(index)
+    if arr.ndim != 1:
+        raise ValueError(f"index must be 1-d (one label per sample), got shape {arr.shape}")
+    try:
+        inv = np.unique(arr, return_inverse=True)[1]
+    except TypeError:  # labels of mixed types: compared as strings
+        inv = np.unique(arr.astype(str), return_inverse=True)[1]
+    return torch.as_tensor(inv.reshape(-1), dtype=torch.int64, device=device), int(inv.max(initial=-1)) + 1
+
+
+def _all_reduce(x, group, op=None):
+    if group is not None:
+        dist.all_reduce(x, op=op or dist.ReduceOp.SUM, group=group)
+    return x
+
+
+def group_stats(scores, ids, num_groups: int, weights=None, *, group=None) -> GroupStats:
+    """:class:`GroupStats` of ``scores`` ``[B]`` grouped by ``ids`` ``[B]`` (:func:`group_ids`), in float32
+    (float64 for float64 scores). ``weights`` ``[B]`` (e.g. response lengths): ``weighted_mean``.
+    ``group``: a process group whose ranks hold other samples of the same groups. Accumulated in
+    float64 as per-group sums about a member's value (docs/semantics.md): equal members, and equal
+    other members, give exactly zero spread."""
+    x, w = _float("scores", scores, 1), torch.ones_like(scores, dtype=torch.float64) if weights is None else weights
+    dt, x, w = x.dtype, x.double(), _float("weights", w, 1).double()
+    if not isinstance(ids, torch.Tensor) or ids.dtype != torch.int64 or ids.shape != x.shape:
+        raise ValueError(f"ids must be an int64 tensor of shape {tuple(x.shape)} (group_ids gives it)")
+    ext = x.new_full((2, num_groups), -math.inf).scatter_reduce_(1, ids.expand(2, -1), torch.stack([x, -x]), "amax")
+    hi, lo = _all_reduce(ext, group, dist.ReduceOp.MAX)[:, ids]
+    lo, dh, top = -lo, x - hi, x == hi
+    hi2 = x.new_full((num_groups,), -math.inf).scatter_reduce_(0, ids, torch.where(top, -math.inf, x), "amax")
+    cols = torch.stack([torch.ones_like(x), dh, dh * dh, x - lo, (x - lo) ** 2, top.double(), w, w * dh], 1)
+    sums = _all_reduce(x.new_zeros(num_groups, 8).index_add_(0, ids, cols), group)[ids].T
+    n, sh, qh, sl, ql, ntop, sw, swd = sums
+    mean, alone = hi + sh / n, top & (ntop == 1)  # a unique maximum: its others are summed about the minimum
+    c, d = torch.where(alone, lo, hi), torch.where(alone, x - lo, dh)
+    s, q, m = torch.where(alone, sl, sh) - d, torch.where(alone, ql, qh) - d * d, n - 1
+    gap = torch.where(alone & (n > 1), x - _all_reduce(hi2, group, dist.ReduceOp.MAX)[ids], 0)
+    return GroupStats(*(t.to(dt) for t in (
+        n, mean, torch.where(n > 1, ((qh - sh * sh / n).clamp_min(0) / (n - 1)).sqrt(), 0),
+        torch.where(m > 0, c + s / m, x), torch.where(m > 1, ((q - s * s / m).clamp_min(0) / (m - 1)).sqrt(), 0),
+        torch.where(mean.isnan(), mean, gap), torch.where(sw > 0, hi + swd / sw, mean))))
+
+
+def _segments(cu_seqlens, total):
+    """Per token of a packed row, 1 + its sequence (0 before ``cu_seqlens[0]``, S + 1 after ``[-1]``)."""
+    cu = cu_seqlens.long()
+    lens = torch.cat([cu[:1], cu.diff(), total - cu[-1:]])
+    return torch.arange(lens.numel(), device=cu.device).repeat_interleave(lens, output_size=total)
+
+
+def sequence_scores(token_level_rewards, cu_seqlens=None):
+    """Each row's (``[B, L]`` → ``[B]``) or packed sequence's (``[total]`` or ``[1, total]`` with
+    ``cu_seqlens`` ``[S + 1]`` → ``[S]``) sum of rewards, accumulated in float32 (float64 stays)."""
+    r = token_level_rewards
+    dt = _float("token_level_rewards", r[..., :0]).dtype  # checks without a copy
+    if cu_seqlens is None:
+        return r.sum(-1, dtype=dt)
+    return r.new_zeros(cu_seqlens.numel() + 1, dtype=dt).index_add_(0, _segments(cu_seqlens, r.numel()),
+                                                                     r.reshape(-1).to(dt))[1:-1]
+
+
+def to_tokens(values, mask, cu_seqlens=None):
+    """``values`` ``[B]`` at the tokens of ``mask`` ``[B, L]`` (``[S]`` at packed ``[total]`` or ``[1, total]``
+    tokens, with ``cu_seqlens``), as the product ``value · mask``: 0 at masked tokens, the dtype of a
+    product. The output is the only ``[B, L]`` tensor made."""
+    if not isinstance(values, torch.Tensor) or not isinstance(mask, torch.Tensor) or values.dim() != 1:
+        raise TypeError("to_tokens takes values, a 1-d tensor, and mask, a tensor")
+    if cu_seqlens is not None:
+        v = torch.cat([values.new_zeros(1), values, values.new_zeros(1)])
+        return (v[_segments(cu_seqlens, mask.numel())] * mask.reshape(-1)).reshape(mask.shape)
+    if mask.shape[:-1] != values.shape:
+        raise ValueError(f"mask must be [B, L] with B = {values.numel()}, got {tuple(mask.shape)}")
+    return values.unsqueeze(-1) * mask
+
+
+def masked_whiten(values, mask, *, shift_mean: bool = True, eps: float = 1e-8, group=None):
+    """``(values − mean)·rsqrt(var + eps)``, the mean and Bessel-corrected variance over the tokens
+    with ``mask`` nonzero (on every rank of ``group``). ``values``: ``[B, L]`` like ``mask``, or ``[B]``
+    row values counted once per masked-in token of their row. docs/semantics.md."""
+    x = _float("values", values)
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"mask must be a torch.Tensor, got {type(mask).__name__}")
+    m = mask if mask.dtype == torch.bool else mask != 0
+    row = x.dim() == m.dim() - 1
+    if m.shape[: x.dim()] != x.shape or not (row or x.dim() == m.dim()):
+        raise ValueError(f"mask must have shape {tuple(x.shape)} or [*{tuple(x.shape)}, L], got {tuple(m.shape)}")
+    w = m.sum(-1, dtype=x.dtype) if row else m
+    xm = torch.where(w > 0, x, 0)
+    ns = _all_reduce(torch.stack([w.sum(dtype=x.dtype), (w * xm).sum()]), group)
+    mean = ns[1] / ns[0]
+    var = _all_reduce((w * (xm - mean).square()).sum(), group) / (ns[0] - 1)
+    out = (x - mean) * torch.rsqrt(var + eps)
+    return (out if shift_mean else out + mean).to(values.dtype)

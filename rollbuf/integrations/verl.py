@@ -1,0 +1,167 @@
+"""verl 0.9.1's advantage estimators (``verl.trainer.ppo.core_algos``) under verl's names, signatures,
+defaults and ``config`` reads, as thin layers over :mod:`rollbuf.groups` and
+:mod:`rollbuf.integrations.llm` (no loop over rows, groups or tokens). ``index``: verl's ``uid``
+array (strings or ints) or an integer tensor. :func:`register` adds them to verl's registry.
+Semantics and the few differences from verl: docs/llm.md, "verl's estimators".
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from rollbuf import groups
+from rollbuf.integrations import llm
+
+
+def _stats(x, index, weights=None):
+    ids, n = groups.group_ids(index, x.device)
+    if ids.shape != x.shape:
+        raise ValueError(f"index must hold one label per row ({x.numel()}), got {ids.numel()}")
+    return groups.group_stats(x, ids, n, weights)
+
+
+def _outcome(rewards, mask, index, advantage, dtype=None, weights=None):
+    """``advantage(scores, stats)`` ``[B]`` → ``(advantages, advantages)`` ``[B, L]``, 0 at masked tokens."""
+    x = groups.sequence_scores(rewards)
+    a = groups.to_tokens(advantage(x, _stats(x, index, weights)).to(dtype or rewards.dtype), mask)
+    return a, a
+
+
+def _grpo(x, s, epsilon, norm):  # verl: a group of one has mean 0 and std 1
+    a = x - torch.where(s.size == 1, 0, s.mean)
+    return a / (torch.where(s.size == 1, 1, s.std) + epsilon) if norm else a
+
+
+def _f32(r):  # verl's vectorized forms return float32 for 16-bit rewards
+    return torch.promote_types(r.dtype, torch.float32)
+
+
+def compute_gae_advantage_return(token_level_rewards, values, response_mask, gamma, lam):
+    """verl's GAE: :func:`rollbuf.integrations.llm.compute_gae_advantage_return`, whitened, verl's values."""
+    return llm.compute_gae_advantage_return(token_level_rewards, values, response_mask, gamma, lam, whiten=True,
+                                            fill_masked="carry")
+
+
+def compute_grpo_outcome_advantage(token_level_rewards, response_mask, index, epsilon=1e-6,
+                                   norm_adv_by_std_in_grpo=True, config=None):
+    """verl's GRPO; ``norm_adv_by_std_in_grpo=False`` is Dr.GRPO."""
+    return _outcome(token_level_rewards, response_mask, index,
+                    lambda x, s: _grpo(x, s, epsilon, norm_adv_by_std_in_grpo))
+
+
+def compute_grpo_vectorized_outcome_advantage(token_level_rewards, response_mask, index, epsilon=1e-6,
+                                              norm_adv_by_std_in_grpo=True, config=None):
+    """verl's vectorized GRPO."""
+    return _outcome(token_level_rewards, response_mask, index,
+                    lambda x, s: _grpo(x, s, epsilon, norm_adv_by_std_in_grpo), _f32(token_level_rewards))
+
+
+def compute_gdpo_outcome_advantage(token_level_rewards, response_mask, index, epsilon=1e-6,
+                                   norm_adv_by_std_in_grpo=True, config=None, non_tensor_batch=None, batch=None,
+                                   **kwargs):
+    """verl's GDPO (reward components: ``config.gdpo_reward_keys`` of ``non_tensor_batch``)."""
+    scores, weights, dt = [groups.sequence_scores(token_level_rewards)], None, token_level_rewards.dtype
+    if config is not None and non_tensor_batch is not None and batch is not None:
+        keys = config.get("gdpo_reward_keys", None)
+        if not keys or any(k not in non_tensor_batch for k in keys):
+            raise ValueError(f"config.gdpo_reward_keys ({keys}) must name keys of non_tensor_batch")
+        dev = response_mask.device
+        scores = [torch.as_tensor(np.asarray(non_tensor_batch[k], dtype=np.float32), device=dev) for k in keys]
+        weights, dt = config.get("gdpo_reward_weights", None), torch.float32
+    a = sum((1.0 if weights is None else float(weights[k])) * _grpo(x, _stats(x, index), epsilon,
+                                                                      norm_adv_by_std_in_grpo)
+            for k, x in enumerate(scores))
+    return (a := groups.to_tokens(groups.masked_whiten(a, response_mask).to(dt), response_mask)), a
+
+
+def compute_grpo_passk_outcome_advantage(token_level_rewards, response_mask, index, epsilon=1e-6,
+                                         norm_adv_by_std_in_grpo=True, config=None, **kwargs):
+    """verl's pass@k GRPO (``config.norm_adv_by_std_in_grpo`` decides, not the argument, as in verl)."""
+    if config is None:
+        raise ValueError("config is required: pass@k reads config.norm_adv_by_std_in_grpo")
+    if not isinstance(index, torch.Tensor) and np.unique(np.asarray(index).astype(str), return_counts=True)[1].min(
+            initial=2) < 2:
+        raise ValueError("index: pass@k needs at least 2 samples per group")
+    norm = config.get("norm_adv_by_std_in_grpo", True)
+    return _outcome(token_level_rewards, response_mask, index,
+                    lambda x, s: s.top2_gap / (s.std + epsilon) if norm else s.top2_gap)
+
+
+def compute_reinforce_plus_plus_baseline_outcome_advantage(token_level_rewards, response_mask, index, epsilon=1e-6,
+                                                           config=None, **kwargs):
+    """verl's REINFORCE++-baseline."""
+    return _outcome(token_level_rewards, response_mask, index, lambda x, s: groups.masked_whiten(
+        x - torch.where(s.size == 1, 0, s.mean), response_mask))
+
+
+def compute_rloo_outcome_advantage(token_level_rewards, response_mask, index, epsilon=1e-6, config=None, **kwargs):
+    """verl's RLOO (a group of one keeps its score)."""
+    return _outcome(token_level_rewards, response_mask, index, lambda x, s: torch.where(s.size > 1, x - s.loo_mean, x))
+
+
+def compute_rloo_vectorized_outcome_advantage(token_level_rewards, response_mask, index, epsilon=1e-6, config=None,
+                                              **kwargs):
+    """verl's vectorized RLOO (a group of one gets 0)."""
+    return _outcome(token_level_rewards, response_mask, index, lambda x, s: x - s.loo_mean, _f32(token_level_rewards))
+
+
+def compute_opo_outcome_advantage(token_level_rewards, response_mask, index, epsilon=1e-6, config=None, **kwargs):
+    """verl's OPO (the baseline weighted by response length)."""
+    return _outcome(token_level_rewards, response_mask, index,
+                    lambda x, s: x - torch.where(s.size == 1, 0, s.weighted_mean),
+                    weights=response_mask.sum(-1, dtype=torch.float32))
+
+
+def compute_gpg_outcome_advantage(token_level_rewards, response_mask, index, epsilon=1e-6, f_norm=1.0, alpha=1.0,
+                                  config=None, **kwargs):
+    """verl's GPG (``alpha`` is recomputed from the scores, as in verl)."""
+    return _outcome(token_level_rewards, response_mask, index, lambda x, s: x.numel() / torch.count_nonzero(x).clamp(
+        min=1) * (x - torch.where(s.size == 1, 0, s.mean)) / f_norm)
+
+
+def compute_reinforce_plus_plus_outcome_advantage(token_level_rewards, response_mask, config=None, **kwargs):
+    """verl's REINFORCE++ (``config.gamma``)."""
+    if config is None:
+        raise ValueError("config is required: REINFORCE++ reads config.gamma")
+    returns = llm.discounted_returns(token_level_rewards, response_mask, config.gamma)
+    return groups.masked_whiten(returns, response_mask) * response_mask, returns
+
+
+def compute_remax_outcome_advantage(token_level_rewards, reward_baselines, response_mask, config=None, **kwargs):
+    """verl's ReMax."""
+    returns = llm.discounted_returns(token_level_rewards, response_mask, 1.0, fill_masked="carry")
+    returns = returns.to(torch.promote_types(returns.dtype, response_mask.dtype))
+    return returns - reward_baselines.unsqueeze(-1) * response_mask, returns
+
+
+def _reads_config(fn):
+    """verl's trainer gives a registered estimator ``config``, not ``norm_adv_by_std_in_grpo``."""
+    def estimator(token_level_rewards, response_mask, index, config=None, **kwargs):
+        norm = config is None or config.get("norm_adv_by_std_in_grpo", True)
+        return fn(token_level_rewards, response_mask, index, norm_adv_by_std_in_grpo=norm, config=config)
+    return estimator
+
+
+#: What :func:`register` adds, by verl's name. Left out: GAE, ReMax and GDPO, whose inputs (values and
+#: a critic, baseline rollouts, reward components) verl's trainer gives to its own names only.
+ESTIMATORS = {"grpo": _reads_config(compute_grpo_outcome_advantage),
+              "grpo_vectorized": _reads_config(compute_grpo_vectorized_outcome_advantage),
+              "grpo_passk": compute_grpo_passk_outcome_advantage,
+              "reinforce_plus_plus_baseline": compute_reinforce_plus_plus_baseline_outcome_advantage,
+              "rloo": compute_rloo_outcome_advantage, "rloo_vectorized": compute_rloo_vectorized_outcome_advantage,
+              "opo": compute_opo_outcome_advantage, "gpg": compute_gpg_outcome_advantage,
+              "reinforce_plus_plus": compute_reinforce_plus_plus_outcome_advantage}
+
+
+def register(prefix: str = "rollbuf_") -> list[str]:
+    """Add :data:`ESTIMATORS` to verl's ``ADV_ESTIMATOR_REGISTRY`` as ``prefix + name`` (so that
+    ``algorithm.adv_estimator=rollbuf_grpo`` selects one); returns the names."""
+    from verl.trainer.ppo import core_algos
+
+    for name, fn in ESTIMATORS.items():
+        core_algos.register_adv_est(prefix + name)(fn)
+    return [prefix + name for name in ESTIMATORS]
+
+
+__all__ = [name for name in list(globals()) if name.startswith("compute_")] + ["register"]

@@ -1,0 +1,251 @@
+"""rollbuf.groups against float64 loops written here, and its edge rules (docs/semantics.md, "Groups"):
+groups of one, zero variance (exact), leave-one-out with equal other members (exact, in bf16 too:
+NeMo-RL #4161's case), NaN scores, all-masked rows, packed sequences, a process group (gloo), and no
+host read of a value (meta tensors)."""
+
+from __future__ import annotations
+
+import datetime
+import math
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from rollbuf import groups as G
+
+FIELDS = ("size", "mean", "std", "loo_mean", "loo_std", "top2_gap", "weighted_mean")
+
+
+def loop_stats(x, labels, w):
+    """The float64 loop: per sample, the statistics of its group and of its other members."""
+    x, w = [float(v) for v in x], [float(v) for v in w]
+    out = {k: [0.0] * len(x) for k in FIELDS}
+    for lab in dict.fromkeys(labels):
+        rows = [i for i, lb in enumerate(labels) if lb == lab]
+        v = [x[i] for i in rows]
+        n, mean = len(v), sum(v) / len(v)
+        std = math.sqrt(sum((a - mean) ** 2 for a in v) / (n - 1)) if n > 1 else 0.0
+        sw = sum(w[i] for i in rows)
+        wmean = sum(w[i] * x[i] for i in rows) / sw if sw > 0 else mean
+        best = max(v)
+        second = sorted(v)[-2] if n > 1 else best
+        for i in rows:
+            others = [x[j] for j in rows if j != i]
+            m = len(others)
+            lm = sum(others) / m if m else x[i]
+            ls = math.sqrt(sum((a - lm) ** 2 for a in others) / (m - 1)) if m > 1 else 0.0
+            gap = x[i] - second if n > 1 and x[i] == best and v.count(best) == 1 else 0.0
+            for k, val in zip(FIELDS, (n, mean, std, lm, ls, gap, wmean)):
+                out[k][i] = val
+    return {k: torch.tensor(v, dtype=torch.float64) for k, v in out.items()}
+
+
+def _random_groups(seed, b=40):
+    g = np.random.default_rng(seed)
+    sizes = []
+    while sum(sizes) < b:
+        sizes.append(int(g.choice([1, 2, 3, 5, 8])))
+    labels = np.repeat([f"prompt-{k}" for k in range(len(sizes))], sizes)
+    g.shuffle(labels)
+    return labels, g
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_group_stats_equal_the_float64_loop(seed, dtype):
+    labels, g = _random_groups(seed)
+    x = torch.tensor(g.normal(size=labels.size) * 3 + 1).to(dtype)
+    x[:5] = torch.tensor(g.integers(0, 2, 5), dtype=dtype)  # binary scores too
+    w = torch.tensor(g.integers(0, 9, labels.size), dtype=torch.float32)
+    ids, n = G.group_ids(labels)
+    got = G.group_stats(x, ids, n, w)
+    want = loop_stats(x.double(), list(labels), w)  # bf16 inputs: their values, accumulated exactly
+    tol = dict(rtol=1e-10, atol=1e-10) if dtype == torch.float64 else dict(rtol=2e-6, atol=2e-6)
+    for k in FIELDS:
+        assert getattr(got, k).dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
+        torch.testing.assert_close(getattr(got, k).double(), want[k], **tol, msg=k)
+
+
+def test_groups_of_one():
+    x = torch.tensor([2.5, -1.0, 4.0])
+    s = G.group_stats(x, *G.group_ids(["a", "b", "b"]))
+    assert s.size.tolist() == [1, 2, 2]
+    assert s.mean[0] == 2.5 and s.std[0] == 0 and s.loo_mean[0] == 2.5 and s.loo_std[0] == 0
+    assert s.top2_gap.tolist() == [0, 0, 5.0] and s.weighted_mean[0] == 2.5
+    assert s.loo_mean[1:].tolist() == [4.0, -1.0] and s.loo_std[1:].tolist() == [0, 0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("n", [2, 3, 7, 16])
+def test_zero_variance_is_exact(n, dtype):
+    """Equal members: mean exactly their value, std exactly 0 (0.1 is not a sum-exact value)."""
+    for v in (0.1, 1 / 3, -7.3, 1e4):
+        x = torch.full((n,), v, dtype=dtype)
+        s = G.group_stats(x, torch.zeros(n, dtype=torch.int64), 1)
+        assert (s.mean == x.float()).all() and (s.std == 0).all() and (s.loo_std == 0).all()
+        assert (s.loo_mean == x.float()).all() and (x.float() - s.mean == 0).all() and (s.top2_gap == 0).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("odd", [1.0, -3.0, 0.75])
+def test_leave_one_out_of_equal_others_is_exact(odd, dtype):
+    """NeMo-RL #4161's case: a sample whose other members are all equal gets a leave-one-out std of
+    exactly 0 and a leave-one-out mean of exactly their value, whether it is the group's maximum or
+    minimum (a naive (sum_sq − x²) in float32 leaves a residue of ~1e-4 here)."""
+    for n in (3, 4, 16, 64):
+        for rest in (0.0, 0.3, 0.7):
+            x = torch.full((n,), rest, dtype=dtype)
+            x[n // 2] = odd
+            s = G.group_stats(x, torch.zeros(n, dtype=torch.int64), 1)
+            i = n // 2
+            assert s.loo_std[i] == 0 and s.loo_mean[i] == x[0].float(), (n, rest, s.loo_std[i])
+            assert s.loo_std[i - 1] > 0
+
+
+def test_nan_score_poisons_its_group_only():
+    x = torch.tensor([1.0, float("nan"), 2.0, 3.0, 4.0, 5.0])
+    s = G.group_stats(x, torch.tensor([0, 0, 0, 1, 1, 2]), 3)
+    for k in FIELDS[1:]:
+        v = getattr(s, k)
+        assert v[:3].isnan().all(), k
+        assert v[3:].isfinite().all(), k
+
+
+def test_weighted_mean_of_zero_weight_is_the_mean():
+    s = G.group_stats(torch.tensor([1.0, 3.0]), torch.tensor([0, 0]), 1, torch.zeros(2))
+    assert s.weighted_mean.tolist() == [2.0, 2.0]
+
+
+def test_group_ids():
+    ids, n = G.group_ids(np.array(["b", "a", "b", "c"], dtype=object))
+    assert ids.tolist() == [1, 0, 1, 2] and n == 3
+    ids, n = G.group_ids(np.array([10**12, 7, 10**12]))
+    assert ids.tolist() == [1, 0, 1] and n == 2
+    ids, n = G.group_ids(np.array([1, "1", "x"], dtype=object))  # mixed types: compared as strings
+    assert ids.tolist() == [0, 0, 1] and n == 2
+    ids, n = G.group_ids(torch.tensor([9, -4, 9, 5, -4]))  # on the device: ranks, capacity B
+    assert ids.tolist() == [2, 0, 2, 1, 0] and n == 5
+    assert G.group_ids(np.array([], dtype=object))[1] == 0
+    with pytest.raises(ValueError, match="index"):
+        G.group_ids(np.zeros((2, 2)))
+    with pytest.raises(ValueError, match="index"):
+        G.group_ids(torch.zeros(3))
+
+
+def test_errors_name_the_argument():
+    x = torch.zeros(3)
+    with pytest.raises(TypeError, match="scores"):
+        G.group_stats(torch.zeros(3, dtype=torch.int64), torch.zeros(3, dtype=torch.int64), 1)
+    with pytest.raises(ValueError, match="ids"):
+        G.group_stats(x, torch.zeros(2, dtype=torch.int64), 1)
+    with pytest.raises(TypeError, match="weights"):
+        G.group_stats(x, torch.zeros(3, dtype=torch.int64), 1, [1, 2, 3])
+    with pytest.raises(ValueError, match="mask"):
+        G.masked_whiten(torch.zeros(3, 4), torch.ones(3, 5))
+    with pytest.raises(TypeError, match="mask"):
+        G.masked_whiten(torch.zeros(3, 4), None)
+    with pytest.raises(ValueError, match="mask"):
+        G.to_tokens(x, torch.ones(4, 2))
+
+
+def test_tokens_padded_and_packed():
+    v = torch.tensor([1.5, -2.0, 3.0])
+    mask = torch.tensor([[1, 1, 0], [0, 0, 0], [0, 1, 1]])
+    assert G.to_tokens(v, mask).tolist() == [[1.5, 1.5, 0], [0, 0, 0], [0, 3.0, 3.0]]
+    assert G.to_tokens(v.bfloat16(), mask.bool()).dtype == torch.bfloat16
+    cu = torch.tensor([1, 3, 3, 6], dtype=torch.int32)  # token 0 and 6.. belong to no sequence
+    pm = torch.tensor([[1, 1, 0, 1, 1, 1, 1, 1]])
+    assert G.to_tokens(v, pm, cu).tolist() == [[0, 1.5, 0, 3.0, 3.0, 3.0, 0, 0]]
+    r = torch.arange(8.0).reshape(1, 8)
+    assert G.sequence_scores(r, cu).tolist() == [3.0, 0.0, 12.0]
+    rb = torch.randn(4, 6).bfloat16()
+    assert G.sequence_scores(rb).dtype == torch.float32
+    torch.testing.assert_close(G.sequence_scores(rb), rb.double().sum(-1).float())
+
+
+def _loop_whiten(x, m):
+    vals = [float(a) for a, k in zip(x.flatten(), m.flatten()) if k]
+    n = len(vals)
+    mean = sum(vals) / n
+    var = sum((a - mean) ** 2 for a in vals) / (n - 1)
+    return (x.double() - mean) / math.sqrt(var + 1e-8)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_masked_whiten(dtype):
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(6, 9, generator=g) * 4 + 2).to(dtype)
+    m = torch.rand(6, 9, generator=g) > 0.4
+    m[2] = False  # an all-masked row
+    xn = x.clone()
+    xn[~m] = float("nan")  # masked-out entries never enter the statistics
+    got = G.masked_whiten(xn, m.long())
+    assert got.dtype == dtype
+    torch.testing.assert_close(got[m].double(), _loop_whiten(x, m)[m], rtol=1e-2 if dtype != torch.float32 else 1e-5,
+                               atol=1e-2 if dtype != torch.float32 else 1e-5)
+    rows = torch.randn(6, generator=g).to(dtype)  # a row value counted once per masked-in token of its row
+    tok = G.masked_whiten(rows.unsqueeze(-1).expand(6, 9).contiguous(), m)
+    torch.testing.assert_close(G.to_tokens(G.masked_whiten(rows, m), m), tok * m)
+    assert G.masked_whiten(x, m, shift_mean=False).float().mean() != got[m].float().mean()
+    one = torch.zeros(6, 9, dtype=torch.bool)
+    one[0, 0] = True
+    assert G.masked_whiten(x, one).isnan().all()  # fewer than two masked-in tokens: NaN
+
+
+def test_no_host_read_of_a_value():
+    """Meta tensors have no data: any .item(), bool(), nonzero or data-sized op raises."""
+    b, L = 12, 7
+    x = torch.empty(b, device="meta")
+    ids, n = G.group_ids(torch.empty(b, dtype=torch.int64, device="meta"))
+    s = G.group_stats(x, ids, n, torch.empty(b, device="meta"))
+    assert all(v.shape == (b,) for v in s)
+    mask = torch.empty(b, L, dtype=torch.bool, device="meta")
+    assert G.to_tokens(s.mean, mask).shape == (b, L)
+    assert G.masked_whiten(torch.empty(b, L, device="meta"), mask).shape == (b, L)
+    assert G.masked_whiten(x, mask).shape == (b,)
+    assert G.sequence_scores(torch.empty(b, L, device="meta")).shape == (b,)
+    cu = torch.empty(4, dtype=torch.int32, device="meta")
+    assert G.to_tokens(torch.empty(3, device="meta"), torch.empty(1, 20, device="meta"), cu).shape == (1, 20)
+
+
+# ---------------------------------------------------------------- over a process group (gloo, 2 ranks)
+
+
+def _worker(rank, world, init_file, out):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=60))
+    try:
+        x, m, labels, w = _sharded_inputs()
+        mine = slice(rank * 5, rank * 5 + 5)
+        ids, n = G.group_ids(labels)  # the same labels on every rank: the same ids
+        got = {"whiten": G.masked_whiten(x[mine], m[mine], group=dist.group.WORLD),
+               "stats": G.group_stats(x[mine, 0], ids[mine], n, w[mine], group=dist.group.WORLD)}
+        torch.save(got, f"{out}.{rank}")
+    finally:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def _sharded_inputs():
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(10, 6, generator=g)
+    m = torch.rand(10, 6, generator=g) > 0.3
+    return x, m, np.array(list("abcabcabdd")), torch.rand(10, generator=g)
+
+
+def test_over_a_process_group(tmp_path):
+    import torch.multiprocessing as mp
+
+    method = "fork" if sys.platform == "linux" else "spawn"
+    mp.start_processes(_worker, args=(2, str(tmp_path / "init"), str(tmp_path / "out")), nprocs=2, join=True,
+                       start_method=method)
+    parts = [torch.load(tmp_path / f"out.{r}", weights_only=False) for r in range(2)]
+    x, m, labels, w = _sharded_inputs()
+    torch.testing.assert_close(torch.cat([p["whiten"] for p in parts]), G.masked_whiten(x, m))
+    whole = G.group_stats(x[:, 0], *G.group_ids(labels), w)
+    for k in FIELDS:
+        torch.testing.assert_close(torch.cat([getattr(p["stats"], k) for p in parts]), getattr(whole, k), msg=k)

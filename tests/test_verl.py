@@ -1,0 +1,189 @@
+"""rollbuf.integrations.verl against verl 0.9.1 itself (installed by the README's test command,
+tests/requirements-verl.txt: required, never skipped), on random batches with EOS masks, multi-turn
+masks, all-masked rows, groups of one, zero-variance groups and a group whose other members are all
+equal, with string, int and tensor ids, in float32 and bfloat16. Compared at every token: with
+``response_mask = 1`` (what a loss reads) and at the others (where both return 0, or verl's values)."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo import core_algos
+
+from rollbuf.integrations import verl as R
+
+OUTCOME = ["grpo", "grpo_vectorized", "gdpo", "rloo", "rloo_vectorized", "opo", "gpg",
+           "reinforce_plus_plus_baseline", "grpo_passk"]
+VERL = {name: core_algos.get_adv_estimator_fn(name) for name in OUTCOME}
+OURS = {"gdpo": R.compute_gdpo_outcome_advantage, "grpo": R.compute_grpo_outcome_advantage,
+        "grpo_vectorized": R.compute_grpo_vectorized_outcome_advantage, **{
+            k: R.ESTIMATORS[k] for k in OUTCOME if k not in ("grpo", "grpo_vectorized", "gdpo")}}
+
+
+def batch(seed, B=48, L=10, singles=True):
+    """Rows of groups of 1-6 (shuffled), EOS masks (some rows empty), tool spans inside rows; dense
+    small rewards (verl sums every token) plus a score; some groups with equal scores, one group of
+    binary scores with a single 1 (its other members all equal)."""
+    g = np.random.default_rng(seed)
+    sizes = []
+    while sum(sizes) < B:
+        sizes.append(int(g.choice([1, 2, 3, 4, 6] if singles else [2, 3, 4, 6])))
+    sizes[-1] -= sum(sizes) - B
+    if sizes[-1] < 2 and not singles:
+        sizes[-2] += sizes.pop()
+    labels = np.repeat(np.arange(len(sizes)), sizes)
+    rewards = torch.tensor(g.normal(size=(B, L)) * 0.1, dtype=torch.float32)
+    score = torch.tensor(g.normal(size=B) * 2, dtype=torch.float32)
+    rewards[torch.arange(B), torch.tensor(g.integers(0, L, B))] += score
+    for k in range(len(sizes)):
+        rows = np.flatnonzero(labels == k)
+        if k % 4 == 1:  # zero variance: the same rewards (integers: verl's mean of them is exact too)
+            rewards[rows] = float(g.integers(-2, 3))
+        elif k % 4 == 2 and rows.size > 2:  # binary, a single 1: the others are all equal
+            rewards[rows] = 0.0
+            rewards[rows[0], -1] = 1.0
+    lengths = torch.tensor(g.integers(0, L + 1, B))
+    lengths[g.integers(0, B, 3)] = 0  # all-masked rows
+    mask = torch.arange(L) < lengths[:, None]
+    for i in g.integers(0, B, B // 3):  # multi-turn: a tool span inside the response
+        a = int(g.integers(0, L))
+        mask[i, a:a + int(g.integers(1, 4))] = False
+    perm = torch.tensor(g.permutation(B))
+    return rewards[perm], mask[perm].long(), labels[perm.numpy()]
+
+
+def index_of(labels, kind):
+    if kind == "str":
+        return np.array([f"uid-{v:04d}" for v in labels], dtype=object)
+    return np.array([v * 7919 + 10**11 for v in labels]) if kind == "int" else torch.tensor(labels * 3 - 5)
+
+
+def _config(norm=True, gamma=0.9):
+    return OmegaConf.create({"norm_adv_by_std_in_grpo": norm, "gamma": gamma})
+
+
+def _call(fn, rewards, mask, index, name, norm=True):
+    kw = dict(token_level_rewards=rewards.clone(), response_mask=mask.clone(), index=index, config=_config(norm))
+    if name in ("grpo", "grpo_vectorized", "gdpo"):
+        kw["norm_adv_by_std_in_grpo"] = norm
+    return fn(**kw)
+
+
+def _close(ours, theirs, dtype, name):
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(ours.double(), theirs.double(), **tol, msg=name)
+
+
+@pytest.mark.parametrize("norm", [True, False])
+@pytest.mark.parametrize("kind", ["str", "int", "tensor"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("name", OUTCOME)
+def test_outcome_estimators_equal_verl(name, seed, dtype, kind, norm):
+    """verl on the same values in float32 (a bf16 input: its values upcast; rollbuf accumulates them in
+    float32 and rounds its output, verl would round every intermediate) at every token; the output
+    dtype is verl's for the same input (the vectorized RLOO aside: float32 where verl's bincount gives
+    float64)."""
+    rewards, mask, labels = batch(seed, singles=name != "grpo_passk")
+    rewards = rewards.to(dtype)
+    ref_a, ref_r = _call(VERL[name], rewards.float(), mask, index_of(labels, "str"), name, norm)
+    a, r = _call(OURS[name], rewards, mask, index_of(labels, kind), name, norm)
+    _close(a, ref_a, dtype, name)
+    _close(r, ref_r, dtype, name)
+    assert (a[mask == 0] == 0).all()
+    if not (name == "rloo_vectorized" and dtype != torch.float32):
+        assert a.dtype == _call(VERL[name], rewards, mask, index_of(labels, "str"), name, norm)[0].dtype
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_token_estimators_equal_verl(seed, dtype):
+    """GAE (whitened, verl's carried values at masked tokens), REINFORCE++ (config.gamma, returns
+    carried across tool spans) and ReMax, at every token."""
+    rewards, mask, _ = batch(seed)
+    rewards = rewards.to(dtype)
+    g = torch.Generator().manual_seed(seed)
+    values = torch.randn(rewards.shape, generator=g).to(dtype)
+    baselines = torch.randn(rewards.shape[0], generator=g).to(dtype)
+    pairs = [(R.compute_gae_advantage_return(rewards, values, mask, 0.99, 0.9),
+              core_algos.compute_gae_advantage_return(rewards.float(), values.float(), mask, 0.99, 0.9)),
+             (R.compute_reinforce_plus_plus_outcome_advantage(rewards, mask, config=_config()),
+              core_algos.compute_reinforce_plus_plus_outcome_advantage(rewards.float(), mask, config=_config())),
+             (R.compute_remax_outcome_advantage(rewards, baselines, mask),
+              core_algos.compute_remax_outcome_advantage(rewards.float(), baselines.float(), mask))]
+    for k, (ours, theirs) in enumerate(pairs):
+        for o, t in zip(ours, theirs):
+            _close(o, t, dtype, f"pair {k}")
+            assert o.dtype == dtype
+
+
+def test_gdpo_reward_components():
+    """GDPO with config.gdpo_reward_keys / gdpo_reward_weights read from non_tensor_batch."""
+    rewards, mask, labels = batch(3)
+    g = np.random.default_rng(0)
+    ntb = {"fmt": g.integers(0, 2, 48).astype(np.float32), "acc": g.normal(size=48), "uid": index_of(labels, "str")}
+    cfg = OmegaConf.create({"gdpo_reward_keys": ["fmt", "acc"], "gdpo_reward_weights": [0.5, 2.0]})
+    prompts = torch.zeros(48, 3, dtype=torch.long)
+    b = {"prompts": prompts, "attention_mask": torch.cat([torch.ones(48, 3, dtype=torch.long), mask], 1)}
+    kw = dict(token_level_rewards=rewards, response_mask=mask, index=ntb["uid"], config=cfg, non_tensor_batch=ntb,
+              batch=b)
+    _close(R.compute_gdpo_outcome_advantage(**kw)[0], core_algos.compute_gdpo_outcome_advantage(**kw)[0],
+           torch.float32, "gdpo")
+    with pytest.raises(ValueError, match="gdpo_reward_keys"):
+        R.compute_gdpo_outcome_advantage(**dict(kw, config=OmegaConf.create({"gdpo_reward_keys": ["x"]})))
+
+
+def test_register_selects_them_by_name():
+    """After register(), verl's registry gives rollbuf's functions; called as verl's trainer calls a
+    registered estimator (config, index, no norm_adv_by_std_in_grpo), they equal verl's."""
+    names = R.register()
+    assert R.register() == names  # registering again is harmless
+    assert set(names) <= set(core_algos.ADV_ESTIMATOR_REGISTRY)
+    rewards, mask, labels = batch(4)
+    for norm in (True, False):
+        kw = dict(token_level_rewards=rewards, response_mask=mask, config=_config(norm), index=index_of(labels, "str"))
+        ours = core_algos.get_adv_estimator_fn("rollbuf_grpo")(**kw)[0]
+        theirs = core_algos.compute_grpo_outcome_advantage(rewards, mask, kw["index"], norm_adv_by_std_in_grpo=norm)[0]
+        _close(ours, theirs, torch.float32, "rollbuf_grpo")
+    ours = core_algos.get_adv_estimator_fn("rollbuf_reinforce_plus_plus")(rewards, mask, config=_config())[0]
+    _close(ours, core_algos.compute_reinforce_plus_plus_outcome_advantage(rewards, mask, config=_config())[0],
+           torch.float32, "rollbuf_reinforce_plus_plus")
+
+
+def test_passk_and_config_errors():
+    rewards, mask, labels = batch(5)  # with groups of one
+    with pytest.raises(ValueError, match="index"):
+        R.compute_grpo_passk_outcome_advantage(rewards, mask, index_of(labels, "str"), config=_config())
+    with pytest.raises(ValueError, match="config"):
+        R.compute_grpo_passk_outcome_advantage(rewards, mask, index_of(labels, "str"))
+    with pytest.raises(ValueError, match="config"):
+        R.compute_reinforce_plus_plus_outcome_advantage(rewards, mask)
+    with pytest.raises(ValueError, match="index"):
+        R.compute_grpo_outcome_advantage(rewards, mask, index_of(labels, "str")[:-1])
+
+
+def test_opo_all_masked_group_is_finite():
+    """verl's OPO divides by the group's total length: NaN for a group whose rows are all masked
+    (NaN·0 at every token); rollbuf uses the group's plain mean there (outputs 0)."""
+    rewards = torch.tensor([[1.0, 0.0], [3.0, 0.0], [2.0, 1.0]])
+    mask = torch.tensor([[0, 0], [0, 0], [1, 1]])
+    index = np.array(["a", "a", "b"], dtype=object)
+    a, _ = R.compute_opo_outcome_advantage(rewards, mask, index)
+    assert (a[:2] == 0).all() and a[2].tolist() == [3.0, 3.0]
+    assert core_algos.compute_opo_outcome_advantage(rewards, mask, index)[0][:2].isnan().all()
+
+
+@pytest.mark.parametrize("name", OUTCOME)
+def test_no_host_read_of_a_value(name):
+    """With a tensor index, the outcome estimators read no value back (meta tensors have none)."""
+    rewards = torch.empty(12, 7, device="meta")
+    mask = torch.empty(12, 7, dtype=torch.long, device="meta")
+    a, r = _call(OURS[name], rewards, mask, torch.empty(12, dtype=torch.long, device="meta"), name)
+    assert a.shape == r.shape == (12, 7) and a.device.type == "meta"
