@@ -9,6 +9,7 @@
 #   host-path                     python3 benchmarks/host_path.py: the eager calls' host time on rl-triton's grid,
 #                                 a CUDA graph of nine calls against their device time, graph replays
 #   backward | memory | llm       python -m benchmarks backward | memory | llm --device cuda
+#   llm-groups                    python -m benchmarks llm-groups (verl's vectorized GRPO/RLOO against rollbuf)
 #   tests                         the CUDA test matrix, every case (RB_EXHAUSTIVE=1, tests/conftest.py), cut at $TESTS_TIMEOUT_S seconds (or at $TESTS_DEADLINE,
 #                                 seconds since the epoch) so that the summary comes back
 set -u
@@ -31,7 +32,8 @@ for step in "$@"; do
     host) python3 -m benchmarks host --out "$OUT" 2>&1 | tail -20 ;;
     host-path) python3 benchmarks/host_path.py --out "$OUT" 2>&1 | tee "$OUT/host_path.log" | tail -70 ;;
     backward|memory) python3 -m benchmarks "$step" --out "$OUT" 2>&1 | tail -40 ;;
-    llm) python3 -m benchmarks llm --device cuda --out "$OUT" 2>&1 | tail -10 ;;
+    llm) python3 -m benchmarks llm --device cuda --out "$OUT" ${LLM_ARGS:-} 2>&1 | tail -10 ;;
+    llm-groups) python3 -m benchmarks llm-groups --out "$OUT" 2>&1 | tail -20 ;;
     tests) limit=${TESTS_TIMEOUT_S:-540}
       [ -n "${TESTS_DEADLINE:-}" ] && limit=$(( TESTS_DEADLINE - $(date +%s) )) && [ "$limit" -lt 1 ] && limit=1
       echo "tests: $limit s"; RB_EXHAUSTIVE=1 timeout "$limit" python3 -m pytest -v -n 14 -p no:cacheprovider -rfE tests/test_kernels.py \

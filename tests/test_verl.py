@@ -187,3 +187,17 @@ def test_no_host_read_of_a_value(name):
     mask = torch.empty(12, 7, dtype=torch.long, device="meta")
     a, r = _call(OURS[name], rewards, mask, torch.empty(12, dtype=torch.long, device="meta"), name)
     assert a.shape == r.shape == (12, 7) and a.device.type == "meta"
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_benchmarks_restatements_equal_verl(seed):
+    """``python -m benchmarks llm-groups`` times verl's vectorized GRPO and RLOO restated (the GPU
+    machine has no verl); the restatements give verl's own outputs, bit for bit."""
+    from benchmarks import llm_groups
+
+    rewards, mask, labels = batch(seed, singles=False)
+    uid = np.array([f"uid-{k}" for k in labels], dtype=object)
+    for ours, theirs in ((llm_groups.verl_grpo_vectorized, VERL["grpo_vectorized"]),
+                         (llm_groups.verl_rloo_vectorized, VERL["rloo_vectorized"])):
+        for got, want in zip(ours(rewards, mask, uid), theirs(rewards, mask, uid)):
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
