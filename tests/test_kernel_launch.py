@@ -132,11 +132,9 @@ def test_strategy_tiles_short_rows(R, T, tile):
 def test_forced_choices_are_scoped():
     with K.forced(block_t=16, split=True):
         with K.forced(presolve=True):
-            from rollbuf.kernels.host import _FORCE
-
-            assert dict(_FORCE.get()) == dict(block_t=16, split=True, presolve=True)
-        assert dict(_FORCE.get()) == dict(block_t=16, split=True)
-    assert _FORCE.get() == ()
+            assert K.forced_choices() == dict(block_t=16, split=True, presolve=True)
+        assert K.forced_choices() == dict(block_t=16, split=True)
+    assert K.forced_choices() == {}
     with pytest.raises(TypeError, match="unknown kernel choice"):
         with K.forced(early_loads=True):
             pass
@@ -285,16 +283,16 @@ def test_every_kernel_entry_and_helper_takes_at_most_24_parameters():
     import pkgutil
 
     import rollbuf.kernels as kernels_pkg
-    from rollbuf.kernels.host import FAMILIES
 
     counts = {}
-    for m in pkgutil.iter_modules(kernels_pkg.__path__):
-        mod = importlib.import_module(f"rollbuf.kernels.{m.name}")
+    for m in pkgutil.walk_packages(kernels_pkg.__path__, "rollbuf.kernels."):  # the family folders too
+        mod = importlib.import_module(m.name)
         for name, obj in vars(mod).items():
             fn = getattr(obj, "fn", None)
-            if type(obj).__name__ in ("JITFunction", "InterpretedFunction") and inspect.isfunction(fn):
+            if type(obj).__name__ in ("JITFunction", "InterpretedFunction") and inspect.isfunction(fn) \
+                    and fn.__module__ == m.name:
                 counts[f"{m.name}.{name}"] = len(inspect.signature(fn).parameters)
-    entries = {fam.kernel for fam in FAMILIES.values()}  # "module.function"
+    entries = {f"{row.kernel().fn.__module__}.{row.kernel().fn.__name__}" for row in K.FAMILIES.values()}
     assert entries and entries <= set(counts), (entries, sorted(counts))
     over = {k: n for k, n in counts.items() if n > 24}
     assert not over, over
