@@ -8,8 +8,9 @@
 * the estimator list exists once: nothing in the package spells the list of estimator names but
   the registry;
 * habits: ``ruff check`` and ``mypy`` are clean with the configuration of pyproject.toml; no function
-  of the package outside ``rollbuf/kernels/`` is longer than 60 lines, and no private one there takes
-  more than 8 parameters; the tests use rollbuf's public names only.
+  of the package outside the Triton kernels and their launch (in ``rollbuf/kernels/``) is longer than
+  60 lines, and no private one there takes more than 8 parameters; the tests use rollbuf's public
+  names only.
 """
 
 from __future__ import annotations
@@ -274,11 +275,21 @@ def _is_private(qualname: str) -> bool:
     return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
 
 
+# The Triton kernels and their launch, out of the size rules (a kernel's driver specialises every pass
+# in one body): in rollbuf/kernels/, these modules and each family's Triton kernels (*triton.py).
+TRITON_MODULES = ("core.py", "resolve.py", "host.py", "aot.py", "op.py")
+
+
+def _triton_side(f: Path) -> bool:
+    return f.is_relative_to(PKG / "kernels") and (f.name in TRITON_MODULES or f.name.endswith("triton.py"))
+
+
 def _sizes():
-    """``{"path::function": (lines, parameters, private)}`` over the package less rollbuf/kernels/."""
+    """``{"path::function": (lines, parameters, private)}`` over the package less the Triton kernels and
+    their launch (:func:`_triton_side`)."""
     out = {}
     for f in FILES:
-        if f.is_relative_to(PKG / "kernels"):
+        if _triton_side(f):
             continue
         rel = f.relative_to(ROOT).as_posix()
         for qual, fn in _functions(ast.parse(f.read_text(), str(f))):

@@ -148,9 +148,7 @@ class Adjoint:
         return self.zero(self.f[name].detach().to(self.dt))
 
     def window(self):
-        """``(B_t, the state past the window)`` of the call with its tensors detached: the torch
-        backend's :func:`~rollbuf.backends.torch_backend.read_bootstrap` and
-        :func:`~rollbuf.backends.torch_backend.end_carry`."""
+        """``(B_t, the state past the window)`` of the detached call (``torch_backend``'s)."""
         p = self.p
         q = p.evolve(fields={n: (x.detach() if isinstance(x, torch.Tensor) else x) for n, x in self.f.items()},
                      carry=None if p.carry is None else p.carry.detach())

@@ -1,41 +1,22 @@
 """The compiled CPU backend: every estimator as a sequential loop over time, compiled by numba.
 
 On a CPU the fast algorithm is the plain one: each row is one pass over its steps in scan order,
-carrying its state, every step read once and every output written once. The loop is
-:mod:`rollbuf.kernels.loop` (one driver for every family, specialised per family and direction);
-each family's step is its package's ``cpu.py`` (:attr:`rollbuf.kernels.row.Row.step`), which calls
-the own-step coefficient functions of :mod:`rollbuf.boundary.coefficients` (the source the torch
-backend runs on tensors and Triton compiles). This module is the call: layouts, outputs, threads.
+every step read once and every output written once. The loop is :mod:`rollbuf.kernels.loop` (one
+driver, specialised per family and direction, running the family's step, ``Row.step``); this
+module is the call: layouts, outputs, threads.
 
-**Two loop orders.** Rows are independent. The driver runs them one after the other, the state in
-registers (the rows order), or — when the main input is time-major (its stride over rows smaller
-than over time) with at least ``LANES_MIN_ROWS`` rows — time outermost and the rows innermost (the
-lanes order): memory is read in order and the loop over the rows is vectorised. Its outputs are
-written time-major and returned as ``[N, T]`` views of ``[T, N]`` tensors, so that a caller writing
-them back into its time-major buffer copies memory in order; a per-step field laid out otherwise (a
-flag ``[N, T]`` next to ``[T, N]`` buffers) is copied to time-major first. Both orders run the same
-step on the same numbers: their results are equal bit for bit. The features of the forward
-estimators are the lanes ``j`` of row ``g`` (time outermost where they are nearer in memory than
-the steps).
+Rows are independent: run one after the other (the rows order), or, when the main input is
+time-major with at least ``LANES_MIN_ROWS`` rows, time outermost and the rows innermost (the lanes
+order: memory read in order, the loop over the rows vectorised; the outputs returned as ``[N, T]``
+views of ``[T, N]`` tensors, a per-step field laid out otherwise copied to time-major first). The
+forward estimators' features are the lanes of their row. Fields are read in place; flags as bytes
+(0/1 floating flags converted to bool first), floating fields in the accumulation dtype (converted
+where they are in another); outputs written in it, converted to the output dtype after. With enough
+work, contiguous ranges of rows run on ``torch.get_num_threads()`` plain threads (the loops release
+the GIL; numba's ``prange`` pool spins next to torch's own and slows both).
 
-**Arguments.** Every field and carry in is handed to the loop as ``(address, stride_g, stride_j,
-stride_t)`` (``None`` when absent), so any layout is read in place and shares one compiled loop per
-combination of present fields, loop order and accumulation dtype. Flags are read as bytes (bool or
-uint8 tensors in place; 0/1 floating flags are converted to bool first); floating fields in another
-dtype than the accumulation dtype are converted to it first. The arithmetic and the state are
-float64 (the parameters are Python floats); outputs are written in the accumulation dtype and
-converted to the output dtype afterwards when that differs.
-
-With enough work, contiguous ranges of rows run on ``torch.get_num_threads()`` threads at once (the
-compiled loops release the GIL; plain threads rather than numba's ``prange``, whose OpenMP pool
-spins next to torch's own and slows both).
-
-The entry point is :func:`run` (same contract as the torch backend's ``run``). Gradients are not
-computed here: a call whose inputs require grad goes to the torch backend (or is wrapped by the
-autograd layer, whose TD(λ) adjoint is the ``lambda_adjoint`` family). The loops are compiled on
-first use and cached on disk (``cache=True``: numba's cache directory, next to the source files or
-``NUMBA_CACHE_DIR``); the first call of each family in a fresh environment compiles it, later
-processes load it.
+:func:`run` has the torch backend's contract; no gradients (see :mod:`rollbuf.backends`). The loops
+are compiled on first use and cached on disk (numba's cache, or ``NUMBA_CACHE_DIR``).
 """
 
 from __future__ import annotations
@@ -195,7 +176,6 @@ _FLAG_NAMES = ("terminated", "truncated", "mask")
 
 class _Args(NamedTuple):
     """One call as the loop reads it (see :func:`rollbuf.kernels.loop._drive`)."""
-
     nj: bool  # the rows are the lanes j (time outermost)
     lanes: bool  # the lanes order
     G: int  # rows g

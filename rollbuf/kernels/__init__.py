@@ -1,10 +1,9 @@
 """The kernels: per estimator family, one folder with its Triton kernel, its step of the compiled
 CPU loop, its analytic adjoint and its row of the kernel table.
 
-* one package per family, each holding ``triton.py`` (the ``@triton.jit`` entry, at most 24
-  parameters, and its three device functions: the fields a step reads, the scan's elements, the
-  outputs), ``cpu.py`` (the numba step), ``adjoint.py`` (the backward) and, in its ``__init__``,
-  its :class:`~rollbuf.kernels.row.Row`: :mod:`~rollbuf.kernels.td_lambda` (GAE, TD(λ), discounted
+* one package per family, each holding ``triton.py`` (the ``@triton.jit`` entry and its three device
+  functions), ``cpu.py`` (the numba step), ``adjoint.py`` (the backward) and its
+  :class:`~rollbuf.kernels.row.Row`: :mod:`~rollbuf.kernels.td_lambda` (GAE, TD(λ), discounted
   and Monte-Carlo returns, and their adjoint), :mod:`~rollbuf.kernels.vtrace`,
   :mod:`~rollbuf.kernels.retrace`, :mod:`~rollbuf.kernels.traces` (eligibility traces, episodic
   sums), :mod:`~rollbuf.kernels.affine` (the generic scan); :mod:`~rollbuf.kernels.families`, the
@@ -22,8 +21,8 @@ The arithmetic of every estimator comes from :mod:`rollbuf.boundary.coefficients
 the kernels from the same source the torch backend runs.
 """
 
-from rollbuf.kernels.families import FAMILIES
-from rollbuf.kernels.host import (
+from rollbuf.kernels.families import FAMILIES  # noqa: F401
+from rollbuf.kernels.host import (  # noqa: F401
     GATHER_MAX_T,
     LAUNCHES,
     MAX_CHUNK,
@@ -40,6 +39,3 @@ from rollbuf.kernels.host import (
     signature,
     strategy,
 )
-
-__all__ = ["FAMILIES", "GATHER_MAX_T", "LAUNCHES", "MAX_CHUNK", "PRESOLVE_MAX_ROWS", "TILE", "Launch", "Strategy",
-           "device_sms", "forced", "forced_choices", "launch_for", "output_buffers", "run", "signature", "strategy"]

@@ -27,26 +27,16 @@ import argparse
 import inspect
 import sys
 import time
+from collections import namedtuple
 from concurrent.futures import ProcessPoolExecutor
-from typing import NamedTuple
 
 from rollbuf.problem import Family
 
 _FLAGS = ("terminated", "truncated", "mask")
 
 
-class Mode(NamedTuple):
-    """A pass and tiling of a variant: the kernel's ``PASS``, ``SHIFT_LOAD``, ``BLOCK_N``, ``BLOCK_T``
-    and ``FLIP``, and its warps."""
-
-    pass_: int
-    shift_load: bool
-    block_n: int
-    block_t: int
-    warps: int
-    flip: bool = False
-
-
+# a variant's pass and tiling: the kernel's PASS, SHIFT_LOAD, BLOCK_N, BLOCK_T, its warps and FLIP
+Mode = namedtuple("Mode", "pass_ shift_load block_n block_t warps flip", defaults=(False,))
 MODES = {
     "single": Mode(4, False, 4, 128, 4),
     "single-reload": Mode(4, True, 1, 1024, 8),

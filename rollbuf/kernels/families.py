@@ -5,7 +5,5 @@ from rollbuf.kernels import affine, retrace, td_lambda, traces, vtrace
 from rollbuf.kernels.row import Row
 from rollbuf.problem import Family
 
-__all__ = ["FAMILIES", "Row"]
-
 FAMILIES: dict[Family, Row] = {row.family: row for row in (td_lambda.ROW, retrace.ROW, vtrace.ROW, traces.ROW,
                                                            affine.ROW, td_lambda.ADJOINT)}

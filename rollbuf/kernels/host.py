@@ -51,11 +51,8 @@ CPU_SMS = 132  # the SM count assumed off the GPU (an H200's), so the interprete
 # (265 vs 299 µs at 16384x2048; 5.33 vs 5.83 ms at 256x1048576).
 GATHER_MAX_T = 512
 MAX_CHUNK = 2048
-# A family's own entries of the table are in its row (rollbuf.kernels.row.Row: whole_rows, long_rows,
-# max_chunk, flip_chunks), each with what was measured for it: rows of up to 4096 steps held whole by one
-# program in one chunk where the family reads no mask (measured on the H200 at 28e5dea, the ab
-# experiment, one row per program with 8 or 16 warps against the table, results/ab_whole_rows_28e5dea.csv,
-# device time; Retrace at a8a4d23), V-trace's long rows and its shorter chunks.
+# A family's own entries of the table (rows held whole, long rows, its longest chunk, chunks flipped) are
+# in its Row (rollbuf.kernels.row), each with what was measured for it.
 # Split rows of at most this many rows take the three passes instead of the look-back chain. Measured
 # on the H200 at aab284d (results/ab_presolve_*_aab284d.csv): one row, the three passes win everywhere
 # (GAE 1x2^20 37.6 -> 23.5 µs, 1x2^24 397 -> 270, V-trace 1x2^20 56.2 -> 44.1, Retrace 38.7 -> 35.7);

@@ -1,51 +1,42 @@
-"""The compiled CPU loop that every family's step runs in (numba), as :mod:`rollbuf.kernels.core` is
-the scan every Triton kernel runs in. The call itself (layouts, outputs, threads) is
+"""The compiled CPU loop every family's step runs in (numba), as :mod:`rollbuf.kernels.core` is the
+scan every Triton kernel runs in; the call itself (layouts, outputs, threads) is
 :mod:`rollbuf.backends.compiled_cpu`.
 
-**One driver.** Every family goes through one loop, :func:`_drive`, specialised per family and
-direction (backward in time, or forward) by :func:`specialise`. It owns the rules the families
-share:
-
-* a masked step is the identity: it writes 0 and hands the state on unchanged ("as if deleted");
-* flags are read as 0/1 floats; ``bootstrap_values[t]`` is read only where step ``t`` is truncated
-  and not terminated, through a branch, so a NaN in any other slot never reaches the arithmetic;
-* backward, the state past the window end is the ``carry`` when given, else ``V(s_T)``
-  (``bootstrap_values`` at the row's last unmasked step; 0 if that step terminated, or when the
-  window end is terminal); forward, it is ``initial``, else 0; the state at the row's other end is
-  the carry out (``final`` of the forward estimators).
+**One driver**, :func:`_drive`, specialised per family and direction by :func:`specialise`, owns
+the rules the families share: a masked step is the identity (it writes 0 and hands the state on
+unchanged); flags are read as 0/1 floats; ``bootstrap_values[t]`` is read only where step ``t`` is
+truncated and not terminated, through a branch, so a NaN in any other slot never reaches the
+arithmetic; backward, the state past the window end is the ``carry`` when given, else ``V(s_T)``
+(``bootstrap_values`` at the row's last unmasked step; 0 if that step terminated, or when the window
+end is terminal); forward, ``initial``, else 0; the state at the row's other end is the carry out.
 
 A family is one function (its package's ``cpu.step``), ``step(data, at, k, tr, boot, prm, z0, z1)``:
 it loads the step's own fields (:func:`ld`), calls the coefficient functions of
-:mod:`rollbuf.boundary.coefficients` (compiled by numba, :func:`inline`, from the source the torch
-backend runs on tensors and Triton compiles; ``boot=None``, no step reads a bootstrap value, is a
-type, so its branch is compiled out) and returns the state one step further along the scan and the
-step's outputs. A done step stops the state by multiplying it by 0 (``γ·nd``, ``nd·e``), so a NaN
-or inf in the state goes on as ``0·NaN = NaN`` as in the reference loop and the other backends
-(docs/semantics.md, "Non-finite inputs"); a clipped ratio is ``min(bar, ratio)`` (:func:`clip`)
-with a NaN ratio kept NaN and an overflowed one (``inf``) clipped to ``bar``. The state is two
-numbers ``(z0, z1)``: V-trace's pair ``(u, V)``, which starts at ``(0, V(s_T))``; the other families
-leave ``z1`` at 0 (``NS = 1``: neither stored nor carried). The driver is specialised by binding the
-family's step as a global of a copy of its code (numba caches a function that takes compiled
+:mod:`rollbuf.boundary.coefficients` (compiled by numba, :data:`inline`; ``boot=None``, no step reads
+a bootstrap value, is a type, so its branch is compiled out) and returns the state one step further
+along the scan and the step's outputs. A done step stops the state by multiplying it by 0, so a NaN
+or inf in the state goes on as ``0·NaN = NaN`` as on the other backends (docs/semantics.md); a
+clipped ratio (:func:`clip`) keeps a NaN ratio NaN and clips an overflowed one (``inf``). The state
+is two numbers ``(z0, z1)``: V-trace's pair ``(u, V)``, which starts at ``(0, V(s_T))``; the other
+families leave ``z1`` at 0 (``NS = 1``: neither stored nor carried). The driver is specialised by
+binding the step as a global of a copy of its code (numba caches a function that takes compiled
 functions as arguments under a new key in every process, so ``cache=True`` would never hit); the
 copies' names hold a hash of ``coefficients.py``, so that editing it recompiles them (numba checks
 only the source file of the function it caches).
 
-**Two loop orders.** The driver runs the rows one after the other, the state in registers (the
-rows order, ``lanes`` None), or time outermost and the rows innermost (the lanes order): each
-row's state lives in a small array, and the loop over the rows is vectorised. Both orders run the
-same step on the same numbers: their results are equal bit for bit. An address is ``(g, j, t)``: a
-row is ``g`` (rows order) or ``j`` (lanes order). In the lanes order the step index reaches the
-loop over the lanes through an empty assembly block (:func:`_opaque`): LLVM otherwise hoists the
-vectoriser's overlap checks out of the loop over time and, the time step being negative in a
-backward scan, gives up on vectorising.
+**Two loop orders.** Rows one after the other, the state in registers (``lanes`` None), or time
+outermost and the rows innermost, each row's state in a small array (the lanes order, vectorised;
+bit for bit the same numbers). An address is ``(g, j, t)``: a row is ``g`` or ``j``. In the lanes
+order the step index reaches the loop over the lanes through an empty assembly block
+(:func:`_opaque`): LLVM otherwise hoists the vectoriser's overlap checks out of the loop over time
+and, the time step being negative in a backward scan, gives up on vectorising.
 
-**Arguments.** Every field and carry in is ``(address, stride_g, stride_j, stride_t)`` (``None`` when
-absent: its loads are compiled out; a stride ``None`` is a 0 the compiler knows: flags shared by
-the features). Outputs are ``(arrays, strides)``, the carry out ``(array, stride_g, stride_j,
-stride_k)``. The driver's seven arguments are ``rows`` ``(g0, g1, j0, j1, T)``, ``fields``
-``((terminated, truncated, mask, bootstrap_values), data)``, the outputs, the carry in, the carry
-out, ``prm`` ``(zero, end_boot, family parameters)`` and ``lanes`` (None: rows order); no compiled
-function takes more than eight.
+**Arguments.** A field or carry in is ``(address, stride_g, stride_j, stride_t)`` (``None`` when
+absent: its loads are compiled out; a stride ``None`` is a 0 the compiler knows: flags shared by the
+features); outputs ``(arrays, strides)``, the carry out ``(array, stride_g, stride_j, stride_k)``.
+The driver takes ``rows`` ``(g0, g1, j0, j1, T)``, ``fields`` ``((terminated, truncated, mask,
+bootstrap_values), data)``, the outputs, the carry in and out, ``prm`` ``(zero, end_boot, family
+parameters)`` and ``lanes``; no compiled function takes more than eight arguments.
 """
 
 import types as pytypes
@@ -62,9 +53,7 @@ JIT = dict(cache=True, nogil=True, fastmath={"contract"}, error_model="numpy", b
 INLINE = dict(JIT, inline="always")  # compiled into the caller (numba IR), not on their own
 
 
-def inline(fn):
-    """A boundary coefficient function compiled by numba into its callers (``inline="always"``)."""
-    return njit(inline="always", error_model="numpy")(fn)
+inline = njit(inline="always", error_model="numpy")  # a boundary coefficient function, compiled into its callers
 
 
 # ---------------------------------------------------------------------------------------------

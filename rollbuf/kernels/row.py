@@ -1,13 +1,6 @@
-"""A family's row of the kernel table: everything the backends read about one scan kind.
-
-Each family package (:mod:`rollbuf.kernels.td_lambda`, ...) defines its :class:`Row` next to the code
-it points at: the Triton kernel (``triton.py``), the step of the compiled CPU loop (``cpu.py``) and
-the analytic adjoint (``adjoint.py``). :data:`rollbuf.kernels.families.FAMILIES` holds the rows by
-:class:`~rollbuf.problem.Family`. The Triton kernel and the numba step are reached through functions
-that import them on first use (both packages are optional); the adjoint is plain torch.
-"""
-
-from __future__ import annotations
+"""A family's row of the kernel table (:data:`rollbuf.kernels.families.FAMILIES`), defined in its
+package next to the code it points at. The Triton kernel and the numba step are reached through
+functions that import them on first use (both are optional); the adjoint is plain torch."""
 
 from collections.abc import Callable
 from typing import Any
@@ -19,8 +12,7 @@ from rollbuf.problem import Family
 
 @attrs.frozen
 class WholeRows:
-    """Env-major rows of ``shortest`` to ``longest`` steps held whole, one per program in one chunk,
-    where the family reads no mask (see :func:`rollbuf.kernels.host.strategy`)."""
+    """Rows held whole, one per program in one chunk (see :func:`rollbuf.kernels.host.strategy`)."""
 
     shortest: int
     longest: int
@@ -31,8 +23,7 @@ class WholeRows:
 
 @attrs.frozen
 class LongRows:
-    """Chunks of 1024 steps and more: ``rows`` per walking program with ``warps``, split rows with
-    ``split_warps`` (see :func:`rollbuf.kernels.host.strategy`)."""
+    """Chunks of 1024 steps and more: walked ``rows`` to a program, split rows' warps (``strategy``)."""
 
     rows: int
     warps: int
@@ -51,23 +42,13 @@ class Row:
     scalars: tuple[str, ...] = ()  # Problem attributes passed as float64 scalars (the kernel's and the step's)
     pair: bool = False  # the state is a pair (V-trace's (u, V))
     backward: bool = True  # backward in time, window end bootstrapped from V(s_T); else forward/affine
-    # the strategy table (rollbuf.kernels.host.strategy): rows held whole, long rows, the longest chunk
-    # and the chunk lengths of a backward scan held in reverse
-    whole_rows: WholeRows | None = None
-    long_rows: LongRows | None = None
-    max_chunk: int | None = None
-    flip_chunks: tuple[int, ...] = ()
-    # the compiled CPU loop (rollbuf.backends.compiled_cpu): the step (imported when first asked for),
-    # the data fields it reads after the main input, and its outputs (None: as the problem asks)
-    step: Callable[[], Any] | None = None
-    step_data: tuple[str, ...] = ()
-    step_outputs: int | None = None
-    # the analytic adjoint ``adjoint(a, grads, out0)`` (rollbuf.backends.autograd; None: the generic
-    # backward), and whether it reads the first output (``out0``), saved by the forward
-    adjoint: Callable[..., list] | None = None
-    saves_output: bool = False
-
-    @property
-    def state(self) -> int:
-        """The scan state's size: 2 for a pair, else 1."""
-        return 2 if self.pair else 1
+    whole_rows: WholeRows | None = None  # the strategy table's (host.strategy): rows held whole,
+    long_rows: LongRows | None = None  # long rows,
+    max_chunk: int | None = None  # the longest chunk,
+    flip_chunks: tuple[int, ...] = ()  # the chunk lengths of a backward scan held in reverse
+    step: Callable[[], Any] | None = None  # the compiled CPU loop's step, imported when first asked for,
+    step_data: tuple[str, ...] = ()  # the data fields it reads after the main input,
+    step_outputs: int | None = None  # its outputs (None: as the problem asks)
+    adjoint: Callable[..., list] | None = None  # the analytic adjoint(a, grads, out0) (None: the generic one)
+    saves_output: bool = False  # the adjoint reads the first output (out0): the forward saves it
+    state: int = attrs.field(init=False, default=attrs.Factory(lambda row: 2 if row.pair else 1, takes_self=True))

@@ -1,9 +1,4 @@
-"""Retrace(λ) (Munos et al., 2016).
-
-* ``triton.py``: the Triton kernel (``retrace_kernel``);
-* ``cpu.py``: the step of the compiled CPU loop (``step``);
-* ``adjoint.py``: the analytic adjoint (``backward``), from the saved targets.
-"""
+"""Retrace(λ) (Munos et al., 2016)."""
 
 from rollbuf.kernels.retrace.adjoint import backward
 from rollbuf.kernels.row import Row, WholeRows
@@ -13,13 +8,11 @@ from rollbuf.problem import Family
 
 def kernel():
     from rollbuf.kernels.retrace.triton import retrace_kernel  # Triton is optional: imported at the first launch
-
     return retrace_kernel
 
 
 def step():
     from rollbuf.kernels.retrace.cpu import step  # numba is optional: imported by the CPU backend
-
     return step
 
 

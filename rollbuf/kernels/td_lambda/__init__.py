@@ -1,11 +1,5 @@
-"""The TD(λ) family: GAE, TD(λ) returns, bootstrapped discounted returns (λ = 1) and Monte-Carlo
-returns (λ = 1, no values, no bootstrap); and its adjoint, the family ``TD_LAMBDA_ADJOINT``.
-
-* ``triton.py``: the Triton kernel (``gae_kernel``); ``adjoint_triton.py``: the adjoint's
-  (``lambda_adjoint_kernel``);
-* ``cpu.py``: the steps of the compiled CPU loop (``step``, ``adjoint_step``);
-* ``adjoint.py``: the analytic adjoint (``backward``), one fused kernel inside a triton backward.
-"""
+"""The TD(λ) family (GAE, TD(λ) returns, discounted and Monte-Carlo returns) and its adjoint, family
+``TD_LAMBDA_ADJOINT`` (``adjoint_triton.py``; its CPU step ``cpu.adjoint_step``)."""
 
 from rollbuf.kernels.row import Row, WholeRows
 from rollbuf.kernels.td_lambda.adjoint import backward
@@ -16,25 +10,21 @@ BOUNDARY = ("terminated", "truncated", "bootstrap_values", "mask")  # fields [2:
 
 def kernel():
     from rollbuf.kernels.td_lambda.triton import gae_kernel  # Triton is optional: imported at the first launch
-
     return gae_kernel
 
 
 def adjoint_kernel():
     from rollbuf.kernels.td_lambda.adjoint_triton import lambda_adjoint_kernel  # (Triton is optional)
-
     return lambda_adjoint_kernel
 
 
 def step():
     from rollbuf.kernels.td_lambda.cpu import step  # numba is optional: imported by the CPU backend
-
     return step
 
 
 def adjoint_step():
     from rollbuf.kernels.td_lambda.cpu import adjoint_step  # (numba is optional)
-
     return adjoint_step
 
 
@@ -52,7 +42,7 @@ def adjoint_step():
 ROW = Row(Family.TD_LAMBDA, kernel, ("rewards", "values", *BOUNDARY), ("advantages", "returns"), ("p_adv", "p_ret"),
           scalars=("gamma", "lam"), whole_rows=WholeRows(2049, 4096, True, ((4096, 16),), 2), flip_chunks=(512,),
           step=step, step_data=("values",), adjoint=backward)
-ADJOINT_FIELDS = ("grad_returns", "grad_advantages")
-ADJOINT = Row(Family.TD_LAMBDA_ADJOINT, adjoint_kernel, (*ADJOINT_FIELDS, "terminated", "truncated", None, "mask"),
+ADJOINT = Row(Family.TD_LAMBDA_ADJOINT, adjoint_kernel, ("grad_returns", "grad_advantages", "terminated", "truncated",
+                                                        None, "mask"),
               ("rewards", "values"), ("p_gr", "p_gv"), scalars=("gamma", "lam"), backward=False,
               step=adjoint_step, step_data=("grad_advantages",))

@@ -1,7 +1,4 @@
-"""The TD(λ) family's analytic adjoint, from :class:`rollbuf.backends.autograd.KernelFunction`'s
-backward (``a``: what the adjoints share, the call's fields with the saved tensors in place)."""
-
-from __future__ import annotations
+"""The TD(λ) family's analytic adjoint (``a``: the call, :class:`rollbuf.backends.autograd.Adjoint`)."""
 
 import torch
 

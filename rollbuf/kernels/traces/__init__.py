@@ -1,9 +1,4 @@
-"""The forward estimators: eligibility traces and episodic sums.
-
-* ``triton.py``: the Triton kernel (``trace_kernel``);
-* ``cpu.py``: the step of the compiled CPU loop (``step``);
-* ``adjoint.py``: the analytic adjoint (``backward``).
-"""
+"""The forward estimators: eligibility traces and episodic sums."""
 
 from rollbuf.kernels.row import Row, WholeRows
 from rollbuf.kernels.traces.adjoint import backward
@@ -12,13 +7,11 @@ from rollbuf.problem import Family
 
 def kernel():
     from rollbuf.kernels.traces.triton import trace_kernel  # Triton is optional: imported at the first launch
-
     return trace_kernel
 
 
 def step():
     from rollbuf.kernels.traces.cpu import step  # numba is optional: imported by the CPU backend
-
     return step
 
 

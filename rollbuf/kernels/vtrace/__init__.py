@@ -1,9 +1,4 @@
-"""V-trace (Espeholt et al., 2018).
-
-* ``triton.py``: the Triton kernel (``vtrace_kernel``);
-* ``cpu.py``: the step of the compiled CPU loop (``step``);
-* ``adjoint.py``: the analytic adjoint (``backward``), from the saved targets.
-"""
+"""V-trace (Espeholt et al., 2018)."""
 
 from rollbuf.kernels.row import LongRows, Row, WholeRows
 from rollbuf.kernels.td_lambda import BOUNDARY
@@ -13,13 +8,11 @@ from rollbuf.problem import Family
 
 def kernel():
     from rollbuf.kernels.vtrace.triton import vtrace_kernel  # Triton is optional: imported at the first launch
-
     return vtrace_kernel
 
 
 def step():
     from rollbuf.kernels.vtrace.cpu import step  # numba is optional: imported by the CPU backend
-
     return step
 
 
