@@ -155,6 +155,31 @@ def test_the_estimator_list_exists_once():
     assert not offenders, "estimator lists outside rollbuf/estimators.py: " + ", ".join(offenders)
 
 
+def test_the_family_folders_import_without_triton_or_numba():
+    """A family's package (its row, its analytic adjoint) imports, and the torch backend runs with
+    gradients, where neither Triton nor numba can be imported: the row reaches its kernel and its CPU
+    step through functions that import them when asked for."""
+    code = "\n".join([
+        "import sys",
+        "sys.modules['triton'] = sys.modules['numba'] = None  # neither importable",
+        "import torch",
+        "from rollbuf import functional as F",
+        "from rollbuf.kernels import affine, retrace, td_lambda, traces, vtrace",
+        "from rollbuf.kernels.families import FAMILIES",
+        "r = torch.randn(3, 7, dtype=torch.float64, requires_grad=True)",
+        "adv, _ = F.gae(0.9, 0.8, rewards=r, values=r.detach(), bootstrap_values=r.detach())",
+        "adv.sum().backward()",
+        "try:",
+        "    FAMILIES[vtrace.ROW.family].kernel()",
+        "except ImportError:",
+        "    print('kernel needs triton')",
+    ])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0 and res.stdout.strip() == "kernel needs triton", res.stdout + res.stderr
+
+
 def test_architecture_doc_names_every_layer():
     text = (ROOT / "docs" / "architecture.md").read_text()
     layers = re.findall(r'^\s*"([^"]+)",?$', _layers_block(), re.M)

@@ -12,7 +12,7 @@ import torch
 
 import rollbuf.kernels as K
 from rollbuf import functional as F
-from rollbuf.problem import Problem
+from rollbuf.problem import Family, Problem
 from test_kernels import DEV, assert_ref, call, make
 
 CUDA = torch.cuda.is_available()
@@ -272,6 +272,24 @@ def test_overlapping_fields_are_made_to_match():
         torch.testing.assert_close(a, b)
     la = K.launch_for(Problem(family="lambda_adjoint", outputs=("rewards",), fields=fields, gamma=0.9, lam=0.8))
     assert (la.s_n, la.s_t) == (29, 1) and {n for _, n, _ in la.conv} == {"grad_returns"}
+
+
+def test_each_family_is_one_folder_with_its_row():
+    """Every family but the generic one has one row in ``rollbuf.kernels.FAMILIES`` (by ``Family``, or
+    by its string value), whose Triton kernel, CPU step and analytic adjoint live in the family's own
+    package (``rollbuf/kernels/<family>/``)."""
+    assert set(K.FAMILIES) == set(Family) - {Family.GENERIC}
+    for family, row in K.FAMILIES.items():
+        assert row.family is family and K.FAMILIES[family.value] is row
+        assert row.state == (2 if row.pair else 1)
+        package = row.kernel().fn.__module__.rsplit(".", 1)[0]
+        assert package.startswith("rollbuf.kernels.") and package.count(".") == 2, package
+        assert row.step().py_func.__module__ == f"{package}.cpu"
+        if row.adjoint is not None:
+            assert row.adjoint.__module__ == f"{package}.adjoint"
+        assert (row.adjoint is not None) == (family in (Family.TD_LAMBDA, Family.RETRACE, Family.VTRACE,
+                                                        Family.FORWARD))
+        assert row.saves_output == (family in (Family.RETRACE, Family.VTRACE))
 
 
 def test_every_kernel_entry_and_helper_takes_at_most_24_parameters():
