@@ -86,14 +86,14 @@ class KernelFunction(torch.autograd.Function):
             xs = [t.detach().requires_grad_(t.requires_grad) for t in saved]
             fields = dict(ctx.p.fields)
             carry = ctx.p.carry
-            for name, x in zip(ctx.names, xs):
+            for name, x in zip(ctx.names, xs, strict=True):
                 if name == "carry":
                     carry = x
                 else:
                     fields[name] = x
             outs, c = torch_backend.run(ctx.p.evolve(fields=fields, carry=carry), fused=True)
             res = list(outs) + ([c] if c is not None else [])
-            pairs = [(r, g.to(r.dtype)) for r, g in zip(res, grads) if g is not None and r.requires_grad]
+            pairs = [(r, g.to(r.dtype)) for r, g in zip(res, grads, strict=False) if g is not None and r.requires_grad]
             want = [x for x in xs if x.requires_grad]
             got = torch.autograd.grad([r for r, _ in pairs], want, [g for _, g in pairs], allow_unused=True) \
                 if pairs and want else [None] * len(want)
@@ -122,7 +122,7 @@ class Adjoint:
         self.p, self.names, self.saved, self.fused = p, names, saved, fused
         self.dt = p.compute_dtype
         self.f = dict(p.fields)
-        for name, x in zip(names, saved):
+        for name, x in zip(names, saved, strict=True):
             if name != "carry":
                 self.f[name] = x
         main = self.f["x" if p.family == Family.FORWARD else "rewards"]
@@ -171,7 +171,8 @@ class Adjoint:
         row with none), not read where that step terminated, and absent for a terminal window end.
         """
         p = self.p
-        want = {n for n, x in zip(self.names, self.saved) if n in ("bootstrap_values", "carry") and x.requires_grad}
+        want = {n for n, x in zip(self.names, self.saved, strict=True)
+                if n in ("bootstrap_values", "carry") and x.requires_grad}
         if not want:
             return
         if "carry" in want:
@@ -209,7 +210,7 @@ class Adjoint:
 
     def result(self, out):
         return [None if not x.requires_grad or out.get(n) is None else out[n].to(x.dtype)
-                for n, x in zip(self.names, self.saved)]
+                for n, x in zip(self.names, self.saved, strict=True)]
 
 
 def run(p: Problem, plain_run):

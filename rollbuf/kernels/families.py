@@ -1,5 +1,4 @@
-"""The kernel table: every family's :class:`~rollbuf.kernels.row.Row`, by
-:class:`~rollbuf.problem.Family` (``Family.GENERIC``, defined by a coefficient function, has none)."""
+"""The kernel table: each family's :class:`~rollbuf.kernels.row.Row` by :class:`~rollbuf.problem.Family`."""
 
 from rollbuf.kernels import affine, retrace, td_lambda, traces, vtrace
 from rollbuf.kernels.row import Row
