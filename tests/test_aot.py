@@ -22,26 +22,27 @@ from covering import covering
 def covering_variants() -> list[str]:
     """Names of a covering slice of :func:`rollbuf.kernels.aot.variants`: each variant described by
     its kernel (``gae``, ``vtrace``, ..., ``resolve``), mode (the pass, tile and options of
-    ``aot._MODES``), option (the name's last part: dtype, strides, window end, ...) and kernel with
+    ``aot.MODES``), option (the name's last part: dtype, strides, window end, ...) and kernel with
     pass; every value of each at least once."""
-    from rollbuf.kernels.aot import _MODES, variants
+    from rollbuf.kernels.aot import MODES, variants
 
     cases = {}
     for v in variants():
         kernel, mode, option = v["name"].split("/")
-        pass_ = (v.get("cfg") or _MODES.get(v.get("mode")) or (None,))[0]
+        cfg = v.get("cfg") or MODES.get(v.get("mode"))
+        pass_ = None if cfg is None else cfg.pass_
         cases[v["name"]] = [("kernel", kernel), ("mode", mode), ("option", option),
                             ("kernel-pass", f"{kernel}-{pass_}")]
     return sorted(covering(cases, strength=1))
 
 
 def test_a_covering_slice_of_the_kernel_variants_compiles_for_sm90():
-    from rollbuf.kernels.aot import _MODES, variants
+    from rollbuf.kernels.aot import MODES, variants
 
     names = covering_variants()
     vs = [v for v in variants() if v["name"] in names]
     assert {v["family"] for v in vs if "family" in v} == {v["family"] for v in variants() if "family" in v}
-    assert {v["mode"] for v in vs if "mode" in v} >= set(_MODES)
+    assert {v["mode"] for v in vs if "mode" in v} >= set(MODES)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     res = subprocess.run([sys.executable, "-m", "rollbuf.kernels.aot", "--arch", "90", "--jobs", "2",
                           "--names", ",".join(names)], capture_output=True, text=True, env=env, timeout=900)

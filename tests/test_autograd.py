@@ -9,9 +9,14 @@ where the gradient is not defined.
 
 from __future__ import annotations
 
+import contextlib
+
+import attrs
 import pytest
 import torch
 
+from rollbuf.kernels import FAMILIES
+from rollbuf.problem import Family
 from rollbuf.testing import make_rollout, run_estimator
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -22,6 +27,17 @@ PARAMS = {
     "eligibility_traces": dict(gamma=0.9, lam=0.8), "episodic_sums": {},
 }
 FLOATS = ("rewards", "values", "bootstrap_values", "log_probs", "target_log_probs", "q_values")
+
+
+@contextlib.contextmanager
+def _adjoint_calls(family):
+    """The calls of ``family``'s analytic adjoint (its row's ``adjoint``) inside the block, one entry each."""
+    row, calls = FAMILIES[family], []
+    FAMILIES[family] = attrs.evolve(row, adjoint=lambda *a, **k: calls.append(1) or row.adjoint(*a, **k))
+    try:
+        yield calls
+    finally:
+        FAMILIES[family] = row
 
 
 def _inputs(seed, masked):
@@ -201,18 +217,9 @@ def test_lambda_family_adjoint_variants(backend, variant):
     with truncations at the window end only: the column is then read as ``[N, T]`` values holding it
     at the window end), an explicit carry in, and Monte-Carlo returns (no bootstrap)."""
     from rollbuf import functional as F
-    from rollbuf.backends import autograd as AG
 
     f = _inputs(8, True)
-    calls = []
-    orig = AG.lambda_backward
-
-    def spy(*a, **k):
-        calls.append(1)
-        return orig(*a, **k)
-
-    AG.lambda_backward = spy
-    try:
+    with _adjoint_calls(Family.TD_LAMBDA) as calls:
         kw = dict(terminated=f["terminated"], truncated=f["truncated"], mask=f["mask"], backend=backend)
         if variant == "boot-vector":
             kw["truncated"] = None
@@ -242,8 +249,6 @@ def test_lambda_family_adjoint_variants(backend, variant):
         xs = (f["rewards"].clone().requires_grad_(), f["values"].clone().requires_grad_(),
               boot.clone().requires_grad_(), init)
         assert torch.autograd.gradcheck(fn, xs, check_undefined_grad=False, fast_mode=backend == "triton")
-    finally:
-        AG.lambda_backward = orig
     assert bool(calls) == (backend == "triton")  # the triton backward used the analytic adjoint
 
 
@@ -252,24 +257,18 @@ def test_trace_adjoint_with_features_and_initial(name):
     """The forward estimators' analytic adjoint (triton backward) with per-feature traces ``[N, T, F]``,
     ``initial`` and ``final`` both in the loss, against finite differences."""
     from rollbuf import functional as F
-    from rollbuf.backends import autograd as AG
 
     f = _inputs(12, True)
     g = torch.Generator().manual_seed(4)
     x = torch.randn(2, 9, 3, generator=g, dtype=torch.float64).to(DEV).requires_grad_()
     init = torch.randn(2, 3, generator=g, dtype=torch.float64).to(DEV).requires_grad_()
     kw = dict(terminated=f["terminated"], truncated=f["truncated"], mask=f["mask"], backend="triton")
-    calls = []
-    orig = AG.trace_backward
-    AG.trace_backward = lambda *a, **k: calls.append(1) or orig(*a, **k)
-    try:
+    with _adjoint_calls(Family.FORWARD) as calls:
         if name == "eligibility_traces":
             fn = lambda x, i: tuple(F.eligibility_traces(x, 0.9, 0.8, i, **kw))  # noqa: E731
         else:
             fn = lambda x, i: tuple(F.episodic_sums(x, i, **kw))  # noqa: E731
         assert torch.autograd.gradcheck(fn, (x, init), check_undefined_grad=False, fast_mode=True)
-    finally:
-        AG.trace_backward = orig
     assert calls
 
 
@@ -278,15 +277,11 @@ def test_retrace_adjoint_with_clipping_and_carry_out(masked):
     """Retrace's analytic adjoint (triton backward, from the saved output Q) with the trace clipped
     at c̄ = 1 on many steps and the carry out in the loss: the same VJP as the torch backend."""
     from rollbuf import functional as F
-    from rollbuf.backends import autograd as AG
 
     f = _inputs(13, masked)
     keys = ("rewards", "values", "bootstrap_values", "log_probs", "target_log_probs", "q_values")
-    calls = []
-    orig = AG.retrace_backward
-    AG.retrace_backward = lambda *a, **k: calls.append(1) or orig(*a, **k)
     grads = {}
-    try:
+    with _adjoint_calls(Family.RETRACE) as calls:
         for backend in ("torch", "triton"):
             xs = [f[k].clone().requires_grad_() for k in keys]
             d = dict(zip(keys, xs))
@@ -297,8 +292,6 @@ def test_retrace_adjoint_with_clipping_and_carry_out(masked):
             g = torch.Generator().manual_seed(6)
             loss = (q * torch.randn(q.shape, generator=g, dtype=torch.float64).to(DEV)).sum() + 2.0 * carry.sum()
             grads[backend] = torch.autograd.grad(loss, xs)
-    finally:
-        AG.retrace_backward = orig
     assert calls
     ratio = (f["target_log_probs"] - f["log_probs"]).exp()
     assert (ratio > 1.0).float().mean() > 0.2  # the clip is active on many steps
@@ -312,14 +305,10 @@ def test_vtrace_adjoint_with_clipping_and_carry_out(masked):
     (the clips active on many steps), both outputs and the carry out in the loss: the same VJP as the
     torch backend; and with an explicit carry in."""
     from rollbuf import functional as F
-    from rollbuf.backends import autograd as AG
 
     f = _inputs(14, masked)
     keys = ("rewards", "values", "bootstrap_values", "log_probs", "target_log_probs")
-    calls = []
-    orig = AG.vtrace_backward
-    AG.vtrace_backward = lambda *a, **k: calls.append(1) or orig(*a, **k)
-    try:
+    with _adjoint_calls(Family.VTRACE) as calls:
         for carry_in in (False, True):
             grads = {}
             for backend in ("torch", "triton"):
@@ -339,8 +328,6 @@ def test_vtrace_adjoint_with_clipping_and_carry_out(masked):
                 a = torch.zeros(()) if ga is None else ga
                 b = torch.zeros(()) if gb is None else gb
                 torch.testing.assert_close(b.cpu(), a.cpu(), msg=lambda m_: f"carry_in={carry_in} d/d{k}: {m_}")
-    finally:
-        AG.vtrace_backward = orig
     assert calls
     ratio = (f["target_log_probs"] - f["log_probs"]).exp()
     assert (ratio > 1.0).float().mean() > 0.2

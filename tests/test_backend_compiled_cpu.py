@@ -464,8 +464,8 @@ def test_threaded_rows_equal_serial(name, order, monkeypatch):
     monkeypatch.setattr(compiled_cpu, "PARALLEL_MIN_ELEMENTS", 1)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
     pools = []
-    real = compiled_cpu._pool
-    monkeypatch.setattr(compiled_cpu, "_pool", lambda k: pools.append(k) or real(k))
+    real = compiled_cpu.pool
+    monkeypatch.setattr(compiled_cpu, "pool", lambda k: pools.append(k) or real(k))
     _equal(run_estimator(name, f, backend=BE, **PARAMS[name]), serial)
     assert pools == [2], "two worker threads next to the calling one"
 

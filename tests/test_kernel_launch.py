@@ -12,7 +12,7 @@ import torch
 
 import rollbuf.kernels as K
 from rollbuf import functional as F
-from rollbuf.problem import Problem
+from rollbuf.problem import Family, Problem
 from test_kernels import DEV, assert_ref, call, make
 
 CUDA = torch.cuda.is_available()
@@ -132,11 +132,9 @@ def test_strategy_tiles_short_rows(R, T, tile):
 def test_forced_choices_are_scoped():
     with K.forced(block_t=16, split=True):
         with K.forced(presolve=True):
-            from rollbuf.kernels.host import _FORCE
-
-            assert dict(_FORCE.get()) == dict(block_t=16, split=True, presolve=True)
-        assert dict(_FORCE.get()) == dict(block_t=16, split=True)
-    assert _FORCE.get() == ()
+            assert K.forced_choices() == dict(block_t=16, split=True, presolve=True)
+        assert K.forced_choices() == dict(block_t=16, split=True)
+    assert K.forced_choices() == {}
     with pytest.raises(TypeError, match="unknown kernel choice"):
         with K.forced(early_loads=True):
             pass
@@ -276,6 +274,24 @@ def test_overlapping_fields_are_made_to_match():
     assert (la.s_n, la.s_t) == (29, 1) and {n for _, n, _ in la.conv} == {"grad_returns"}
 
 
+def test_each_family_is_one_folder_with_its_row():
+    """Every family but the generic one has one row in ``rollbuf.kernels.FAMILIES`` (by ``Family``, or
+    by its string value), whose Triton kernel, CPU step and analytic adjoint live in the family's own
+    package (``rollbuf/kernels/<family>/``)."""
+    assert set(K.FAMILIES) == set(Family) - {Family.GENERIC}
+    for family, row in K.FAMILIES.items():
+        assert row.family is family and K.FAMILIES[family.value] is row
+        assert row.state == (2 if row.pair else 1)
+        package = row.kernel().fn.__module__.rsplit(".", 1)[0]
+        assert package.startswith("rollbuf.kernels.") and package.count(".") == 2, package
+        assert row.step().py_func.__module__ == f"{package}.cpu"
+        if row.adjoint is not None:
+            assert row.adjoint.__module__ == f"{package}.adjoint"
+        assert (row.adjoint is not None) == (family in (Family.TD_LAMBDA, Family.RETRACE, Family.VTRACE,
+                                                        Family.FORWARD))
+        assert row.saves_output == (family in (Family.RETRACE, Family.VTRACE))
+
+
 def test_every_kernel_entry_and_helper_takes_at_most_24_parameters():
     """The family kernels are small entries over shared helpers: no ``@triton.jit`` function of
     ``rollbuf.kernels`` takes more than 24 parameters (the constexpr flags included), and every
@@ -285,16 +301,16 @@ def test_every_kernel_entry_and_helper_takes_at_most_24_parameters():
     import pkgutil
 
     import rollbuf.kernels as kernels_pkg
-    from rollbuf.kernels.host import FAMILIES
 
     counts = {}
-    for m in pkgutil.iter_modules(kernels_pkg.__path__):
-        mod = importlib.import_module(f"rollbuf.kernels.{m.name}")
+    for m in pkgutil.walk_packages(kernels_pkg.__path__, "rollbuf.kernels."):  # the family folders too
+        mod = importlib.import_module(m.name)
         for name, obj in vars(mod).items():
             fn = getattr(obj, "fn", None)
-            if type(obj).__name__ in ("JITFunction", "InterpretedFunction") and inspect.isfunction(fn):
+            if type(obj).__name__ in ("JITFunction", "InterpretedFunction") and inspect.isfunction(fn) \
+                    and fn.__module__ == m.name:
                 counts[f"{m.name}.{name}"] = len(inspect.signature(fn).parameters)
-    entries = {fam.kernel for fam in FAMILIES.values()}  # "module.function"
+    entries = {f"{row.kernel().fn.__module__}.{row.kernel().fn.__name__}" for row in K.FAMILIES.values()}
     assert entries and entries <= set(counts), (entries, sorted(counts))
     over = {k: n for k, n in counts.items() if n > 24}
     assert not over, over

@@ -19,6 +19,7 @@ import torch
 import rollbuf.kernels as K
 import rollbuf.kernels.host as H
 from rollbuf import functional as F
+from rollbuf.problem import Family
 
 CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
@@ -210,7 +211,7 @@ def test_vtrace_read_back_in_either_lane_order(flip, force):
 def test_rows_held_whole(name, T, mix):
     """Rows of 1024-4096 steps (V-trace), 2049-4096 (the TD(λ) family where the table would split
     them, one output or GAE's two; the traces) or 1025-2048 (Retrace, with 16 warps), without a mask:
-    one program holds a row whole in one chunk (the strategy table's FAMILY_WHOLE_ROWS); with a mask,
+    one program holds a row whole in one chunk (its row's ``whole_rows``); with a mask,
     the table's chunks. NaN-poisoned outputs, against the reference."""
     f = make(3, T, mix, seed=zlib.crc32(f"whole-{name}-{T}-{mix}".encode()))
     with K.forced(block_t=None), _launches() as seen:
@@ -235,8 +236,8 @@ def test_rows_held_whole(name, T, mix):
 def test_rows_held_whole_only_where_measured():
     """The rule's edges, on the table itself: TD(λ) rows held whole only where the table would split
     them (few rows), not time-major rows, not past 4096 steps, not when a tiling choice is forced."""
-    rule = H.FAMILY_WHOLE_ROWS
-    lam, vt = rule["lambda"], rule["vtrace"]
+    rule = {family: row.whole_rows for family, row in K.FAMILIES.items()}
+    lam, vt = rule[Family.TD_LAMBDA], rule[Family.VTRACE]
     held = H.strategy(128, 4096, True, max_chunk=None, whole_rows=lam)
     assert (held.block_n, held.block_t, held.split, held.num_warps) == (1, 4096, False, 16)
     many = H.strategy(4096, 4096, True, whole_rows=lam)  # walked by the table: kept
@@ -250,7 +251,7 @@ def test_rows_held_whole_only_where_measured():
         assert st.block_t != 4096, (forced, st)
     # Retrace: the table's program for rows of 1025-2048 steps, with 16 warps; not at 1024 steps or
     # fewer, not for walked or split rows, not time-major
-    rt = rule["retrace"]
+    rt = rule[Family.RETRACE]
     for R, T in ((2048, 2048), (512, 2048), (8192, 2048), (128, 1025)):
         table, st = H.strategy(R, T, True), H.strategy(R, T, True, whole_rows=rt)
         assert attrs.evolve(table, num_warps=16) == st and table.num_warps == 8, (R, T, table, st)
@@ -262,14 +263,16 @@ def test_flip_rule_edges():
     """Chunks are flipped by default only for one row per program in one chunk of a length the family
     lists (512 steps for TD(λ) and V-trace, where it was timed to win); not for tiles of several rows,
     walked, split or held-whole rows, time-major rows, other lengths, or when forced off."""
-    c = H.FAMILY_FLIP_CHUNKS["lambda"]
-    assert c == (512,) and H.FAMILY_FLIP_CHUNKS["vtrace"] == (512,) and "retrace" not in H.FAMILY_FLIP_CHUNKS
+    c = K.FAMILIES[Family.TD_LAMBDA].flip_chunks
+    lam_rows = K.FAMILIES[Family.TD_LAMBDA].whole_rows
+    assert c == (512,) and K.FAMILIES[Family.VTRACE].flip_chunks == (512,)
+    assert not K.FAMILIES[Family.RETRACE].flip_chunks
     assert H.strategy(128, 512, True, flip_chunks=c).flip and H.strategy(2048, 300, True, flip_chunks=c).flip
     for st in (H.strategy(128, 512, True), H.strategy(4096, 128, True, flip_chunks=c),
                H.strategy(128, 1024, True, flip_chunks=c), H.strategy(128, 4096, True, flip_chunks=c),
                H.strategy(8192, 2048, True, flip_chunks=c), H.strategy(128, 512, False, flip_chunks=c),
                H.strategy(128, 512, True, flip=False, flip_chunks=c), H.strategy(1, 1 << 20, True, flip_chunks=c),
-               H.strategy(128, 4096, True, whole_rows=H.FAMILY_WHOLE_ROWS["lambda"], flip_chunks=c)):
+               H.strategy(128, 4096, True, whole_rows=lam_rows, flip_chunks=c)):
         assert not st.flip, st
     assert H.strategy(4096, 128, True, flip=True).flip
 
@@ -448,7 +451,7 @@ def test_stride_kinds(name, layout, split):
     if layout == "mixed":  # the time-major ones, made to match the env-major rewards (x) first
         main = "x" if name == "eligibility_traces" else "rewards"
         want = {k for i, (k, x) in enumerate(f.items()) if x is not None and i % 2}
-        want = {k for k in want if k in H.FAMILIES[seen[0].family].fields} - {main}
+        want = {k for k in want if k in K.FAMILIES[seen[0].family].fields} - {main}
         assert copied == want, (copied, want)
     else:
         assert not copied, copied
@@ -736,10 +739,10 @@ def test_lambda_adjoint_kernel(split, mix, T, outputs):
 
 
 def _adjoint(AG, p, gs, fused):
-    """(r̄, V̄) of lambda_backward with inputs that require grad (the function reads requires_grad)."""
+    """(r̄, V̄) of the TD(λ) adjoint with inputs that require grad (the function reads requires_grad)."""
     r = p.fields["rewards"].detach().requires_grad_()
     v = p.fields["values"].detach().requires_grad_()
-    return AG.lambda_backward(p, ("rewards", "values"), (r, v), gs, fused=fused)[:2]
+    return AG.adjoint(p, ("rewards", "values"), (r, v), gs, fused=fused)[:2]
 
 
 @pytest.mark.parametrize("name", ["gae", "lambda_returns", "discounted_returns", "vtrace", "retrace"])

@@ -1,25 +1,28 @@
-"""The ``triton`` backend: one small kernel per estimator family behind a cached launch.
+"""The kernels: per estimator family, one folder with its Triton kernel, its step of the compiled
+CPU loop, its analytic adjoint and its row of the kernel table.
 
-* :mod:`~rollbuf.kernels.core`: what every family shares (loads, a chunk's scan, the carry past
-  the window, the decoupled look-back, the driver that walks a row or takes one chunk of it);
-* one file per family, each an entry of at most 23 parameters and its three device functions
-  (the fields a step reads, the scan's elements, the outputs): :mod:`~rollbuf.kernels.td_lambda` (GAE, TD(λ), discounted and
-  Monte-Carlo returns), :mod:`~rollbuf.kernels.vtrace`, :mod:`~rollbuf.kernels.retrace`,
-  :mod:`~rollbuf.kernels.traces` (eligibility traces, episodic sums),
-  :mod:`~rollbuf.kernels.affine` (the generic scan), :mod:`~rollbuf.kernels.adjoint` (the TD(λ)
-  family's backward); :mod:`~rollbuf.kernels.resolve`, the middle pass of a split single row;
+* one package per family, each holding ``triton.py`` (the ``@triton.jit`` entry and its three device
+  functions), ``cpu.py`` (the numba step), ``adjoint.py`` (the backward) and its
+  :class:`~rollbuf.kernels.row.Row`: :mod:`~rollbuf.kernels.td_lambda` (GAE, TD(λ), discounted
+  and Monte-Carlo returns, and their adjoint), :mod:`~rollbuf.kernels.vtrace`,
+  :mod:`~rollbuf.kernels.retrace`, :mod:`~rollbuf.kernels.traces` (eligibility traces, episodic
+  sums), :mod:`~rollbuf.kernels.affine` (the generic scan); :mod:`~rollbuf.kernels.families`, the
+  rows by :class:`~rollbuf.problem.Family`. Importing a family needs neither Triton nor numba:
+  its row reaches the kernel and the step through functions that import them when asked for;
+* what the families share: :mod:`~rollbuf.kernels.core` (the Triton side: loads, a chunk's scan,
+  the carry past the window, the decoupled look-back, the driver that walks a row or takes one
+  chunk of it), :mod:`~rollbuf.kernels.resolve` (the middle pass of a split single row) and
+  :mod:`~rollbuf.kernels.loop` (the numba side: the one loop over a row's steps);
 * :mod:`~rollbuf.kernels.host`: the strategy table, the :class:`Launch` built once per call
   signature (layout, strategy, grid, constexprs) and cached under it, launched by keyword through
-  Triton's JIT call, and :func:`run`.
+  Triton's JIT call, and :func:`run`; :mod:`~rollbuf.kernels.aot`, the ahead-of-time compile matrix.
 
 The arithmetic of every estimator comes from :mod:`rollbuf.boundary.coefficients`, compiled into
 the kernels from the same source the torch backend runs.
 """
 
+from rollbuf.kernels.families import FAMILIES  # noqa: F401
 from rollbuf.kernels.host import (  # noqa: F401
-    FAMILIES,
-    FAMILY_MAX_CHUNK,
-    FAMILY_WHOLE_ROWS,
     GATHER_MAX_T,
     LAUNCHES,
     MAX_CHUNK,
@@ -29,10 +32,10 @@ from rollbuf.kernels.host import (  # noqa: F401
     Strategy,
     device_sms,
     forced,
+    forced_choices,
     launch_for,
     output_buffers,
     run,
     signature,
     strategy,
 )
-

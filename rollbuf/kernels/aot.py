@@ -27,28 +27,32 @@ import argparse
 import inspect
 import sys
 import time
+from collections import namedtuple
 from concurrent.futures import ProcessPoolExecutor
 
+from rollbuf.problem import Family
+
 _FLAGS = ("terminated", "truncated", "mask")
-_OUTS = {"lambda": ("p_adv", "p_ret"), "retrace": ("p_q",), "vtrace": ("p_vs", "p_pg"), "trace": ("p_out",),
-         "affine": ("p_out",), "lambda_adjoint": ("p_gr", "p_gv")}
-# PASS, SHIFT_LOAD, BLOCK_N, BLOCK_T, warps[, FLIP]
-_MODES = {
-    "single": (4, False, 4, 128, 4),
-    "single-reload": (4, True, 1, 1024, 8),
-    "whole": (4, True, 1, 4096, 16),  # a row of up to 4096 steps held whole (host.FAMILY_WHOLE_ROWS)
-    "tile": (0, False, 16, 128, 8),
-    "walk-gather": (0, False, 2, 512, 4),
-    "walk-reload": (0, True, 1, 2048, 8),
-    "lookback-gather": (1, False, 1, 512, 2),
-    "lookback-reload": (1, True, 1, 2048, 8),
-    "aggregates": (2, True, 1, 2048, 8),
-    "outputs": (3, True, 1, 2048, 8),
-    "time-split": (1, False, 32, 128, 8),
-    "single-flip": (4, False, 4, 128, 4, True),  # chunks held in reverse (backward scans in lane order)
-    "whole-flip": (4, True, 1, 4096, 16, True),
-    "walk-gather-flip": (0, False, 2, 512, 4, True),
-    "lookback-gather-flip": (1, False, 1, 512, 2, True),
+
+
+# a variant's pass and tiling: the kernel's PASS, SHIFT_LOAD, BLOCK_N, BLOCK_T, its warps and FLIP
+Mode = namedtuple("Mode", "pass_ shift_load block_n block_t warps flip", defaults=(False,))
+MODES = {
+    "single": Mode(4, False, 4, 128, 4),
+    "single-reload": Mode(4, True, 1, 1024, 8),
+    "whole": Mode(4, True, 1, 4096, 16),  # a row of up to 4096 steps held whole (a family's Row.whole_rows)
+    "tile": Mode(0, False, 16, 128, 8),
+    "walk-gather": Mode(0, False, 2, 512, 4),
+    "walk-reload": Mode(0, True, 1, 2048, 8),
+    "lookback-gather": Mode(1, False, 1, 512, 2),
+    "lookback-reload": Mode(1, True, 1, 2048, 8),
+    "aggregates": Mode(2, True, 1, 2048, 8),
+    "outputs": Mode(3, True, 1, 2048, 8),
+    "time-split": Mode(1, False, 32, 128, 8),
+    "single-flip": Mode(4, False, 4, 128, 4, True),  # chunks held in reverse (backward scans in lane order)
+    "whole-flip": Mode(4, True, 1, 4096, 16, True),
+    "walk-gather-flip": Mode(0, False, 2, 512, 4, True),
+    "lookback-gather-flip": Mode(1, False, 1, 512, 2, True),
 }
 
 
@@ -57,24 +61,24 @@ def variants() -> list[dict]:
     from rollbuf.kernels.host import END_COLUMN, END_STEP, FAMILIES, STATE, ZERO
 
     fams = {  # family -> its usual carry in, absent fields
-        "gae": ("lambda", END_STEP, ()),
-        "mc_returns": ("lambda", ZERO, ("values", "bootstrap_values")),
-        "retrace": ("retrace", STATE, ()),
-        "vtrace": ("vtrace", END_COLUMN, ("bootstrap_values",)),
-        "traces": ("trace", STATE, ()),
-        "affine": ("affine", STATE, ()),
-        "lambda_adjoint": ("lambda_adjoint", STATE, ()),
+        "gae": (Family.TD_LAMBDA, END_STEP, ()),
+        "mc_returns": (Family.TD_LAMBDA, ZERO, ("values", "bootstrap_values")),
+        "retrace": (Family.RETRACE, STATE, ()),
+        "vtrace": (Family.VTRACE, END_COLUMN, ("bootstrap_values",)),
+        "traces": (Family.FORWARD, STATE, ()),
+        "affine": (Family.AFFINE, STATE, ()),
+        "lambda_adjoint": (Family.TD_LAMBDA_ADJOINT, STATE, ()),
     }
     out = []
     backward = {"gae", "mc_returns", "retrace", "vtrace"}  # the families a flipped chunk changes
     for name, (family, ci, absent) in fams.items():
-        for mode in _MODES:
+        for mode in MODES:
             if mode.endswith("-flip") and name not in backward:
                 continue
             out.append(dict(name=f"{name}/{mode}/fp32", family=family, carry_in=ci, absent=absent, mode=mode))
     # the affine scan backward (REVERSE), in lane order and flipped
     for mode in ("single", "single-flip", "walk-gather", "walk-gather-flip", "lookback-gather", "lookback-gather-flip"):
-        out.append(dict(name=f"affine/{mode}/fp32-reverse", family="affine", carry_in=STATE, absent=(), mode=mode,
+        out.append(dict(name=f"affine/{mode}/fp32-reverse", family=Family.AFFINE, carry_in=STATE, absent=(), mode=mode,
                         reverse=True))
     # general strides and time-major unit row stride
     for name in ("gae", "vtrace", "traces"):
@@ -94,9 +98,9 @@ def variants() -> list[dict]:
     # the outputs asked for, carries out
     for outs in (("p_adv",), ("p_ret",)):
         for mode in ("tile", "lookback-reload"):
-            out.append(dict(name=f"gae/{mode}/fp32-only-{outs[0]}", family="lambda", carry_in=END_STEP, absent=(),
+            out.append(dict(name=f"gae/{mode}/fp32-only-{outs[0]}", family=Family.TD_LAMBDA, carry_in=END_STEP, absent=(),
                             mode=mode, outs=outs, carry_out=True))
-    out.append(dict(name="lambda_adjoint/tile/fp32-no-gv", family="lambda_adjoint", carry_in=ZERO, absent=(),
+    out.append(dict(name="lambda_adjoint/tile/fp32-no-gv", family=Family.TD_LAMBDA_ADJOINT, carry_in=ZERO, absent=(),
                     mode="tile", outs=("p_gr",)))
     # integer arguments equal to 1 become compile-time constants (one step, one row)
     for name in ("gae", "vtrace", "retrace", "mc_returns", "traces", "affine"):
@@ -108,7 +112,7 @@ def variants() -> list[dict]:
     # no mask: TD(λ) scans its returns (the inclusive state), V-trace its scalar u, the traces e itself
     for name in ("gae", "vtrace", "traces"):
         family, ci, absent = fams[name]
-        for mode in _MODES:
+        for mode in MODES:
             if mode.endswith("-flip") and name == "traces":
                 continue
             out.append(dict(name=f"{name}/{mode}/fp32-nomask", family=family, carry_in=ci, mode=mode,
@@ -121,15 +125,17 @@ def variants() -> list[dict]:
     # one row of 512 steps per program, 4 warps, as the table runs GAE advantages at 128-2048 x 512 with
     # `[N]` window-end values (no truncations, no mask), in lane order and flipped (docs/benchmarks.md)
     for flip in (False, True):
-        out.append(dict(name=f"gae/row512{'-flip' if flip else ''}/fp32-adv-endcol", family="lambda",
+        out.append(dict(name=f"gae/row512{'-flip' if flip else ''}/fp32-adv-endcol", family=Family.TD_LAMBDA,
                         carry_in=END_COLUMN, absent=("truncated", "bootstrap_values", "mask"), mode="row512",
-                        cfg=(4, False, 1, 512, 4, flip), outs=("p_adv",)))
+                        cfg=Mode(4, False, 1, 512, 4, flip), outs=("p_adv",)))
     # rows held whole in one chunk with the window end's `[N]` column and no truncations or mask, as the
     # table runs advantages at 4096 steps and V-trace and Retrace at 2048 (docs/benchmarks.md, the fold)
-    for name, family, bt, warps, outs in (("gae", "lambda", 4096, 16, ("p_adv",)), ("vtrace", "vtrace", 2048, 16, None),
-                                          ("retrace", "retrace", 2048, 8, None)):
+    for name, family, bt, warps, outs in (("gae", Family.TD_LAMBDA, 4096, 16, ("p_adv",)),
+                                          ("vtrace", Family.VTRACE, 2048, 16, None),
+                                          ("retrace", Family.RETRACE, 2048, 8, None)):
         v = dict(name=f"{name}/row{bt}/fp32-{'adv-' if outs else ''}endcol", family=family, carry_in=END_COLUMN,
-                 absent=("truncated", "bootstrap_values", "mask"), mode=f"row{bt}", cfg=(4, True, 1, bt, warps, False))
+                 absent=("truncated", "bootstrap_values", "mask"), mode=f"row{bt}",
+                 cfg=Mode(4, True, 1, bt, warps))
         out.append(dict(v, outs=outs) if outs else v)
     # bf16 inputs, no flags, no mask
     for name in ("gae", "vtrace", "lambda_adjoint"):
@@ -154,12 +160,12 @@ def _signature(v: dict):
     """(jit function, signature, constexprs, warps) of variant ``v``."""
     from triton.language import float32, float64
 
-    from rollbuf.kernels.host import FAMILIES, STATE, ZERO, jit_kernel
+    from rollbuf.kernels.host import FAMILIES, STATE, ZERO
 
     fam = FAMILIES[v["family"]]
-    jit = jit_kernel(fam.kernel)
+    jit = fam.kernel()
     params = list(inspect.signature(jit.fn).parameters)
-    pass_, shift, bn, bt, warps, *flip = v.get("cfg") or _MODES[v["mode"]]
+    mode = v.get("cfg") or MODES[v["mode"]]
     dt = v.get("dtype", "fp32")
     acc = v.get("acc", "fp32")  # the accumulation dtype: carries and scratch are held in it
     out_dt = v.get("out_dtype", "fp32")
@@ -172,7 +178,7 @@ def _signature(v: dict):
             cx[(0, i)] = None
         else:
             ftypes.append("*i1" if name in _FLAGS else "*" + dt)
-    outs = v.get("outs", _OUTS[v["family"]])
+    outs = v.get("outs", fam.out_params)
     unit = v.get("unit", "env")
     ones = set(v.get("ones", ()))
     if unit == "env":
@@ -187,10 +193,10 @@ def _signature(v: dict):
             sig[name] = tuple(ftypes)
         elif name in ("CARRY_IN", "ACC", "BLOCK_N", "BLOCK_T", "PASS", "SHIFT_LOAD", "FLIP", "REVERSE"):
             sig[name] = "constexpr"
-            cx[(params.index(name),)] = dict(CARRY_IN=ci, ACC=float64 if acc == "fp64" else float32, BLOCK_N=bn,
-                                             BLOCK_T=bt, PASS=pass_, SHIFT_LOAD=shift, FLIP=bool(flip and flip[0]),
-                                             REVERSE=backward)[name]
-        elif name in _OUTS[v["family"]]:
+            cx[(params.index(name),)] = dict(CARRY_IN=ci, ACC=float64 if acc == "fp64" else float32,
+                                             BLOCK_N=mode.block_n, BLOCK_T=mode.block_t, PASS=mode.pass_,
+                                             SHIFT_LOAD=mode.shift_load, FLIP=mode.flip, REVERSE=backward)[name]
+        elif name in fam.out_params:
             if name in outs:
                 sig[name] = "*" + out_dt
             else:
@@ -201,12 +207,12 @@ def _signature(v: dict):
             else:
                 sig[name] = "*" + acc
         elif name == "p_co":
-            if v.get("carry_out", v["family"] in ("trace", "affine", "lambda_adjoint") or ci == STATE):
+            if v.get("carry_out", not fam.backward or ci == STATE):
                 sig[name] = "*" + acc
             else:
                 sig[name], cx[(params.index(name),)] = "constexpr", None
         elif name == "p_ws":
-            if pass_ in (0, 4):  # rows walked or one chunk: no scratch
+            if mode.pass_ in (0, 4):  # rows walked or one chunk: no scratch
                 sig[name], cx[(params.index(name),)] = "constexpr", None
             else:
                 sig[name] = "*" + acc
@@ -216,7 +222,7 @@ def _signature(v: dict):
             sig[name], cx[(params.index(name),)] = "constexpr", 1
         else:
             sig[name] = "i32"
-    return jit, sig, cx, warps
+    return jit, sig, cx, mode.warps
 
 
 def _aligned(sig: dict) -> dict:

@@ -1,9 +1,9 @@
 """What every family's kernel shares: loads, one chunk's scan, the carry past the window, the
 decoupled look-back, and the driver that walks a row or takes one chunk of it.
 
-A family kernel (``gae.py``, ``vtrace.py``, ...) is a small entry that gathers its pointers into a
-tuple ``fam = (fields, outputs, scalars)`` and hands it to :func:`drive` with three device
-functions of its own:
+A family kernel (``td_lambda/triton.py``, ``vtrace/triton.py``, ...) is a small entry that gathers
+its pointers into a tuple ``fam = (fields, outputs, scalars)`` and hands it to :func:`drive` with
+three device functions of its own:
 
 * ``LOAD(fam, geo, o, ok, end, ACC)``: every per-step value the family reads at the steps ``o``
   (``ok``: inside the row), as a tuple ``x``: each field loaded once, 0 at padded lanes and masked

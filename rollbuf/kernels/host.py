@@ -28,7 +28,9 @@ import threading
 import attrs
 import torch
 
-from rollbuf.problem import Problem
+from rollbuf.kernels.families import FAMILIES
+from rollbuf.kernels.row import LongRows, WholeRows
+from rollbuf.problem import Family, Problem
 
 # ---- the strategy table ------------------------------------------------------------------------
 
@@ -40,11 +42,6 @@ from rollbuf.problem import Problem
 # elements (32768x8 32x8 w4 3.27, w2 3.58, w1 5.32); 2048x2048 keeps 8 warps (16: 37.6 vs 29.3 µs).
 TILE = 512
 WARP_ELEMS = 128
-# V-trace's rows of 1024-step chunks: walked two to a program with 16 warps (2048x2048 48.4 µs, 8192x4096
-# 345, against 58.9 and 429 with 8 warps; 1 row with 16 warps: 68.6 and 500), split ones with 4 warps
-# (256x131072 465 µs; with 16: 643). Measured on the H200 at 1ec5553 and 51c957e.
-# With a mask, and for rows longer than 4096 steps (FAMILY_WHOLE_ROWS below holds the others whole).
-FAMILY_LONG_ROWS = {"vtrace": (2, 16, 4)}  # chunks >= 1024 steps: (rows per walking program, its warps, split warps)
 FILL_PER_SM = 8  # programs per SM below which long rows are split across programs
 CPU_SMS = 132  # the SM count assumed off the GPU (an H200's), so the interpreter takes the GPU's choices
 # Measured on the H200 (GAE fp32 with truncations, every grid shape, commit ae1b2ce, four variants
@@ -54,45 +51,8 @@ CPU_SMS = 132  # the SM count assumed off the GPU (an H200's), so the interprete
 # (265 vs 299 µs at 16384x2048; 5.33 vs 5.83 ms at 256x1048576).
 GATHER_MAX_T = 512
 MAX_CHUNK = 2048
-# V-trace carries a pair state (five map components per lane): its 2048-step chunks hold too many
-# registers per program. Measured on the H200 at c612211 (results/ab_unit_chunk_c612211.csv):
-# 1024-step chunks 16384x4096 1672 -> 1134 µs; for GAE the same change was +5% at 16384x4096 and
-# +15% at 1x2^20, Retrace +18%.
-FAMILY_MAX_CHUNK = {"vtrace": 1024}
-# Rows of up to 4096 steps held whole by one program, one chunk, where the family reads no mask.
-# Measured on the H200 at 28e5dea (the ab experiment, one row per program with 8 or 16 warps
-# against the table, results/ab_whole_rows_28e5dea.csv, device time):
-# * V-trace (its scalar scan without a mask, the targets read back; a row of 1024 steps and more
-#   was walked two to a program in 1024-step chunks, or split): 16 warps from 2048 steps,
-#   2048x2048 81.5 -> 41.5 µs with truncations (49.7 -> 37.4 without), 8192x2048 306 -> 148,
-#   8192x4096 601 -> 381, 16384x4096 1248 -> 767, 128x2048 7.6 -> 3.8, 128x4096 12.1 -> 7.3;
-#   equal at 2048x4096 without truncations (95.2 -> 95.8); 8 warps at 1024 steps (2048x1024
-#   20.4 -> 18.0; 16 warps 18.9).
-# * TD(λ) rows of 2049-4096 steps that would be split (fewer rows than 8 programs per SM):
-#   16 warps, 128x4096 8.1 -> 4.8 µs, 512x4096 17.9 -> 13.5; rows of 1024 steps or fewer were
-#   slower held one per program (2048x512 7.1 -> 11.1 with 16 warps), and the walked long rows of
-#   many environments were not timed: both keep the table.
-# * The forward traces, rows of 2049-4096 steps: 8 warps, 8192x4096 122.5 -> 86.2 µs, 2048x4096
-#   34.1 -> 25.6, 512x4096 13.9 -> 8.1, 128x4096 6.5 -> 3.5.
-# TD(λ) calls writing one output or both. Measured on the H200 at 1bcfbfe (results/ab_family_1bcfbfe/,
-# device µs, the table -> held whole with 16 warps): GAE's two outputs 128x4096 8.5 -> 5.5, 512x4096
-# 19.2 -> 15.1 (held whole they had lost at 5055e67, before the returns were scanned themselves:
-# 512x4096 20.8 against 19.1 split). The returns-only calls are held whole as advantages are (same
-# bytes), never timed against the table: in that A/B both sides of them already ran held whole.
-# Retrace's rows of one 2048-step chunk: the table's program (one row, one chunk) with 16 warps instead
-# of 8. Measured on the H200 at a8a4d23 (results/ab_family_a8a4d23/retrace.csv, device µs, 8 -> 16 warps):
-# 2048x2048 48.3 -> 31.9, 8192x2048 164.2 -> 114.2, 512x2048 13.8 -> 9.9, with truncations 2048x2048
-# 45.4 -> 41.7; rows of 1024 steps lose with 16 warps (2048x1024 1.02x, 8192x1024 1.06x) and keep the
-# table. Timed in fp32 without a mask. Rows of 1025-2047 steps (the same 2048-step program, its tail
-# masked) and bf16/fp16/float64 calls take the rule untimed; walked or split rows of Retrace and
-# masked calls keep the table.
-# (shortest row, longest row, only where the rows would be split, warps per chunk length, most outputs)
-FAMILY_WHOLE_ROWS = {
-    "vtrace": (1024, 4096, False, ((1024, 8), (2048, 16), (4096, 16)), 2),
-    "lambda": (2049, 4096, True, ((4096, 16),), 2),
-    "trace": (2049, 4096, False, ((4096, 8),), 1),
-    "retrace": (1025, 2048, False, ((2048, 16),), 1),
-}
+# A family's own entries of the table (rows held whole, long rows, its longest chunk, chunks flipped) are
+# in its Row (rollbuf.kernels.row), each with what was measured for it.
 # Split rows of at most this many rows take the three passes instead of the look-back chain. Measured
 # on the H200 at aab284d (results/ab_presolve_*_aab284d.csv): one row, the three passes win everywhere
 # (GAE 1x2^20 37.6 -> 23.5 µs, 1x2^24 397 -> 270, V-trace 1x2^20 56.2 -> 44.1, Retrace 38.7 -> 35.7);
@@ -124,8 +84,8 @@ def _pow2(x: int) -> int:
 def strategy(R: int, T: int, time_contiguous: bool = True, block_t: int | None = None,
              split: bool | None = None, shift_load: bool | None = None, max_chunk: int | None = None,
              block_n: int | None = None, presolve: bool | None = None, *, sms: int = CPU_SMS,
-             num_warps: int | None = None, resolve_block_r: int = 0, long_rows: tuple | None = None,
-             whole_rows: tuple | None = None, flip: bool | None = None, flip_chunks: tuple = ()) -> Strategy:
+             num_warps: int | None = None, resolve_block_r: int = 0, long_rows: LongRows | None = None,
+             whole_rows: WholeRows | None = None, flip: bool | None = None, flip_chunks: tuple = ()) -> Strategy:
     """Tile sizes, split and warps for ``R`` rows of ``T`` steps on a GPU of ``sms`` SMs.
 
     ======================================  ===============================================================
@@ -141,17 +101,18 @@ def strategy(R: int, T: int, time_contiguous: bool = True, block_t: int | None =
 
     ``max_chunk``: 2048 steps (1024 for V-trace's pair state); the exclusive state by an in-register
     shift for chunks up to 512 steps, by re-loading the neighbouring step beyond. Warps: one per 128
-    elements of a program's tile, 1 to 8 (one per 64 for rows of 8 steps or fewer). ``long_rows =
-    (rows, warps, split warps)`` for chunks of 1024 steps and more: V-trace's. ``whole_rows =
-    (shortest, longest, only_split, ((chunk, warps), ...)[, most outputs])``: env-major rows of that
-    many steps held whole, one per program in one chunk (the family's, without a mask:
-    :data:`FAMILY_WHOLE_ROWS`); ``only_split``: only where the table would split them; a forced
+    elements of a program's tile, 1 to 8 (one per 64 for rows of 8 steps or fewer). ``long_rows``
+    (:class:`~rollbuf.kernels.row.LongRows`: rows per program, its warps, split warps) for chunks of
+    1024 steps and more: V-trace's. ``whole_rows`` (:class:`~rollbuf.kernels.row.WholeRows`): env-major
+    rows of ``shortest`` to ``longest`` steps held whole, one per program in one chunk, with the warps
+    of their chunk length (the family's, without a mask: its row's ``whole_rows``); ``only_split``:
+    only where the table would split them; a forced
     ``block_t``, ``split``, ``block_n`` or ``presolve`` skips it. Every other argument forces that
     choice (tests, experiments).
 
     ``flip`` (backward scans only; the caller passes ``False`` for the others): hold each chunk in
     reverse, so that the scan runs in lane order; by default :func:`flip_rule` with ``flip_chunks``,
-    the chunk lengths flipped for this call (:data:`FAMILY_FLIP_CHUNKS`).
+    the chunk lengths flipped for this call (the family's ``Row.flip_chunks``).
     """
     st = _table(R, T, time_contiguous, block_t, split, shift_load, max_chunk, block_n, presolve, sms, num_warps,
                 resolve_block_r, long_rows, whole_rows)
@@ -175,8 +136,8 @@ def strategy(R: int, T: int, time_contiguous: bool = True, block_t: int | None =
 # 128x512 1.16x, V-trace 512x512 1.30x); Retrace 1.00-1.06x; 1024 steps without truncations
 # 0.91-1.06x for the TD(λ) family and 1.01-1.16x for V-trace, with truncations 0.97-1.30x. Hence
 # 512-step chunks of the TD(λ) family and V-trace, fp32, without truncations or a mask (bf16/fp16
-# inputs and float64 calls were not timed flipped and are not flipped by default).
-FAMILY_FLIP_CHUNKS = {"lambda": (512,), "vtrace": (512,)}
+# inputs and float64 calls were not timed flipped and are not flipped by default): the families'
+# Row.flip_chunks.
 
 
 def flip_rule(st: Strategy, T: int, chunks: tuple) -> bool:
@@ -190,11 +151,10 @@ def _table(R, T, time_contiguous, block_t, split, shift_load, max_chunk, block_n
     fill = FILL_PER_SM * sms
     mc = max_chunk or MAX_CHUNK
     if whole_rows and time_contiguous and block_t is None and split is None and block_n is None and presolve is None:
-        lo, hi, only_split, by_chunk = whole_rows[:4]
         bt = _pow2(T)
         split_here = -(-T // min(bt, MAX_CHUNK)) > 1 and R < fill
-        if lo <= T <= hi and (split_here or not only_split):
-            return Strategy(1, bt, False, 1, num_warps or dict(by_chunk)[bt],
+        if whole_rows.shortest <= T <= whole_rows.longest and (split_here or not whole_rows.only_split):
+            return Strategy(1, bt, False, 1, num_warps or dict(whole_rows.warps)[bt],
                             bt > GATHER_MAX_T if shift_load is None else shift_load, resolve_block_r=resolve_block_r)
 
     def warps(elems, bt):
@@ -223,14 +183,14 @@ def _table(R, T, time_contiguous, block_t, split, shift_load, max_chunk, block_n
     if split:
         bn = block_n or 1
         pre = R <= PRESOLVE_MAX_ROWS if presolve is None else presolve
-        w = num_warps or long_rows[2] if long_rows and bt >= 1024 and not block_n else warps(bn * bt, bt)
+        w = num_warps or long_rows.split_warps if long_rows and bt >= 1024 and not block_n else warps(bn * bt, bt)
         return Strategy(bn, bt, True, chunks, w, sl, pre,
                         resolve_block_r)
     if block_n:
         return Strategy(block_n, bt, False, 1, warps(block_n * bt, bt), sl,
                         resolve_block_r=resolve_block_r)
     if long_rows and bt >= 1024:
-        return Strategy(long_rows[0], bt, False, 1, num_warps or long_rows[1], sl, resolve_block_r=resolve_block_r)
+        return Strategy(long_rows.rows, bt, False, 1, num_warps or long_rows.warps, sl, resolve_block_r=resolve_block_r)
     bn = max(1, min(TILE // bt, _pow2(R)))
     if not time_contiguous:
         bn = max(bn, min(64, _pow2(R)))
@@ -280,55 +240,14 @@ def forced(**choices):
         _FORCE.reset(token)
 
 
-# ---- the families --------------------------------------------------------------------------------
-# Field names in the order of each kernel's ``fields`` tuple (None: a slot the family leaves empty),
-# the kernel's outputs by the names in Problem.outputs, and the kernel parameter each output is
-# passed as. The affine primitive's and the adjoint's field names are the only place here that
-# names them.
+def forced_choices() -> dict:
+    """The choices in force here (of the enclosing :func:`forced` blocks, merged)."""
+    return dict(_FORCE.get())
 
-_BOUNDARY = ("terminated", "truncated", "bootstrap_values", "mask")
-AFFINE_FIELDS = ("alpha", "beta")
-ADJOINT_FIELDS = ("grad_returns", "grad_advantages")
-
-
-@attrs.frozen
-class _Family:
-    kernel: str  # module.function under rollbuf.kernels
-    fields: tuple  # field names in the kernel's `fields` tuple order
-    outputs: tuple  # output names (Problem.outputs)
-    out_params: tuple  # the kernel parameter of each output (the forward families write one: both name it)
-    pair: bool = False
-    backward: bool = True  # bootstrapped window end (CARRY_IN END_*); else forward/affine
-    scalars: tuple = ()  # Problem attributes passed as float64 scalars, by the kernel parameter of that name
-
-
-FAMILIES = {
-    "lambda": _Family("td_lambda.gae_kernel", ("rewards", "values", *_BOUNDARY), ("advantages", "returns"),
-                      ("p_adv", "p_ret"), scalars=("gamma", "lam")),
-    "retrace": _Family("retrace.retrace_kernel",
-                       ("rewards", "values", *_BOUNDARY, "log_probs", "target_log_probs", "q_values"),
-                       ("q_targets",), ("p_q",), scalars=("gamma", "lam", "c_bar")),
-    "vtrace": _Family("vtrace.vtrace_kernel", ("rewards", "values", *_BOUNDARY, "log_probs", "target_log_probs"),
-                      ("vs", "pg_advantages"), ("p_vs", "p_pg"), pair=True,
-                      scalars=("gamma", "lam", "rho_bar", "c_bar", "pg_rho_bar")),
-    "trace": _Family("traces.trace_kernel", ("x", None, "terminated", "truncated", None, "mask"),
-                     ("traces", "sums"), ("p_out", "p_out"), backward=False, scalars=("decay",)),
-    "affine": _Family("affine.affine_kernel", AFFINE_FIELDS, ("y",), ("p_out",), backward=False),
-    "lambda_adjoint": _Family("adjoint.lambda_adjoint_kernel", (*ADJOINT_FIELDS, "terminated", "truncated", None,
-                                                                 "mask"),
-                              ("rewards", "values"), ("p_gr", "p_gv"), backward=False, scalars=("gamma", "lam")),
-}
 
 # CARRY_IN and PASS values (rollbuf.kernels.core holds the same as constexprs)
 ZERO, STATE, END_COLUMN, END_STEP = 0, 1, 2, 3
 WALK, LOOKBACK, AGGREGATES, OUTPUTS, ONE_CHUNK = 0, 1, 2, 3, 4
-
-
-def jit_kernel(name: str):
-    import importlib
-
-    mod, fn = name.split(".")
-    return getattr(importlib.import_module(f"rollbuf.kernels.{mod}"), fn)
 
 
 # ---- layout ------------------------------------------------------------------------------------
@@ -449,8 +368,8 @@ class Launch:
         unknown = [o for o in self.out_names if o not in fam.outputs]
         if unknown:
             raise ValueError(f"the {p.family} kernel has no output {unknown[0]!r} (it writes {fam.outputs})")
-        self.forward_final = p.family in ("trace", "affine")  # the carry out is returned as an output
-        self.want_carry = self.forward_final or p.family == "lambda_adjoint" or p.want_carry
+        self.forward_final = p.family in (Family.FORWARD, Family.AFFINE)  # the carry out is returned as an output
+        self.want_carry = self.forward_final or p.family == Family.TD_LAMBDA_ADJOINT or p.want_carry
         self.carry_shape = (N, *feat) if not fam.backward else ((N, 2) if fam.pair else (N,))
         self.compute_dtype, self.out_dtype = p.compute_dtype, p.out_dtype
         self.empty = N == 0 or T == 0 or F == 0
@@ -523,7 +442,7 @@ class Launch:
         # asked for, the sizes and the strides
         self.fixed = dict.fromkeys(set(fam.out_params) - set(self.out_params))
         self.fixed.update(R=self.R, T=T, s_n=s_n, s_t=s_t, s_on=self.s_on, s_ot=self.s_ot)
-        if p.family == "trace":
+        if p.family == Family.FORWARD:
             self.fixed["F"] = F
 
         # -- strategy, grid, constexprs -------------------------------------------------------------
@@ -532,31 +451,31 @@ class Launch:
         acc = float64 if p.compute_dtype == torch.float64 else float32
         # a call with a mask, with more outputs than were timed, or with a forced chunk length keeps the
         # table (max_chunk reaches strategy() merged with the family's; it skips the rule for the others)
-        whole = FAMILY_WHOLE_ROWS.get(p.family)
-        if whole is None or f.get("mask") is not None or len(self.out_names) > whole[4] or "max_chunk" in fc:
+        whole = fam.whole_rows
+        if whole is None or f.get("mask") is not None or len(self.out_names) > whole.most_outputs or "max_chunk" in fc:
             whole = None
         flip = fc.pop("flip", None)  # lane order only matters to a backward scan
-        if not (fam.backward or (p.family == "affine" and p.reverse)):
+        if not (fam.backward or (p.family == Family.AFFINE and p.reverse)):
             flip = False
         # the rule's chunk lengths only for the calls it was timed on: fp32, no mask, no truncations
         timed = (f.get("mask") is None and f.get("truncated") is None and p.compute_dtype == torch.float32
                  and p.out_dtype == torch.float32
                  and all(t.dtype == torch.float32 for t in f.values() if t is not None and t.is_floating_point()))
-        flip_chunks = FAMILY_FLIP_CHUNKS.get(p.family, ()) if timed else ()
+        flip_chunks = fam.flip_chunks if timed else ()
         st = strategy(self.R, T, T == 1 or s_t == 1,
                       fc.pop("block_t", None), fc.pop("split", None), fc.pop("shift_load", None),
-                      fc.pop("max_chunk", None) or FAMILY_MAX_CHUNK.get(p.family), fc.pop("block_n", None),
+                      fc.pop("max_chunk", None) or fam.max_chunk, fc.pop("block_n", None),
                       fc.pop("presolve", None), sms=device_sms(self.device), num_warps=fc.pop("num_warps", None),
-                      resolve_block_r=fc.pop("resolve_block_r", 0), long_rows=FAMILY_LONG_ROWS.get(p.family),
+                      resolve_block_r=fc.pop("resolve_block_r", 0), long_rows=fam.long_rows,
                       whole_rows=whole, flip=flip, flip_chunks=flip_chunks)
         self.strategy = st
         tiles = -(-self.R // st.block_n)
         self.grid = tiles * st.num_seg if st.split else tiles
         self.scalars = fam.scalars
-        jit = jit_kernel(fam.kernel)
+        jit = fam.kernel()
         # the names every launch passes at run time (with the constexprs: the kernel's parameters)
         names = ("fields", *self.out_params, *self.fixed, "p_ci", "p_co", "p_ws", *self.scalars)
-        pre = {"REVERSE": p.reverse} if p.family == "affine" else {}
+        pre = {"REVERSE": p.reverse} if p.family == Family.AFFINE else {}
 
         def const(pass_):
             return dict(pre, CARRY_IN=carry_in, ACC=acc, BLOCK_N=st.block_n, BLOCK_T=st.block_t, PASS=pass_,

@@ -1,0 +1,54 @@
+"""A family's row of the kernel table (:data:`rollbuf.kernels.families.FAMILIES`), defined in its
+package next to the code it points at. The Triton kernel and the numba step are reached through
+functions that import them on first use (both are optional); the adjoint is plain torch."""
+
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from rollbuf.problem import Family
+
+
+@attrs.frozen
+class WholeRows:
+    """Rows held whole, one per program in one chunk (see :func:`rollbuf.kernels.host.strategy`)."""
+
+    shortest: int
+    longest: int
+    only_split: bool  # only where the table would split them
+    warps: tuple[tuple[int, int], ...]  # (chunk length, warps), per chunk length
+    most_outputs: int  # a call writing more outputs than were timed keeps the table
+
+
+@attrs.frozen
+class LongRows:
+    """Chunks of 1024 steps and more: walked ``rows`` to a program, split rows' warps (``strategy``)."""
+
+    rows: int
+    warps: int
+    split_warps: int
+
+
+@attrs.frozen
+class Row:
+    """One family: its kernels, their fields and outputs, and its entries of the strategy table."""
+
+    family: Family
+    kernel: Callable[[], Any]  # the Triton kernel (``@triton.jit``), imported when first asked for
+    fields: tuple[str | None, ...]  # the kernel's ``fields`` tuple, by field name (None: a slot left empty)
+    outputs: tuple[str, ...]  # output names (Problem.outputs)
+    out_params: tuple[str, ...]  # the kernel parameter of each output (the forward families write one: both name it)
+    scalars: tuple[str, ...] = ()  # Problem attributes passed as float64 scalars (the kernel's and the step's)
+    pair: bool = False  # the state is a pair (V-trace's (u, V))
+    backward: bool = True  # backward in time, window end bootstrapped from V(s_T); else forward/affine
+    whole_rows: WholeRows | None = None  # the strategy table's (host.strategy): rows held whole,
+    long_rows: LongRows | None = None  # long rows,
+    max_chunk: int | None = None  # the longest chunk,
+    flip_chunks: tuple[int, ...] = ()  # the chunk lengths of a backward scan held in reverse
+    step: Callable[[], Any] | None = None  # the compiled CPU loop's step, imported when first asked for,
+    step_data: tuple[str, ...] = ()  # the data fields it reads after the main input,
+    step_outputs: int | None = None  # its outputs (None: as the problem asks)
+    adjoint: Callable[..., list] | None = None  # the analytic adjoint(a, grads, out0) (None: the generic one)
+    saves_output: bool = False  # the adjoint reads the first output (out0): the forward saves it
+    state: int = attrs.field(init=False, default=attrs.Factory(lambda row: 2 if row.pair else 1, takes_self=True))
