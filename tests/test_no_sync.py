@@ -106,6 +106,26 @@ def llm_calls(device, backend) -> dict:
     }
 
 
+def verl_calls(device) -> dict:
+    """rollbuf.integrations.verl with a tensor ``index`` (what a trainer passes to capture a graph):
+    every estimator of its registry, Dr.GRPO, GDPO and ReMax."""
+    from types import SimpleNamespace
+
+    from rollbuf.integrations import verl as V
+
+    g = torch.Generator().manual_seed(9)
+    r = torch.randn(12, 30, generator=g).to(device)
+    m = (torch.rand(12, 30, generator=g) < 0.8).long().to(device)
+    idx = torch.tensor([3, 3, 3, 0, 0, 7, 1, 1, 1, 1, 5, 2], device=device)
+    cfg = SimpleNamespace(gamma=0.99, norm_adv_by_std_in_grpo=True, get=lambda k, d=None: d)
+    calls = {name: (lambda fn=fn: fn(r, m, idx, config=cfg)) for name, fn in V.ESTIMATORS.items()
+             if name != "reinforce_plus_plus"}
+    calls["reinforce_plus_plus"] = lambda: V.compute_reinforce_plus_plus_outcome_advantage(r, m, config=cfg)
+    calls["Dr.GRPO"] = lambda: V.compute_grpo_outcome_advantage(r, m, idx, norm_adv_by_std_in_grpo=False)
+    calls["remax"] = lambda: V.compute_remax_outcome_advantage(r, r[:, 0], m)
+    return calls
+
+
 def rollout_calls(device, backend) -> dict:
     """The collection loop (record every step, close the window) and every estimator method."""
     ro = Rollout.empty(N, T, device=device, with_mask=True)
@@ -233,6 +253,26 @@ def test_llm_integration_does_not_sync():
 
 
 @pytest.mark.gpu
+def test_verl_estimators_do_not_sync_and_capture_in_a_graph():
+    """With a tensor index, verl's estimators run without a sync and replay from one CUDA graph with
+    the eager call's values."""
+    calls = verl_calls("cuda")
+    _run_without_sync(calls)
+    eager = {name: fn() for name, fn in calls.items()}
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):  # (warmed up above, on the side stream torch.cuda.graph uses too)
+        captured = {name: fn() for name, fn in calls.items()}
+    for out in captured.values():
+        for t in out:
+            t.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    for name, out in captured.items():
+        for got, want in zip(out, eager[name], strict=True):
+            torch.testing.assert_close(got, want, equal_nan=True, msg=name)
+
+
+@pytest.mark.gpu
 def test_rollout_does_not_sync():
     _run_without_sync(rollout_calls("cuda", "auto"))
 
@@ -279,6 +319,10 @@ def test_estimators_read_no_values_on_the_host():
 
 def test_llm_integration_reads_no_values_on_the_host():
     _on_meta(llm_calls("meta", "torch"))
+
+
+def test_verl_estimators_read_no_values_on_the_host():
+    _on_meta(verl_calls("meta"))
 
 
 def test_rollout_reads_no_values_on_the_host():
