@@ -631,6 +631,37 @@ def test_zero_mode_truncated_rows_and_whitening():
         assert_close(ret_w, zero_masked(e_ret, m) if fill == "zero" else e_ret)  # taken before whitening
 
 
+def test_zero_and_skip_agree_on_trailing_padding_and_differ_by_the_span_discount():
+    """docs/llm.md section 6: on rows whose only masked tokens are trailing padding (not truncated)
+    the two modes agree on model tokens; across a span of k masked tokens "zero" scales what lies
+    beyond the span by (γλ)^k (returns: γ^k)."""
+    g = torch.Generator().manual_seed(47)
+    B, T, gamma, lam = 4, 23, 0.9, 0.8
+    m = torch.arange(T) < torch.tensor([23, 9, 1, 15])[:, None]
+    r, v = torch.randn(B, T, generator=g), torch.randn(B, T, generator=g)
+    for mode in ("skip", "zero"):
+        a, ret = llm.compute_gae_advantage_return(r, v, m, gamma, lam, mask_mode=mode)
+        if mode == "skip":
+            a_skip, ret_skip = a, ret
+    assert_close(a, a_skip)
+    assert_close(ret, ret_skip)
+    assert_close(llm.discounted_returns(r, m, gamma, mask_mode="zero"), llm.discounted_returns(r, m, gamma))
+    # one span of k = 3 masked tokens after token t = 4, the next model token at t = 8
+    k, t = 3, 4
+    m = torch.ones(1, 12, dtype=torch.bool)
+    m[0, t + 1:t + 1 + k] = False
+    r, v = r[:1, :12], v[:1, :12]
+    a_skip, _ = llm.compute_gae_advantage_return(r, v, m, gamma, lam)
+    a_zero, _ = llm.compute_gae_advantage_return(r, v, m, gamma, lam, mask_mode="zero")
+    nxt = t + k + 1
+    beyond = gamma * v[0, nxt] + gamma * lam * a_skip[0, nxt]
+    assert_close(a_skip[0, t], r[0, t] - v[0, t] + beyond)
+    assert_close(a_zero[0, t], r[0, t] - v[0, t] + (gamma * lam) ** k * beyond)
+    g_skip, g_zero = llm.discounted_returns(r, m, gamma), llm.discounted_returns(r, m, gamma, mask_mode="zero")
+    assert_close(g_zero[0, t], r[0, t] + gamma ** (k + 1) * g_skip[0, nxt])
+    assert_close(g_skip[0, t], r[0, t] + gamma * g_skip[0, nxt])
+
+
 @pytest.mark.parametrize("backend", MASK_MODE_BACKENDS)
 @pytest.mark.parametrize("gamma", [1.0, 0.97, 0.0])
 def test_zero_mode_is_openrlhf_cumulative_returns(backend, gamma):
