@@ -496,7 +496,7 @@ def test_packed_validation():
 # ------------------------------------------------------------------ mask modes: OpenRLHF, NeMo-RL
 #
 # The loops below restate the frameworks' code line by line (their modules import ray /
-# transformers, so the tests cannot call them); docs/llm.md section 6 states the rules.
+# transformers, so the tests cannot call them); docs/llm.md section 1 (mask modes) states the rules.
 
 
 def openrlhf_gae_loop(values, rewards, action_mask, gamma, lambd, bootstrap=None):
@@ -632,7 +632,7 @@ def test_zero_mode_truncated_rows_and_whitening():
 
 
 def test_zero_and_skip_agree_on_trailing_padding_and_differ_by_the_span_discount():
-    """docs/llm.md section 6: on rows whose only masked tokens are trailing padding (not truncated)
+    """docs/llm.md, mask modes: on rows whose only masked tokens are trailing padding (not truncated)
     the two modes agree on model tokens; across a span of k masked tokens "zero" scales what lies
     beyond the span by (γλ)^k (returns: γ^k)."""
     g = torch.Generator().manual_seed(47)

@@ -13,7 +13,7 @@ values are ignored (a NaN there never leaks). The **row end** is the last model 
 It is **terminal** (an EOS: no bootstrap), unless the row is flagged ``truncated`` (cut by a token
 limit or a turn cap): then it bootstraps from ``bootstrap_values[row]`` = ``V(s')``, the value of
 the state after the cut. ``mask_mode="zero"`` gives OpenRLHF's recursion instead: masked tokens
-stay in it with reward and value 0, and the row end is its last position (docs/llm.md, section 6).
+stay in it with reward and value 0, and the row end is its last position (docs/llm.md, section 1, mask modes).
 
 * :func:`compute_gae_advantage_return`: verl's multi-turn ``compute_gae_advantage_return``, same
   arguments, shapes and values on masked-in positions; optional truncation, whitening and verl's
