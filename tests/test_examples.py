@@ -133,3 +133,45 @@ def test_torchrl_benchmark_defaults_are_the_documented_tables():
         assert (args.threads, args.repeats, args.warmup) == (threads, repeats, 3), device
         assert f"median of {repeats}" in table and "after 3 warm-up calls" in table.replace("\n", " "), device
         assert ("torch threads 1" in table) == (device == "cpu"), device
+
+
+def _load_example(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "examples" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_grpo_toy_learns():
+    """The toy GRPO example learns its task on the CPU (it exits 1 otherwise) in seconds."""
+    res = _run("grpo_toy.py", "--no-progress")
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "learned: greedy exact-match accuracy" in res.stdout
+
+
+def test_grpo_toy_runs_short_with_a_progress_bar():
+    res = _run("grpo_toy.py", "--iterations", "3", "--eval-every", "3")
+    assert res.returncode == 1, res.stdout[-2000:] + res.stderr[-2000:]  # 3 updates: not learned
+    assert "did NOT learn within 3 updates" in res.stdout
+    assert "3/3" in res.stderr and "greedy_acc=" in res.stderr, res.stderr[-2000:]
+
+
+def test_grpo_toy_advantages_follow_the_response_mask():
+    """The example's token advantages: the group-standardised score on every response token, 0 on
+    the prompt and the padding; the targets are the prompts reversed."""
+    import torch
+
+    toy = _load_example("grpo_toy")
+    score = torch.tensor([1.0, 0.0, 0.5, 0.5, 0.2, 0.2, 0.2, 0.8])
+    adv = toy.group_advantages(score, 4)
+    g = score.view(2, 4)
+    torch.testing.assert_close(adv, ((g - g.mean(1, keepdim=True)) / (g.std(1, keepdim=True) + 1e-6)).reshape(-1))
+    mask = torch.zeros(8, 9, dtype=torch.bool)
+    for row, (start, n) in enumerate([(3, 1), (3, 6), (3, 2), (3, 4), (3, 3), (3, 5), (3, 1), (3, 6)]):
+        mask[row, start:start + n] = True
+    torch.testing.assert_close(toy.token_advantages(adv, mask), adv[:, None] * mask)
+    prompt, target = toy.prompts(64, 5, torch.Generator().manual_seed(0))
+    for p, t in zip(prompt.tolist(), target.tolist()):
+        digits = [x for x in p[:-1] if x != toy.PAD]
+        assert p[-1] == toy.SEP and t[:len(digits) + 1] == digits[::-1] + [toy.EOS]
+        assert all(x == toy.PAD for x in t[len(digits) + 1:])

@@ -493,6 +493,248 @@ def test_packed_validation():
     assert (adv == 0).all()
 
 
+# ------------------------------------------------------------------ mask modes: OpenRLHF, NeMo-RL
+#
+# The loops below restate the frameworks' code line by line (their modules import ray /
+# transformers, so the tests cannot call them); docs/llm.md section 1 (mask modes) states the rules.
+
+
+def openrlhf_gae_loop(values, rewards, action_mask, gamma, lambd, bootstrap=None):
+    """OpenRLHF 0.11 ``get_advantages_and_returns`` (openrlhf/trainer/ppo_utils/experience_maker.py)
+    as written, in float64 (finite inputs: it multiplies by the mask). ``bootstrap`` [B]: rollbuf's
+    extension, the ``nextvalues`` after the last position (OpenRLHF: 0)."""
+    values, rewards = values.double(), rewards.double()
+    lastgaelam = 0
+    advantages_reversed = []
+    response_length = rewards.size(1)
+    if action_mask is not None:
+        values = action_mask * values
+        rewards = action_mask * rewards
+    for t in reversed(range(response_length)):
+        last = 0.0 if bootstrap is None else bootstrap.double()
+        nextvalues = values[:, t + 1] if t < response_length - 1 else last
+        delta = rewards[:, t] + gamma * nextvalues - values[:, t]
+        lastgaelam = delta + gamma * lambd * lastgaelam
+        advantages_reversed.append(lastgaelam)
+    advantages = torch.stack(advantages_reversed[::-1], dim=1)
+    returns = advantages + values
+    return advantages, returns
+
+
+def openrlhf_returns_loop(rewards, action_mask, gamma, bootstrap=None):
+    """OpenRLHF 0.11 ``get_cumulative_returns`` as written, float64 (``bootstrap`` as above)."""
+    rewards = rewards.double()
+    response_length = rewards.size(1)
+    returns = torch.zeros_like(rewards)
+    cumulative_return = torch.zeros(rewards.size(0), dtype=torch.float64)
+    if bootstrap is not None:
+        cumulative_return = bootstrap.double().clone()
+    if action_mask is not None:
+        rewards = action_mask * rewards
+    for t in reversed(range(response_length)):
+        cumulative_return = rewards[:, t] + gamma * cumulative_return
+        returns[:, t] = cumulative_return
+    return returns
+
+
+def nemo_rl_gae_loop(token_level_rewards, values, mask, gamma, lam, normalize_advantages):
+    """NeMo-RL 0.7 ``GeneralizedAdvantageEstimator`` (nemo_rl/algorithms/advantage_estimator.py):
+    ``_compute_gae`` (carry-forward masking) and the end of ``compute_advantage`` (optional
+    ``_reward_whiten`` over the mask, then ``masked_fill`` of the masked advantages), float64."""
+    token_level_rewards, values, mask = token_level_rewards.double(), values.double(), mask.double()
+    gen_len = token_level_rewards.shape[-1]
+    next_values = torch.zeros(values.shape[0], dtype=values.dtype)
+    last_gae_lam = torch.zeros_like(next_values)
+    advantages_reversed = []
+    for t in reversed(range(gen_len)):
+        delta = token_level_rewards[:, t] + gamma * next_values - values[:, t]
+        new_gae_lam = delta + gamma * lam * last_gae_lam
+        m = mask[:, t]
+        next_values = values[:, t] * m + (1 - m) * next_values
+        last_gae_lam = new_gae_lam * m + (1 - m) * last_gae_lam
+        advantages_reversed.append(last_gae_lam)
+    advantages = torch.stack(advantages_reversed[::-1], dim=1)
+    returns = advantages + values
+    if normalize_advantages:  # _reward_whiten: masked_mean (/ (n + 1e-8)), masked_var (unbiased)
+        n = mask.sum()
+        mean = (advantages * mask).sum() / (n + 1e-8)
+        var = ((advantages - mean) ** 2 * mask).sum() / (n + 1e-8) * (n / (n - 1))
+        advantages = (advantages - mean) * torch.rsqrt(var + 1e-8)
+    advantages = torch.masked_fill(advantages, ~(mask.bool()), 0)
+    return advantages, returns
+
+
+MASK_MODE_BACKENDS = ["reference", "torch", "numba", "triton"]
+
+
+def _backend_or_skip(backend):
+    import os
+
+    if backend == "numba" and not backends.numba_available():
+        pytest.skip("numba not installed")
+    if backend == "triton":
+        if not backends.triton_available():
+            pytest.skip("triton not importable")
+        if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+            pytest.skip("no CUDA and TRITON_INTERPRET is not set")
+    return "cuda" if backend == "triton" and torch.cuda.is_available() else "cpu"
+
+
+@pytest.mark.parametrize("backend", MASK_MODE_BACKENDS)
+@pytest.mark.parametrize("gamma,lam", [(1.0, 1.0), (0.99, 0.9), (0.5, 0.0)])
+def test_zero_mode_is_openrlhf_gae(backend, gamma, lam):
+    dev = _backend_or_skip(backend)
+    r, v, m = multi_turn_batch(B=5, T=37, seed=40, garbage=3.0)  # finite garbage: OpenRLHF multiplies it by 0
+    e_adv, e_ret = openrlhf_gae_loop(v, r, m.double(), gamma, lam)
+    for mask in (m, m.long(), m.float()):
+        adv, ret = llm.compute_gae_advantage_return(r.to(dev), v.to(dev), mask.to(dev), gamma, lam, mask_mode="zero",
+                                                    fill_masked="keep", backend=backend)
+        assert_close(adv.cpu(), e_adv)
+        assert_close(ret.cpu(), e_ret)
+    adv, ret = llm.compute_gae_advantage_return(r.to(dev), v.to(dev), m.to(dev), gamma, lam, mask_mode="zero",
+                                                backend=backend)
+    assert_close(adv.cpu(), zero_masked(e_adv, m))
+    assert_close(ret.cpu(), zero_masked(e_ret, m))
+    # it is not the skip recursion: a tool span inside a row changes the model tokens before it
+    # (except at γ = λ = 1, where both telescope to Σ r − V_t on model tokens)
+    skip, _ = llm.compute_gae_advantage_return(r, v, m, gamma, lam)
+    assert torch.allclose(adv.cpu()[m], skip[m], atol=1e-5) == (gamma == lam == 1.0)
+
+
+def test_zero_mode_nan_at_masked_tokens_never_leaks():
+    """OpenRLHF multiplies by the mask (NaN·0 = NaN spreads along the row); rollbuf selects."""
+    r, v, m = multi_turn_batch(B=5, T=37, seed=41)  # NaN at every masked position
+    clean_r, clean_v = torch.nan_to_num(r, 0.0), torch.nan_to_num(v, 0.0)
+    e_adv, e_ret = openrlhf_gae_loop(clean_v, clean_r, m.double(), 0.99, 0.95)
+    adv, ret = llm.compute_gae_advantage_return(r, v, m, 0.99, 0.95, mask_mode="zero", fill_masked="keep")
+    assert_close(adv, e_adv)
+    assert_close(ret, e_ret)
+    assert openrlhf_gae_loop(v, r, m.double(), 0.99, 0.95)[0].isnan().any()  # (the literal code does leak)
+    g = llm.discounted_returns(r, m, 0.99, mask_mode="zero", fill_masked="keep")
+    assert_close(g, openrlhf_returns_loop(clean_r, m.double(), 0.99))
+
+
+def test_zero_mode_truncated_rows_and_whitening():
+    r, v, m = multi_turn_batch(B=6, T=41, seed=42, garbage=-2.0)
+    tr = torch.tensor([True, True, False, True, False, False])
+    boot = torch.tensor([0.7, -1.0, NAN, 2.5, NAN, NAN])  # NaN where not truncated: never read
+    e_adv, e_ret = openrlhf_gae_loop(v, r, m.double(), 0.99, 0.95, bootstrap=torch.where(tr, boot, 0.0))
+    adv, ret = llm.compute_gae_advantage_return(r, v, m, 0.99, 0.95, truncated=tr, bootstrap_values=boot,
+                                                mask_mode="zero", fill_masked="keep")
+    assert_close(adv, e_adv)
+    assert_close(ret, e_ret)
+    for fill in ("zero", "keep"):
+        w, ret_w = llm.compute_gae_advantage_return(r, v, m, 0.99, 0.95, truncated=tr, bootstrap_values=boot,
+                                                    mask_mode="zero", fill_masked=fill, whiten=True)
+        expected = whiten_by_hand(e_adv, m)  # statistics over the model tokens only
+        assert_close(w, zero_masked(expected, m) if fill == "zero" else expected)
+        assert_close(ret_w, zero_masked(e_ret, m) if fill == "zero" else e_ret)  # taken before whitening
+
+
+def test_zero_and_skip_agree_on_trailing_padding_and_differ_by_the_span_discount():
+    """docs/llm.md, mask modes: on rows whose only masked tokens are trailing padding (not truncated)
+    the two modes agree on model tokens; across a span of k masked tokens "zero" scales what lies
+    beyond the span by (γλ)^k (returns: γ^k)."""
+    g = torch.Generator().manual_seed(47)
+    B, T, gamma, lam = 4, 23, 0.9, 0.8
+    m = torch.arange(T) < torch.tensor([23, 9, 1, 15])[:, None]
+    r, v = torch.randn(B, T, generator=g), torch.randn(B, T, generator=g)
+    for mode in ("skip", "zero"):
+        a, ret = llm.compute_gae_advantage_return(r, v, m, gamma, lam, mask_mode=mode)
+        if mode == "skip":
+            a_skip, ret_skip = a, ret
+    assert_close(a, a_skip)
+    assert_close(ret, ret_skip)
+    assert_close(llm.discounted_returns(r, m, gamma, mask_mode="zero"), llm.discounted_returns(r, m, gamma))
+    # one span of k = 3 masked tokens after token t = 4, the next model token at t = 8
+    k, t = 3, 4
+    m = torch.ones(1, 12, dtype=torch.bool)
+    m[0, t + 1:t + 1 + k] = False
+    r, v = r[:1, :12], v[:1, :12]
+    a_skip, _ = llm.compute_gae_advantage_return(r, v, m, gamma, lam)
+    a_zero, _ = llm.compute_gae_advantage_return(r, v, m, gamma, lam, mask_mode="zero")
+    nxt = t + k + 1
+    beyond = gamma * v[0, nxt] + gamma * lam * a_skip[0, nxt]
+    assert_close(a_skip[0, t], r[0, t] - v[0, t] + beyond)
+    assert_close(a_zero[0, t], r[0, t] - v[0, t] + (gamma * lam) ** k * beyond)
+    g_skip, g_zero = llm.discounted_returns(r, m, gamma), llm.discounted_returns(r, m, gamma, mask_mode="zero")
+    assert_close(g_zero[0, t], r[0, t] + gamma ** (k + 1) * g_skip[0, nxt])
+    assert_close(g_skip[0, t], r[0, t] + gamma * g_skip[0, nxt])
+
+
+@pytest.mark.parametrize("backend", MASK_MODE_BACKENDS)
+@pytest.mark.parametrize("gamma", [1.0, 0.97, 0.0])
+def test_zero_mode_is_openrlhf_cumulative_returns(backend, gamma):
+    dev = _backend_or_skip(backend)
+    r, _, m = multi_turn_batch(B=5, T=37, seed=43, garbage=5.0)
+    tr = torch.tensor([False, True, True, False, True])
+    boot = torch.tensor([NAN, 0.5, -2.0, NAN, 1.0])
+    for truncated, bootstrap in ((None, None), (tr, boot)):
+        e = openrlhf_returns_loop(r, m.double(), gamma,
+                                  bootstrap=None if truncated is None else torch.where(tr, boot, 0.0))
+        kw = {} if truncated is None else dict(truncated=truncated.to(dev), bootstrap_values=bootstrap.to(dev))
+        g = llm.discounted_returns(r.to(dev), m.to(dev), gamma, mask_mode="zero", fill_masked="keep",
+                                   backend=backend, **kw)
+        assert_close(g.cpu(), e)
+        g = llm.discounted_returns(r.to(dev), m.to(dev), gamma, mask_mode="zero", backend=backend, **kw)
+        assert_close(g.cpu(), zero_masked(e, m))
+
+
+@pytest.mark.parametrize("normalize", [False, True])
+@pytest.mark.parametrize("gamma,lam", [(1.0, 0.95), (0.99, 0.9)])
+def test_skip_mode_is_nemo_rl_carry_forward(normalize, gamma, lam):
+    """NeMo-RL's carry-forward GAE is the skip recursion: its advantages are
+    ``fill_masked="zero"``'s (whitened like ``whiten=True``), its returns ``fill_masked="carry"``'s."""
+    r, v, m = multi_turn_batch(B=6, T=45, seed=44, garbage=4.0)  # finite: NeMo-RL multiplies by the mask
+    e_adv, e_ret = nemo_rl_gae_loop(zero_masked(r, m), v, m, gamma, lam, normalize)  # its rewards are r·mask
+    adv, _ = llm.compute_gae_advantage_return(r, v, m, gamma, lam, whiten=normalize)
+    _, ret = llm.compute_gae_advantage_return(r, v, m, gamma, lam, fill_masked="carry")
+    assert_close(adv, e_adv)
+    assert_close(ret, e_ret)
+
+
+@pytest.mark.parametrize("fill", ["zero", "keep"])
+def test_packed_zero_mode_is_each_sequence_as_its_own_row(fill):
+    r, v, m, lengths = packed_case(seed=45)
+    L = r.shape[1]
+    in_len = torch.arange(L) < lengths[:, None]
+    r, v = torch.where(in_len, r, 0.0), torch.where(in_len, v, 0.0)
+    tr = torch.tensor([False, True, True, True, False, False, True, False])
+    boot = torch.tensor([NAN, 0.4, 1.0, -0.6, NAN, NAN, 2.0, NAN])
+    pr, pv, pm, cu = pack(r, v, m & in_len, lengths, extra=3)
+    for truncated, bootstrap in ((None, None), (tr, boot)):
+        adv, ret = llm.packed_gae(pr, pv, pm, cu, 0.99, 0.95, truncated, bootstrap, mask_mode="zero",
+                                  fill_masked=fill)
+        g = llm.packed_discounted_returns(pr, pm, cu, 0.99, truncated, bootstrap, mask_mode="zero", fill_masked=fill)
+        for s, n in enumerate(lengths.tolist()):
+            a, b = int(cu[s]), int(cu[s + 1])
+            kw = {} if truncated is None else dict(truncated=tr[s:s + 1], bootstrap_values=boot[s:s + 1])
+            e_adv, e_ret = llm.compute_gae_advantage_return(r[s:s + 1, :n], v[s:s + 1, :n], m[s:s + 1, :n], 0.99,
+                                                            0.95, mask_mode="zero", fill_masked=fill, **kw)
+            e_g = llm.discounted_returns(r[s:s + 1, :n], m[s:s + 1, :n], 0.99, mask_mode="zero", fill_masked=fill,
+                                         **kw)
+            assert_close(adv[a:b], e_adv[0])
+            assert_close(ret[a:b], e_ret[0])
+            assert_close(g[a:b], e_g[0])
+        total = int(cu[-1])
+        assert (adv[total:] == 0).all() and (g[total:] == 0).all()  # tokens of no sequence
+
+
+def test_mask_mode_validation():
+    r, v, m = multi_turn_batch(B=2, T=10, seed=46)
+    with pytest.raises(ValueError, match="mask_mode must be one of"):
+        llm.compute_gae_advantage_return(r, v, m, 1.0, 1.0, mask_mode="carry")
+    with pytest.raises(ValueError, match="fill_masked='keep' does not go with mask_mode='skip'"):
+        llm.compute_gae_advantage_return(r, v, m, 1.0, 1.0, fill_masked="keep")
+    with pytest.raises(ValueError, match="fill_masked='carry' does not go with mask_mode='zero'"):
+        llm.discounted_returns(r, m, 1.0, mask_mode="zero", fill_masked="carry")
+    cu = torch.tensor([0, 4, 10], dtype=torch.int32)
+    with pytest.raises(ValueError, match="mask_mode"):
+        llm.packed_gae(r[0], v[0], m[0], cu, 1.0, 1.0, mask_mode="deleted")
+    with pytest.raises(ValueError, match="fill_masked"):
+        llm.packed_discounted_returns(r[0], m[0], cu, 1.0, fill_masked="keep")
+
+
 # ------------------------------------------------------------------- the GPU path, interpreted
 
 

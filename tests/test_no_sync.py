@@ -80,7 +80,8 @@ def estimator_calls(device, backend) -> dict:
 
 def llm_calls(device, backend) -> dict:
     """rollbuf.integrations.llm: the verl drop-in (with whitening, verl's fill, truncated rows), the
-    REINFORCE returns, the packed functions (cu_seqlens checked) and masked_whiten."""
+    REINFORCE returns, the packed functions (cu_seqlens checked), OpenRLHF's mask mode in each, and
+    masked_whiten."""
     g = torch.Generator().manual_seed(5)
     r = torch.randn(4, 40, generator=g).to(device)
     v = torch.randn(4, 40, generator=g).to(device)
@@ -101,6 +102,17 @@ def llm_calls(device, backend) -> dict:
                                                                   backend=backend),
         "packed_discounted_returns": lambda: llm.packed_discounted_returns(pr, pm, cu, 0.99, fill_masked="carry",
                                                                            backend=backend),
+        "OpenRLHF GAE (mask_mode='zero'), whitened, kept, truncated rows": lambda: llm.compute_gae_advantage_return(
+            r, v, m, 0.99, 0.95, truncated=tr, bootstrap_values=bv, whiten=True, mask_mode="zero", fill_masked="keep",
+            backend=backend),
+        "OpenRLHF GAE (mask_mode='zero')": lambda: llm.compute_gae_advantage_return(r, v, m, 0.99, 0.95,
+                                                                                    mask_mode="zero", backend=backend),
+        "OpenRLHF returns (mask_mode='zero'), truncated rows": lambda: llm.discounted_returns(
+            r, m, 0.99, truncated=tr, bootstrap_values=bv, mask_mode="zero", backend=backend),
+        "packed_gae, mask_mode='zero', truncated": lambda: llm.packed_gae(pr, pv, pm, cu, 0.99, 0.95, ptr, bv,
+                                                                          mask_mode="zero", backend=backend),
+        "packed_discounted_returns, mask_mode='zero', kept": lambda: llm.packed_discounted_returns(
+            pr, pm, cu, 0.99, mask_mode="zero", fill_masked="keep", backend=backend),
         "masked_whiten": lambda: llm.masked_whiten(v, m),
         "masked_whiten, shift_mean=False": lambda: llm.masked_whiten(v, m, shift_mean=False),
     }

@@ -12,7 +12,8 @@ successor of a model token is the next model token, across any tool span — and
 values are ignored (a NaN there never leaks). The **row end** is the last model token of the row.
 It is **terminal** (an EOS: no bootstrap), unless the row is flagged ``truncated`` (cut by a token
 limit or a turn cap): then it bootstraps from ``bootstrap_values[row]`` = ``V(s')``, the value of
-the state after the cut.
+the state after the cut. ``mask_mode="zero"`` gives OpenRLHF's recursion instead: masked tokens
+stay in it with reward and value 0, and the row end is its last position (docs/llm.md, section 1, mask modes).
 
 * :func:`compute_gae_advantage_return`: verl's multi-turn ``compute_gae_advantage_return``, same
   arguments, shapes and values on masked-in positions; optional truncation, whitening and verl's
@@ -41,12 +42,15 @@ __all__ = [
     "packed_gae",
     "packed_discounted_returns",
     "masked_whiten",
+    "MASK_MODES",
     "FILL_MASKED",
 ]
 
+#: Values of ``mask_mode``: how the token recursions treat tokens with ``response_mask = 0``.
+#: ``"skip"``: as if deleted (verl, NeMo-RL); ``"zero"``: run through, reward and value 0 (OpenRLHF).
+MASK_MODES = ("skip", "zero")
 #: Values of ``fill_masked``: what the outputs hold at tokens with ``response_mask = 0``.
-FILL_MASKED = ("zero", "carry")
-
+FILL_MASKED = ("zero", "carry", "keep")
 
 
 # ----------------------------------------------------------------------------------- helpers
@@ -87,10 +91,22 @@ def _row_values(name, x, batch_shape, device):
     return x
 
 
-def _fill_choice(fill_masked):
+def _modes(mask_mode, fill_masked):
+    if mask_mode not in MASK_MODES:
+        raise ValueError(f"mask_mode must be one of {MASK_MODES}, got {mask_mode!r}")
     if fill_masked not in FILL_MASKED:
         raise ValueError(f"fill_masked must be one of {FILL_MASKED}, got {fill_masked!r}")
-    return fill_masked
+    if fill_masked != "zero" and (fill_masked == "carry") != (mask_mode == "skip"):
+        raise ValueError(
+            f"fill_masked={fill_masked!r} does not go with mask_mode={mask_mode!r}: \"carry\" (the next "
+            "model token's outputs) is for mask_mode=\"skip\", \"keep\" (the recursion's own outputs) "
+            "for mask_mode=\"zero\""
+        )
+
+
+def _zero_masked(x, m):
+    """``x`` with 0 at masked tokens, selected (a NaN there does not survive, as it would ``x * m``)."""
+    return torch.where(m, x, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
 def _window_end_bootstrap(truncated, bootstrap_values, batch_shape, device):
@@ -181,18 +197,28 @@ def masked_whiten(values, mask, shift_mean: bool = True, *, out_dtype=None):
     return w.to(values.dtype if out_dtype is None else out_dtype)
 
 
-def _finish_gae(res, values, m, fill_masked, whiten, segment=None):
+def _finish_gae(res, values, m, fill_masked, whiten, segment=None, zeroed=False):
+    """``fill_masked`` and ``whiten`` on a GAE result; ``zeroed``: it came from ``mask_mode="zero"``
+    (the scan wrote every token, so ``"zero"`` has to clear the masked ones)."""
     adv, ret = res
     if fill_masked == "carry":
         adv = _carry_fill(adv, m, segment)
         # verl: returns = advantages + values at every token, the masked ones included
         ret = torch.where(m, ret, (adv.to(torch.promote_types(adv.dtype, torch.float32))
                                    + values.to(torch.promote_types(values.dtype, torch.float32))).to(ret.dtype))
+    elif fill_masked == "zero" and zeroed:
+        adv, ret = _zero_masked(adv, m), _zero_masked(ret, m)
     if whiten:
         adv_w = masked_whiten(adv, m)
-        adv = adv_w if fill_masked == "carry" else torch.where(
-            m, adv_w, torch.zeros((), dtype=adv_w.dtype, device=adv_w.device))
+        adv = _zero_masked(adv_w, m) if fill_masked == "zero" else adv_w
     return GAEResult(adv, ret)
+
+
+def _fill_returns(g, m, fill_masked, zeroed, segment=None):
+    """``fill_masked`` on discounted returns (``zeroed`` as in :func:`_finish_gae`)."""
+    if fill_masked == "carry":
+        return _carry_fill(g, m, segment)
+    return _zero_masked(g, m) if fill_masked == "zero" and zeroed else g
 
 
 # -------------------------------------------------------------------------- padded rows [*B, T]
@@ -200,7 +226,8 @@ def _finish_gae(res, values, m, fill_masked, whiten, segment=None):
 
 def compute_gae_advantage_return(token_level_rewards, values, response_mask, gamma, lam, *,
                                  truncated=None, bootstrap_values=None, whiten: bool = False,
-                                 fill_masked: str = "zero", out_dtype=None, backend: str = "auto"):
+                                 mask_mode: str = "skip", fill_masked: str = "zero", out_dtype=None,
+                                 backend: str = "auto"):
     r"""verl's multi-turn GAE (``verl.trainer.ppo.core_algos.compute_gae_advantage_return``) as one
     fused scan; a drop-in for its first five arguments.
 
@@ -225,10 +252,21 @@ def compute_gae_advantage_return(token_level_rewards, values, response_mask, gam
     * ``"carry"``: verl's values — the advantage of the next model token of the row (0 after the
       last one) and ``returns = that + values[t]`` (so a garbage value there gives a garbage
       return, as in verl). Costs one ``cummin`` and one gather over ``[*B, T]``.
+    * ``"keep"`` (``mask_mode="zero"`` only): the recursion's own outputs there (OpenRLHF's).
 
-    Both are discarded by a loss masked with ``response_mask``.
+    All are discarded by a loss masked with ``response_mask``.
 
     Keyword-only extensions:
+
+    * ``mask_mode``: ``"skip"`` (default) as above — verl's multi-turn loop, and NeMo-RL's
+      ``GeneralizedAdvantageEstimator`` (its "carry-forward" is the same recursion; it writes 0
+      advantages and the carried ``returns`` at masked tokens). ``"zero"``: OpenRLHF's
+      ``get_advantages_and_returns`` — the recursion runs through masked tokens, whose rewards and
+      values count as 0 (``δ_t = m_t r_t + γ m_{t+1} V_{t+1} − m_t V_t``,
+      ``A_t = δ_t + γλ A_{t+1}``, ``returns = A + m·V``); the row end is its last position
+      (terminal, or ``bootstrap_values`` for a ``truncated`` row); masked values are selected
+      out, not multiplied (NaN there never leaks). Costs two ``[*B, T]`` temporaries (``r``, ``V``
+      with masked entries 0).
 
     * ``truncated`` (``[*B]`` flags) and ``bootstrap_values`` (``[*B]`` float): a truncated row (cut
       by a token limit or a turn cap, no EOS) bootstraps at its last model token from
@@ -241,20 +279,23 @@ def compute_gae_advantage_return(token_level_rewards, values, response_mask, gam
     * ``out_dtype``, ``backend``: as in :func:`rollbuf.functional.gae`.
     """
     gamma, lam = _scalar("gamma", gamma), _scalar("lam", lam)
-    _fill_choice(fill_masked)
+    _modes(mask_mode, fill_masked)
     f = fields_from_verl(token_level_rewards, values, response_mask)
     m = f["mask"]
     boot = _window_end_bootstrap(truncated, bootstrap_values, m.shape[:-1], m.device)
     if boot is not None:
         f["window_end"] = "bootstrap"
         f["bootstrap_values"] = boot
+    zeroed = mask_mode == "zero"
+    if zeroed:  # OpenRLHF: every token in the scan, masked rewards and values 0
+        f.update(rewards=_zero_masked(f["rewards"], m), values=_zero_masked(f["values"], m), mask=None)
     res = F.gae(gamma, lam, **f, out_dtype=out_dtype, backend=backend)
-    return _finish_gae(res, values, m, fill_masked, whiten)
+    return _finish_gae(res, values, m, fill_masked, whiten, zeroed=zeroed)
 
 
 def discounted_returns(token_level_rewards, response_mask, gamma, *, truncated=None,
-                       bootstrap_values=None, fill_masked: str = "zero", out_dtype=None,
-                       backend: str = "auto"):
+                       bootstrap_values=None, mask_mode: str = "skip", fill_masked: str = "zero",
+                       out_dtype=None, backend: str = "auto"):
     r"""REINFORCE-style discounted returns ``G_t = r_t + γ·G_{next model token}`` across masked spans.
 
     Tokens with ``response_mask = 0`` are skipped (as if deleted: the return flows across a tool
@@ -262,6 +303,12 @@ def discounted_returns(token_level_rewards, response_mask, gamma, *, truncated=N
     a row is terminal (``G = r``), or, for a ``truncated`` row, bootstraps:
     ``G = r + γ·bootstrap_values[row]``. ``fill_masked="carry"`` writes the return of the next model
     token at masked tokens (the value a carry-forward loop holds there), ``"zero"`` writes 0.
+
+    ``mask_mode="zero"``: OpenRLHF's ``get_cumulative_returns`` — ``G_t = m_t r_t + γ G_{t+1}``
+    over every token (a masked token costs a discount ``γ`` and adds nothing), the row end its last
+    position (``G = m r``, or ``+ γ·bootstrap_values[row]`` if truncated); one ``[*B, T]``
+    temporary (``r`` with masked entries 0); ``fill_masked="keep"`` leaves the running return at
+    masked tokens (OpenRLHF's outputs), ``"zero"`` writes 0.
 
     Note: verl's REINFORCE++ loop (``compute_reinforce_plus_plus_outcome_advantage``) *resets* the
     running return at every masked token instead (``running_return *= response_mask[:, t]``),
@@ -271,33 +318,30 @@ def discounted_returns(token_level_rewards, response_mask, gamma, *, truncated=N
     ``masked_whiten(returns, response_mask) * response_mask``.
     """
     gamma = _scalar("gamma", gamma)
-    _fill_choice(fill_masked)
+    _modes(mask_mode, fill_masked)
     rewards = _float_tensor("token_level_rewards", token_level_rewards)
-    f = fields_from_verl(rewards, rewards, response_mask)
-    m = f["mask"]
+    m = fields_from_verl(rewards, rewards, response_mask)["mask"]
     boot = _window_end_bootstrap(truncated, bootstrap_values, m.shape[:-1], m.device)
-    if boot is None:
-        g = F.discounted_returns(gamma, rewards=rewards, mask=m, bootstrap=True, window_end="terminal",
-                                 out_dtype=out_dtype, backend=backend)
-    else:
-        g = F.discounted_returns(gamma, rewards=rewards, mask=m, bootstrap=True, window_end="bootstrap",
-                                 bootstrap_values=boot, out_dtype=out_dtype, backend=backend)
-    return _carry_fill(g, m) if fill_masked == "carry" else g
+    end = dict(window_end="terminal") if boot is None else dict(window_end="bootstrap", bootstrap_values=boot)
+    zeroed = mask_mode == "zero"
+    g = F.discounted_returns(gamma, rewards=_zero_masked(rewards, m) if zeroed else rewards,
+                             mask=None if zeroed else m, bootstrap=True, **end, out_dtype=out_dtype,
+                             backend=backend)
+    return _fill_returns(g, m, fill_masked, zeroed)
 
 
 # ------------------------------------------------------------------ packed rows (varlen, cu_seqlens)
 
 
-def _packed_layout(rewards, response_mask, cu_seqlens, truncated, bootstrap_values, check):
-    """Per-token flags of a packed row: the sequence of each token, the end of each sequence (its
-    last model token), and the truncation flag and bootstrap value placed there. Vectorised: one
-    ``searchsorted``, a ``scatter_reduce`` (amax) and gathers; no loop over sequences or tokens."""
+def _packed_rewards(rewards):
     _float_tensor("token_level_rewards", rewards)
-    if rewards.dim() == 2:
-        if rewards.shape[0] != 1:
-            raise ValueError(f"token_level_rewards must be [1, total] or [total], got {tuple(rewards.shape)}")
-    elif rewards.dim() != 1:
+    if rewards.dim() not in (1, 2) or (rewards.dim() == 2 and rewards.shape[0] != 1):
         raise ValueError(f"token_level_rewards must be [1, total] or [total], got {tuple(rewards.shape)}")
+    return rewards
+
+
+def _cu_seqlens(cu_seqlens, total, device, check):
+    """``cu_seqlens`` as int64, and (``check``) a 0-d bool tensor: it breaks the convention."""
     if not isinstance(cu_seqlens, torch.Tensor):
         raise TypeError(f"cu_seqlens must be a torch.Tensor, got {type(cu_seqlens).__name__}")
     if cu_seqlens.dtype not in (torch.int32, torch.int64) or cu_seqlens.dim() != 1 or cu_seqlens.numel() < 1:
@@ -305,55 +349,72 @@ def _packed_layout(rewards, response_mask, cu_seqlens, truncated, bootstrap_valu
             "cu_seqlens must be a 1-d int32 (or int64) tensor [num_seqs + 1] of cumulative sequence "
             f"lengths starting at 0, got dtype {cu_seqlens.dtype}, shape {tuple(cu_seqlens.shape)}"
         )
-    if cu_seqlens.device != rewards.device:
-        raise ValueError(f"cu_seqlens is on {cu_seqlens.device} but token_level_rewards is on {rewards.device}")
-    total = rewards.shape[-1]
-    device = rewards.device
-    S = cu_seqlens.numel() - 1
+    if cu_seqlens.device != device:
+        raise ValueError(f"cu_seqlens is on {cu_seqlens.device} but token_level_rewards is on {device}")
     cu = cu_seqlens.to(torch.int64)
-    bad = None
-    if check:  # on the device: NaN outputs, no host read (check_finite reads it back and raises)
-        bad = (cu[0] != 0) | (cu[-1] > total)
-        if S:
-            bad = bad | (cu[1:] < cu[:-1]).any()
-        if validation.checking_finite() and not torch.compiler.is_compiling() and bool(bad):
-            raise ValueError(
-                f"cu_seqlens must start at 0, be non-decreasing and end at most at total = {total} "
-                "(flash-attention varlen convention; rollbuf.check_finite is on: without it every "
-                "output is NaN)"
-            )
+    if not check:
+        return cu, None
+    # on the device: NaN outputs, no host read (check_finite reads it back and raises)
+    bad = (cu[0] != 0) | (cu[-1] > total)
+    if cu.numel() > 1:
+        bad = bad | (cu[1:] < cu[:-1]).any()
+    if validation.checking_finite() and not torch.compiler.is_compiling() and bool(bad):
+        raise ValueError(
+            f"cu_seqlens must start at 0, be non-decreasing and end at most at total = {total} "
+            "(flash-attention varlen convention; rollbuf.check_finite is on: without it every "
+            "output is NaN)"
+        )
+    return cu, bad
+
+
+def _sequence_ends(candidates, seg, num_seqs):
+    """Per token: it is the last of the ``candidates`` tokens of its sequence (``scatter_reduce``
+    amax of the positions into ``num_seqs + 1`` slots, the last one for tokens of no sequence)."""
+    pos = torch.arange(seg.shape[0], device=seg.device)
+    last = torch.full((num_seqs + 1,), -1, dtype=torch.int64, device=seg.device)
+    last = last.scatter_reduce(0, seg, torch.where(candidates, pos, -1), reduce="amax", include_self=True)
+    return candidates & (pos == last.gather(0, seg))
+
+
+def _packed_truncation(truncated, bootstrap_values, is_end, seg, num_seqs):
+    """The truncation flag (at each truncated sequence's end) and the bootstrap value per token,
+    or ``(None, None)``; ``bootstrap_values`` is read only where truncated (NaN elsewhere is fine)."""
+    if truncated is None and bootstrap_values is None:
+        return None, None
+    if truncated is None or bootstrap_values is None:
+        raise ValueError(
+            "packed truncation needs both truncated ([num_seqs] flags) and bootstrap_values "
+            "([num_seqs], V(s') after each cut)"
+        )
+    tr = _row_flags("truncated", truncated, (num_seqs,), seg.device)
+    bv = _row_values("bootstrap_values", bootstrap_values, (num_seqs,), seg.device)
+    tr_tok = is_end & torch.cat([tr, tr.new_zeros(1)]).gather(0, seg)
+    return tr_tok, torch.cat([bv, bv.new_zeros(1)]).gather(0, seg)
+
+
+def _packed_layout(rewards, response_mask, cu_seqlens, truncated, bootstrap_values, check, mask_mode):
+    """Per-token flags of a packed row for one ``rollbuf.functional`` call, the response mask
+    (restricted to tokens of a sequence), the sequence of each token and the ``cu_seqlens`` check.
+
+    A sequence ends at its last model token (``mask_mode="skip"``) or its last token (``"zero"``:
+    the scan runs through masked tokens, so the flags' ``mask`` only leaves out tokens of no
+    sequence). Vectorised: one ``searchsorted``, a ``scatter_reduce`` (amax) and gathers."""
+    total = _packed_rewards(rewards).shape[-1]
+    cu, bad = _cu_seqlens(cu_seqlens, total, rewards.device, check)
+    S = cu.numel() - 1
     m = response_mask.reshape(-1) if isinstance(response_mask, torch.Tensor) else response_mask
-    f = fields_from_verl(rewards.reshape(-1), rewards.reshape(-1), m)
-    m = f["mask"]
-    pos = torch.arange(total, device=device)
-    seg = torch.searchsorted(cu[1:].contiguous(), pos, right=True)  # sequence of each token; S = none
-    m = m & (seg < S)  # tokens past cu_seqlens[-1] belong to no sequence
-    # last model token of each sequence (-1: none); slot S collects the tokens of no sequence
-    last = torch.full((S + 1,), -1, dtype=torch.int64, device=device)
-    last = last.scatter_reduce(0, seg, torch.where(m, pos, -1), reduce="amax", include_self=True)
-    is_end = m & (pos == last.gather(0, seg))
-    tr_tok = None
-    boot_tok = None
-    if truncated is not None or bootstrap_values is not None:
-        if truncated is None or bootstrap_values is None:
-            raise ValueError(
-                "packed truncation needs both truncated ([num_seqs] flags) and bootstrap_values "
-                "([num_seqs], V(s') after each cut)"
-            )
-        tr = _row_flags("truncated", truncated, (S,), device)
-        bv = _row_values("bootstrap_values", bootstrap_values, (S,), device)
-        tr_ext = torch.cat([tr, tr.new_zeros(1)])
-        bv_ext = torch.cat([bv, bv.new_zeros(1)])
-        tr_tok = is_end & tr_ext.gather(0, seg)
-        # read only where truncated (bootstrap_values elsewhere is ignored, NaN included)
-        boot_tok = bv_ext.gather(0, seg)
-    terminated = is_end if tr_tok is None else is_end & ~tr_tok
+    m = fields_from_verl(rewards.reshape(-1), rewards.reshape(-1), m)["mask"]
+    seg = torch.searchsorted(cu[1:].contiguous(), torch.arange(total, device=rewards.device), right=True)
+    in_seq = seg < S  # tokens past cu_seqlens[-1] belong to no sequence
+    m = m & in_seq
+    scan = m if mask_mode == "skip" else in_seq
+    is_end = _sequence_ends(scan, seg, S)
+    tr_tok, boot_tok = _packed_truncation(truncated, bootstrap_values, is_end, seg, S)
     shape = rewards.shape
-    out = dict(mask=m.reshape(shape), terminated=terminated.reshape(shape))
+    flags = dict(mask=scan.reshape(shape), terminated=(is_end if tr_tok is None else is_end & ~tr_tok).reshape(shape))
     if tr_tok is not None:
-        out["truncated"] = tr_tok.reshape(shape)
-        out["bootstrap_values"] = boot_tok.reshape(shape)
-    return out, seg.reshape(shape), bad
+        flags.update(truncated=tr_tok.reshape(shape), bootstrap_values=boot_tok.reshape(shape))
+    return flags, m.reshape(shape), seg.reshape(shape), bad
 
 
 def _poisoned(x, bad):
@@ -362,8 +423,8 @@ def _poisoned(x, bad):
 
 
 def packed_gae(token_level_rewards, values, response_mask, cu_seqlens, gamma, lam, truncated=None,
-               bootstrap_values=None, *, whiten: bool = False, fill_masked: str = "zero",
-               out_dtype=None, check: bool = True, backend: str = "auto"):
+               bootstrap_values=None, *, whiten: bool = False, mask_mode: str = "skip",
+               fill_masked: str = "zero", out_dtype=None, check: bool = True, backend: str = "auto"):
     r"""GAE on packed sequences: several trajectories concatenated in one row without padding.
 
     ``token_level_rewards``, ``values``, ``response_mask``: ``[1, total]`` or ``[total]``.
@@ -379,7 +440,9 @@ def packed_gae(token_level_rewards, values, response_mask, cu_seqlens, gamma, la
     no model token contributes nothing (outputs 0). Computed as **one** call of
     :func:`rollbuf.functional.gae` on the packed row, with ``terminated``/``truncated`` flags (and
     bootstrap values) placed at each sequence's last model token by vectorised ops.
-    ``fill_masked="carry"`` carries within a sequence only. ``check=True`` checks ``cu_seqlens``
+    ``fill_masked="carry"`` carries within a sequence only. ``mask_mode="zero"`` (OpenRLHF's
+    recursion, as in :func:`compute_gae_advantage_return`): each sequence runs through its masked
+    tokens and ends at its last token. ``check=True`` checks ``cu_seqlens``
     on the device: cu_seqlens that do not start at 0, decrease or end past ``total`` make every
     output NaN (no device sync; under :class:`rollbuf.check_finite` a ``ValueError`` naming
     cu_seqlens instead); ``check=False`` skips the check.
@@ -387,26 +450,31 @@ def packed_gae(token_level_rewards, values, response_mask, cu_seqlens, gamma, la
     Returns ``GAEResult(advantages, returns)`` in the input's shape.
     """
     gamma, lam = _scalar("gamma", gamma), _scalar("lam", lam)
-    _fill_choice(fill_masked)
-    flags, seg, bad = _packed_layout(token_level_rewards, response_mask, cu_seqlens, truncated,
-                                     bootstrap_values, check)
+    _modes(mask_mode, fill_masked)
+    flags, m, seg, bad = _packed_layout(token_level_rewards, response_mask, cu_seqlens, truncated,
+                                        bootstrap_values, check, mask_mode)
     _float_tensor("values", values)
     if tuple(values.shape) != tuple(token_level_rewards.shape):
         raise ValueError(f"values must have shape {tuple(token_level_rewards.shape)}, got {tuple(values.shape)}")
-    res = F.gae(gamma, lam, rewards=token_level_rewards, values=values, window_end="terminal",
-                out_dtype=out_dtype, backend=backend, **flags)
-    adv, ret = _finish_gae(res, values, flags["mask"], fill_masked, whiten, segment=seg)
+    r, v, zeroed = token_level_rewards, values, mask_mode == "zero"
+    if zeroed:
+        r, v = _zero_masked(r, m), _zero_masked(v, m)
+    res = F.gae(gamma, lam, rewards=r, values=v, window_end="terminal", out_dtype=out_dtype, backend=backend,
+                **flags)
+    adv, ret = _finish_gae(res, values, m, fill_masked, whiten, segment=seg, zeroed=zeroed)
     return GAEResult(_poisoned(adv, bad), _poisoned(ret, bad))
 
 
 def packed_discounted_returns(token_level_rewards, response_mask, cu_seqlens, gamma, truncated=None,
-                              bootstrap_values=None, *, fill_masked: str = "zero", out_dtype=None,
-                              check: bool = True, backend: str = "auto"):
-    """:func:`discounted_returns` on packed sequences (``cu_seqlens`` as in :func:`packed_gae`)."""
+                              bootstrap_values=None, *, mask_mode: str = "skip", fill_masked: str = "zero",
+                              out_dtype=None, check: bool = True, backend: str = "auto"):
+    """:func:`discounted_returns` on packed sequences (``cu_seqlens`` as in :func:`packed_gae`;
+    ``mask_mode``, ``fill_masked`` as in :func:`discounted_returns`, within each sequence)."""
     gamma = _scalar("gamma", gamma)
-    _fill_choice(fill_masked)
-    flags, seg, bad = _packed_layout(token_level_rewards, response_mask, cu_seqlens, truncated,
-                                     bootstrap_values, check)
-    g = F.discounted_returns(gamma, rewards=token_level_rewards, bootstrap=True, window_end="terminal",
-                             out_dtype=out_dtype, backend=backend, **flags)
-    return _poisoned(_carry_fill(g, flags["mask"], seg) if fill_masked == "carry" else g, bad)
+    _modes(mask_mode, fill_masked)
+    flags, m, seg, bad = _packed_layout(token_level_rewards, response_mask, cu_seqlens, truncated,
+                                        bootstrap_values, check, mask_mode)
+    zeroed = mask_mode == "zero"
+    g = F.discounted_returns(gamma, rewards=_zero_masked(token_level_rewards, m) if zeroed else token_level_rewards,
+                             bootstrap=True, window_end="terminal", out_dtype=out_dtype, backend=backend, **flags)
+    return _poisoned(_fill_returns(g, m, fill_masked, zeroed, seg), bad)
