@@ -11,14 +11,13 @@ the prompt, the separator and the padding: the policy scores every position of t
 forward pass, as a language model does, and only the masked-in log-probabilities enter the loss.
 
 GRPO (group-relative advantages, no critic): every prompt is sampled ``--group`` times; a response
-scores the fraction of the target's positions (digits and EOS) it got right, and its advantage is
-its score standardised within its group, ``(score − group mean) / (group std + 1e-6)``. That
-advantage goes on the response's last token as a token-level reward, and
-``rollbuf.integrations.llm.discounted_returns(rewards, response_mask, gamma=1)`` gives every
-response token its return-to-go: here the same value on each response token and 0 on the masked
-ones (what ``advantage * response_mask`` gives), computed by the scan that also takes per-token
-rewards such as KL penalties. The loss is the token-mean policy gradient over the masked-in
-tokens, one on-policy step per batch (so PPO's ratio is 1 and its clip inactive).
+scores the fraction of the target's positions (digits and EOS) it got right. As in verl, the score
+goes on the response's last token (``token_level_rewards``) and the group is the prompt
+(``index``); ``rollbuf.integrations.verl.compute_grpo_outcome_advantage`` standardises each score
+within its group, ``(score − group mean) / (group std + 1e-6)``, and puts it on every response
+token (0 on the masked ones), with no loop over groups or rows. The loss is the token-mean policy
+gradient over the masked-in tokens, one on-policy step per batch (so PPO's ratio is 1 and its clip
+inactive).
 
 Training stops as soon as the greedy policy reverses ``--target`` of 512 fresh prompts exactly
 (exit code 0), or fails after ``--iterations`` updates (exit code 1). A tqdm bar shows the
@@ -35,7 +34,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from rollbuf.integrations.llm import discounted_returns
+from rollbuf.integrations.verl import compute_grpo_outcome_advantage
 
 DIGITS = 4                      # tokens 0 .. DIGITS-1 are digits
 SEP, EOS, PAD = DIGITS, DIGITS + 1, DIGITS + 2
@@ -117,20 +116,14 @@ def scores(response, target):
     return ((response == target) & care).sum(1) / care.sum(1)
 
 
-def group_advantages(score, group):
-    """GRPO: each response's score standardised within its prompt's group (``[P * G]``, groups
-    contiguous)."""
-    s = score.view(-1, group)
-    return ((s - s.mean(1, keepdim=True)) / (s.std(1, keepdim=True) + 1e-6)).reshape(-1)
-
-
-def token_advantages(adv, response_mask):
-    """The sequence advantage on the last response token of each row, carried to every response
-    token by rollbuf's discounted returns (γ = 1; masked tokens 0)."""
+def grpo_advantages(score, response_mask, group):
+    """verl's GRPO by rollbuf: each score on its response's last token, the rows of one prompt
+    (``group`` contiguous rows) one group; the advantage on every response token, 0 elsewhere."""
     T = response_mask.shape[1]
     last = T - 1 - response_mask.flip(1).to(torch.int64).argmax(1)  # every row has a response token
-    rewards = torch.zeros(response_mask.shape).scatter_(1, last[:, None], adv[:, None])
-    return discounted_returns(rewards, response_mask, 1.0)
+    rewards = torch.zeros(response_mask.shape).scatter_(1, last[:, None], score[:, None])
+    index = torch.arange(score.numel()) // group  # the prompt of each row
+    return compute_grpo_outcome_advantage(rewards, response_mask, index)[0]
 
 
 def train(args) -> bool:
@@ -149,7 +142,7 @@ def train(args) -> bool:
         model.eval()
         rows, response_mask = generate(model, prompt, steps, g)
         score = scores(rows[:, P:], target)
-        adv = token_advantages(group_advantages(score, args.group), response_mask)
+        adv = grpo_advantages(score, response_mask, args.group)
         model.train()
         logp = model(rows[:, :-1]).log_softmax(-1).gather(-1, rows[:, 1:, None])[..., 0]  # token i+1 given ..i
         m = response_mask[:, 1:]                       # only the response's log-probs count, not the prompt's
