@@ -76,6 +76,8 @@ def group_stats(scores, ids, num_groups: int, weights=None, *, group=None) -> Gr
     dt, x, w = x.dtype, x.double(), _float("weights", w, 1).double()
     if not isinstance(ids, torch.Tensor) or ids.dtype != torch.int64 or ids.shape != x.shape:
         raise ValueError(f"ids must be an int64 tensor of shape {tuple(x.shape)} (group_ids gives it)")
+    if w.shape != x.shape:
+        raise ValueError(f"weights must have shape {tuple(x.shape)} (one per score), got {tuple(w.shape)}")
     ext = x.new_full((2, num_groups), -math.inf).scatter_reduce_(1, ids.expand(2, -1), torch.stack([x, -x]), "amax")
     hi, lo = _all_reduce(ext, group, dist.ReduceOp.MAX)[:, ids]
     lo, dh, top = -lo, x - hi, x == hi
@@ -181,10 +183,10 @@ def outcome_advantages(scores, index, lengths, estimator: str = "grpo", *, epsil
         raise ValueError(f"estimator must be one of {OUTCOME_ESTIMATORS}, got {estimator!r}")
     x = _float("scores", scores, 1)
     ids, n = group_ids(index, x.device)
-    if ids.shape != x.shape:
-        raise ValueError(f"index must hold one label per row ({x.numel()}), got {ids.numel()}")
+    w = _float("lengths", lengths, 1).to(x.dtype)
+    if ids.shape != x.shape or w.shape != x.shape:
+        raise ValueError(f"index and lengths must hold one entry per row ({x.numel()}), got {len(ids)}, {len(w)}")
     if estimator == "grpo_passk" and not isinstance(index, torch.Tensor) and np.unique(
             np.asarray(index).astype(str), return_counts=True)[1].min(initial=2) < 2:
         raise ValueError("index: pass@k needs at least 2 samples per group")
-    w = _float("lengths", lengths, 1).to(x.dtype)
     return _OUTCOME[estimator](x, group_stats(x, ids, n, w), w, (epsilon, norm_adv_by_std_in_grpo, f_norm))
