@@ -319,10 +319,11 @@ def outcome_advantages(token_level_rewards, response_mask, index, estimator: str
     m = _tensor("response_mask", response_mask, r, flags=True)
     if cu_seqlens is None and r.dim() != 2:
         raise ValueError(f"token_level_rewards must be [B, L_r] (or packed, with cu_seqlens), got {tuple(r.shape)}")
-    n, sh = _sums(torch.stack([r.to(_dtype(r)), m.to(_dtype(r))]), r, m, cu_seqlens, group)
+    n, sh = _sums(torch.stack([r.to(_dtype(r)), response_mask.to(_dtype(r))]), r, m, cu_seqlens, group)
     a = groups.outcome_advantages(n[0], index, n[1], estimator, epsilon=epsilon, f_norm=f_norm,
                                   norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo).to(out_dtype or r.dtype)
     if sh is None:
         return groups.to_tokens(a, response_mask)
-    v = torch.cat([a, torch.where(sh.bad, math.nan, a.new_zeros(1))])[sh.key]  # past the last sequence: 0
+    # past the last sequence: 0, or NaN where any rank's cu_seqlens were malformed (they made the lengths NaN)
+    v = torch.cat([a, torch.where(n[1].isnan().any(), math.nan, a.new_zeros(1))])[sh.key]
     return (v * response_mask.reshape(-1)).reshape(response_mask.shape)

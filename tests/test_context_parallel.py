@@ -260,7 +260,8 @@ def _worker(rank, world, init_file, out_prefix):
         mine = dict(ranks[rank])
         if rank == 0:
             mine["cu_seqlens"] = mine["cu_seqlens"] + 1  # does not start at 0
-        results["bad-cu"] = _call("packed", "gae", "contiguous", _local("packed", f, mine), f, mine, "torch")
+        results["bad-cu"] = sum((_call("packed", est, "contiguous", _local("packed", f, mine), f, mine, "torch")
+                                 for est in ("gae", "grpo")), ())
     finally:
         for name, fn in real.items():
             setattr(dist, name, fn)
