@@ -16,13 +16,13 @@ import math
 import torch
 
 from rollbuf import functional as F
-from rollbuf import validation
+from rollbuf import groups, validation
 from rollbuf.backends import scan
 from rollbuf.boundary import coefficients as C
 from rollbuf.estimators import unit_interval
 
 __all__ = ["compute_gae_advantage_return", "discounted_returns", "packed_gae", "packed_discounted_returns",
-           "masked_whiten", "sequence_sums", "LAYOUTS"]
+           "masked_whiten", "sequence_sums", "outcome_advantages", "LAYOUTS"]
 
 #: Values of ``layout``.
 LAYOUTS = ("contiguous", "zigzag")
@@ -285,17 +285,45 @@ def masked_whiten(values, mask, shift_mean: bool = True, *, group=None, out_dtyp
     return (w if shift_mean else w + mean).to(values.dtype if out_dtype is None else out_dtype)
 
 
+def _sums(x, like, m, cu_seqlens, group):
+    """``x`` ``[k, *like.shape]`` summed over each line's tokens of every rank: ``[k, *B]`` (padded) or
+    ``[k, S]`` (packed, local ``cu_seqlens``; malformed on any rank: NaN), one ``all_reduce``; the
+    packed shard (None if padded)."""
+    sh = None if cu_seqlens is None else _packed(like, None, m, cu_seqlens, (None, None), "contiguous", None)
+    if sh is None:
+        s = x.sum(-1)
+    else:
+        s = x.new_zeros(len(x), sh.trunc.numel()).index_add_(1, sh.key, x.reshape(len(x), -1))
+        s = torch.where(sh.bad, math.nan, s[:, :-1])
+    _dist(group)[0].all_reduce(s, group=group)
+    return s, sh
+
+
 def sequence_sums(values, mask, *, cu_seqlens=None, group=None):
     """Per-sequence sums of ``values`` over the model tokens of every rank of ``group`` (any layout),
     on every rank: ``[*B]`` (padded ``[*B, L_r]``) or ``[S]`` (packed, local ``cu_seqlens``); one
-    ``all_reduce`` of ``O(sequences)`` numbers, where the group estimators' statistics start."""
+    ``all_reduce`` of ``O(sequences)`` numbers."""
     m = _tensor("mask", mask, _tensor("values", values), flags=True)
-    x = torch.where(m, values.to(_dtype(values)), 0)
-    if cu_seqlens is None:
-        s = x.sum(-1)
-    else:
-        sh = _packed(values, None, m, cu_seqlens, (None, None), "contiguous", None)
-        s = torch.zeros(sh.trunc.numel(), dtype=x.dtype, device=x.device).index_add_(0, sh.key, x.reshape(-1))
-        s = torch.where(sh.bad, math.nan, s[:-1])
-    _dist(group)[0].all_reduce(s, group=group)
-    return s
+    return _sums(torch.where(m, values.to(_dtype(values)), 0).unsqueeze(0), values, m, cu_seqlens, group)[0][0]
+
+
+def outcome_advantages(token_level_rewards, response_mask, index, estimator: str = "grpo", *, cu_seqlens=None,
+                       group=None, epsilon: float = 1e-6, norm_adv_by_std_in_grpo: bool = True,
+                       f_norm: float = 1.0, out_dtype=None):
+    """:func:`rollbuf.groups.outcome_advantages` (verl's GRPO, RLOO, OPO, ...) on this rank's shard (any
+    layout; padded ``[B, L_r]``, or packed with local ``cu_seqlens``): the advantages at its tokens,
+    0 at masked ones. Each row's score (the sum of all its rewards, as verl's) and response length:
+    one ``all_reduce`` of ``2·B`` numbers, then the group statistics on every rank. ``index``: one
+    label per row / sequence, the same on every rank."""
+    r = _tensor("token_level_rewards", token_level_rewards)
+    m = _tensor("response_mask", response_mask, r, flags=True)
+    if cu_seqlens is None and r.dim() != 2:
+        raise ValueError(f"token_level_rewards must be [B, L_r] (or packed, with cu_seqlens), got {tuple(r.shape)}")
+    n, sh = _sums(torch.stack([r.to(_dtype(r)), response_mask.to(_dtype(r))]), r, m, cu_seqlens, group)
+    a = groups.outcome_advantages(n[0], index, n[1], estimator, epsilon=epsilon, f_norm=f_norm,
+                                  norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo).to(out_dtype or r.dtype)
+    if sh is None:
+        return groups.to_tokens(a, response_mask)
+    # past the last sequence: 0, or NaN where any rank's cu_seqlens were malformed (they made the lengths NaN)
+    v = torch.cat([a, torch.where(n[1].isnan().any(), math.nan, a.new_zeros(1))])[sh.key]
+    return (v * response_mask.reshape(-1)).reshape(response_mask.shape)

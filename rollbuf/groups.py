@@ -14,7 +14,8 @@ import torch.distributed as dist
 
 from rollbuf.validation import FLOATS
 
-__all__ = ["GroupStats", "group_ids", "group_stats", "sequence_scores", "to_tokens", "masked_whiten"]
+__all__ = ["GroupStats", "group_ids", "group_stats", "sequence_scores", "to_tokens", "masked_whiten",
+           "outcome_advantages", "OUTCOME_ESTIMATORS"]
 
 
 class GroupStats(NamedTuple):
@@ -75,6 +76,8 @@ def group_stats(scores, ids, num_groups: int, weights=None, *, group=None) -> Gr
     dt, x, w = x.dtype, x.double(), _float("weights", w, 1).double()
     if not isinstance(ids, torch.Tensor) or ids.dtype != torch.int64 or ids.shape != x.shape:
         raise ValueError(f"ids must be an int64 tensor of shape {tuple(x.shape)} (group_ids gives it)")
+    if w.shape != x.shape:
+        raise ValueError(f"weights must have shape {tuple(x.shape)} (one per score), got {tuple(w.shape)}")
     ext = x.new_full((2, num_groups), -math.inf).scatter_reduce_(1, ids.expand(2, -1), torch.stack([x, -x]), "amax")
     hi, lo = _all_reduce(ext, group, dist.ReduceOp.MAX)[:, ids]
     lo, dh, top = -lo, x - hi, x == hi
@@ -135,10 +138,55 @@ def masked_whiten(values, mask, *, shift_mean: bool = True, eps: float = 1e-8, g
     row = x.dim() == m.dim() - 1
     if m.shape[: x.dim()] != x.shape or not (row or x.dim() == m.dim()):
         raise ValueError(f"mask must have shape {tuple(x.shape)} or [*{tuple(x.shape)}, L], got {tuple(m.shape)}")
-    w = m.sum(-1, dtype=x.dtype) if row else m
+    return _whiten(x, m.sum(-1, dtype=x.dtype) if row else m, shift_mean, eps, group).to(values.dtype)
+
+
+def _whiten(x, w, shift_mean=True, eps=1e-8, group=None):
+    """:func:`masked_whiten` of ``x`` with each entry counted ``w`` times (its masked-in tokens)."""
     xm = torch.where(w > 0, x, 0)
     ns = _all_reduce(torch.stack([w.sum(dtype=x.dtype), (w * xm).sum()]), group)
     mean = ns[1] / ns[0]
     var = _all_reduce((w * (xm - mean).square()).sum(), group) / (ns[0] - 1)
     out = (x - mean) * torch.rsqrt(var + eps)
-    return (out if shift_mean else out + mean).to(values.dtype)
+    return out if shift_mean else out + mean
+
+
+def _grpo(x, s, eps, norm):  # verl: a group of one has mean 0 and std 1
+    a = x - torch.where(s.size == 1, 0, s.mean)
+    return a / (torch.where(s.size == 1, 1, s.std) + eps) if norm else a
+
+
+# verl's per-row advantage from the scores x, their GroupStats s (weights: the response lengths n)
+# and k = (epsilon, norm_adv_by_std_in_grpo, f_norm); docs/llm.md, section 10
+_OUTCOME = {
+    "grpo": lambda x, s, n, k: _grpo(x, s, k[0], k[1]),
+    "dr_grpo": lambda x, s, n, k: _grpo(x, s, k[0], False),
+    "grpo_passk": lambda x, s, n, k: s.top2_gap / (s.std + k[0]) if k[1] else s.top2_gap,
+    "rloo": lambda x, s, n, k: torch.where(s.size > 1, x - s.loo_mean, x),
+    "rloo_vectorized": lambda x, s, n, k: x - s.loo_mean,
+    "opo": lambda x, s, n, k: x - torch.where(s.size == 1, 0, s.weighted_mean),
+    "gpg": lambda x, s, n, k: x.numel() / torch.count_nonzero(x).clamp(min=1) * (
+        x - torch.where(s.size == 1, 0, s.mean)) / k[2],
+    "reinforce_plus_plus_baseline": lambda x, s, n, k: _whiten(x - torch.where(s.size == 1, 0, s.mean), n),
+    "gdpo": lambda x, s, n, k: _whiten(_grpo(x, s, k[0], k[1]), n),
+}
+#: The names :func:`outcome_advantages` takes.
+OUTCOME_ESTIMATORS = tuple(_OUTCOME)
+
+
+def outcome_advantages(scores, index, lengths, estimator: str = "grpo", *, epsilon: float = 1e-6,
+                       norm_adv_by_std_in_grpo: bool = True, f_norm: float = 1.0):
+    """verl's outcome advantage ``[B]`` of each row (docs/llm.md, section 10; ``"dr_grpo"``: GRPO
+    unnormalised) from its score and response length (``lengths``: OPO's weights, the whitening's
+    token counts), ``[B]`` each; ``index``: :func:`group_ids`'s. Broadcast with :func:`to_tokens`."""
+    if estimator not in _OUTCOME:
+        raise ValueError(f"estimator must be one of {OUTCOME_ESTIMATORS}, got {estimator!r}")
+    x = _float("scores", scores, 1)
+    ids, n = group_ids(index, x.device)
+    w = _float("lengths", lengths, 1).to(x.dtype)
+    if ids.shape != x.shape or w.shape != x.shape:
+        raise ValueError(f"index and lengths must hold one entry per row ({x.numel()}), got {len(ids)}, {len(w)}")
+    if estimator == "grpo_passk" and not isinstance(index, torch.Tensor) and np.unique(
+            np.asarray(index).astype(str), return_counts=True)[1].min(initial=2) < 2:
+        raise ValueError("index: pass@k needs at least 2 samples per group")
+    return _OUTCOME[estimator](x, group_stats(x, ids, n, w), w, (epsilon, norm_adv_by_std_in_grpo, f_norm))

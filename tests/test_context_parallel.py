@@ -7,7 +7,11 @@ the output's scale). The layouts are random: uneven chunks with empty ones, rows
 no model token, with their model tokens in one chunk only (on one rank), chunks masked in every row
 (all-masked shards), masked tokens holding NaN and ±inf, truncated sequences; padded ``[B, L]``
 batches and packed streams (contiguous stream shards whose sequences cross rank boundaries, and the
-per-sequence zigzag of context-parallel packed trainers).
+per-sequence zigzag of context-parallel packed trainers). The outcome (group) estimators run on the
+same layouts, rows paired into groups (packed: an odd count leaves a group of one), compared with
+:mod:`rollbuf.integrations.verl` (padded) and :mod:`rollbuf.groups` (packed) on the whole batch; their
+rewards are multiples of 1/16 (0.25 at masked tokens, which verl's score sums too), so each score is
+exact in any summation order and GRPO's division by a small group std cannot magnify the order's rounding.
 """
 
 from __future__ import annotations
@@ -17,17 +21,21 @@ import itertools
 import math
 import sys
 
+import numpy as np
 import pytest
 import torch
 
 from rollbuf import context_parallel as CP
+from rollbuf import groups
 from rollbuf.backends import numba_available
 from rollbuf.integrations import llm
+from rollbuf.integrations import verl as RV
 
 GAMMA, LAM = 0.97, 0.9
 WORLDS = (2, 3, 4)
 KINDS = ("padded", "packed")
-ESTIMATORS = ("gae", "gae-whiten", "returns", "reinforce++", "sums")
+OUTCOME = groups.OUTCOME_ESTIMATORS
+ESTIMATORS = ("gae", "gae-whiten", "returns", "reinforce++", "sums", *OUTCOME)
 SEEDS = range(5)
 # the local call's backend, by seed: the torch scan, the compiled CPU loops, the kernels (interpreted)
 _BACKENDS = ["torch"] + (["numba"] if numba_available() else []) + ["triton"]
@@ -140,14 +148,24 @@ def _local(kind, f, mine):
     return {k: f[k][mine["idx"]] for k in ("r", "v", "m")}
 
 
+def _outcome_inputs(kind, r, m, f):
+    """The outcome estimators' rewards (exact sums: multiples of 1/16, 0.25 at masked tokens) and labels
+    (the rows / sequences paired at random)."""
+    lines = f["r"].shape[0] if kind == "padded" else f["cu_seqlens"].numel() - 1
+    return torch.where(m, (r * 16).round() / 16, 0.25), np.random.default_rng(lines).permutation(np.arange(lines) // 2)
+
+
 def _call(kind, estimator, layout, loc, f, mine, backend, group=None):
     """The estimator on one rank's shard (``rollbuf.context_parallel``)."""
     rows = dict(truncated=f["truncated"], bootstrap_values=f["bootstrap_values"])
     lay = dict(layout=layout, split=mine["split"], group=group, backend=backend)
     r, v, m = loc["r"], loc["v"], loc["m"]
+    cu = None if kind == "padded" else mine["cu_seqlens"]
     if estimator == "sums":
-        cu = None if kind == "padded" else mine["cu_seqlens"]
         return (CP.sequence_sums(r, m, cu_seqlens=cu, group=group),)
+    if estimator in OUTCOME:
+        rewards, index = _outcome_inputs(kind, r, m, f)
+        return (CP.outcome_advantages(rewards, m, index, estimator, cu_seqlens=cu, group=group),)
     if estimator.startswith("gae"):
         whiten = estimator == "gae-whiten"
         if kind == "padded":
@@ -172,6 +190,8 @@ def _expected(kind, estimator, f):
             return (x.sum(-1),)
         cu = f["cu_seqlens"].long()
         return (torch.stack([x[int(a):int(b)].sum() for a, b in itertools.pairwise(cu)]),)
+    if estimator in OUTCOME:
+        return (_expected_outcome(kind, estimator, f),)
     if estimator.startswith("gae"):
         whiten = estimator == "gae-whiten"
         if kind == "padded":
@@ -182,6 +202,20 @@ def _expected(kind, estimator, f):
     else:
         ret = llm.packed_discounted_returns(r, m, f["cu_seqlens"], GAMMA, backend="torch", **rows)
     return (llm.masked_whiten(ret, m) * m,) if estimator == "reinforce++" else (ret,)
+
+
+def _expected_outcome(kind, estimator, f):
+    """verl's estimator on the whole batch (rollbuf.integrations.verl; packed: rollbuf.groups)."""
+    r, index = _outcome_inputs(kind, f["r"], f["m"], f)
+    m = f["m"]
+    if kind == "padded":
+        fn = {"grpo": RV.compute_grpo_outcome_advantage, "gdpo": RV.compute_gdpo_outcome_advantage,
+              "dr_grpo": lambda *a, **kw: RV.compute_grpo_outcome_advantage(*a, norm_adv_by_std_in_grpo=False)}
+        return fn.get(estimator, RV.ESTIMATORS.get(estimator))(r, m, index, config={})[0]
+    cu = f["cu_seqlens"]
+    lengths = torch.stack([m[int(a):int(b)].sum(dtype=torch.float32) for a, b in itertools.pairwise(cu)])
+    a = groups.outcome_advantages(groups.sequence_scores(r, cu), index, lengths, estimator)
+    return groups.to_tokens(a, m, cu)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -226,7 +260,8 @@ def _worker(rank, world, init_file, out_prefix):
         mine = dict(ranks[rank])
         if rank == 0:
             mine["cu_seqlens"] = mine["cu_seqlens"] + 1  # does not start at 0
-        results["bad-cu"] = _call("packed", "gae", "contiguous", _local("packed", f, mine), f, mine, "torch")
+        results["bad-cu"] = sum((_call("packed", est, "contiguous", _local("packed", f, mine), f, mine, "torch")
+                                 for est in ("gae", "grpo")), ())
     finally:
         for name, fn in real.items():
             setattr(dist, name, fn)
@@ -259,8 +294,8 @@ def _collectives(kind, est, layout, f, B):
     """The collectives a call issues: one all_gather of (lines + 1)·P·4 numbers per scan (the pieces'
     maps), one of 3 per whitening (count, mean, M2), one all_reduce of a sum per sequence."""
     lines = (B if kind == "padded" else f["cu_seqlens"].numel() - 1)
-    if est == "sums":
-        return [("all_reduce", lines)]
+    if est in ("sums", *OUTCOME):  # a sum per sequence (the outcome estimators: its reward and its length)
+        return [("all_reduce", lines * (1 if est == "sums" else 2))]
     out = [("all_gather", (lines + 1) * (1 if layout == "contiguous" else 2) * 4)]
     return out + ([("all_gather", 3)] if est in ("gae-whiten", "reinforce++") else [])
 
@@ -274,7 +309,11 @@ def _collectives(kind, est, layout, f, B):
 def test_sharded_equals_one_process(world, kind, layout, estimator, seed, tmp_path_factory):
     per_rank = _run_world(world, tmp_path_factory)
     f, ranks = _case(kind, world, layout, seed)
-    expected = _expected(kind, estimator, f)
+    try:
+        expected = _expected(kind, estimator, f)
+    except ValueError as e:  # pass@k with a group of one: every rank raises the same error
+        assert all(res[(kind, layout, seed, estimator)][1] == f"ValueError: {e}" for res in per_rank)
+        return
     for rank, res in enumerate(per_rank):
         status, got, issued = res[(kind, layout, seed, estimator)]
         assert status == "ok", f"rank {rank}: {got}"
@@ -318,6 +357,9 @@ def test_errors_name_the_argument():
         (lambda: CP.packed_discounted_returns(r[0], m[0], cu, 0.9, layout="zigzag", split=torch.tensor([1])),
          ValueError, "split must be an int \\[2\\]"),
         (lambda: CP.masked_whiten(r, m[:, :3]), ValueError, "mask must have shape"),
+        (lambda: CP.outcome_advantages(r[None], m[None], [0, 0], "grpo"), ValueError, "token_level_rewards must be"),
+        (lambda: CP.outcome_advantages(r, m[:, :3], [0, 0], "grpo"), ValueError, "response_mask must have shape"),
+        (lambda: CP.outcome_advantages(r, m, [0, 0], cu_seqlens=cu), ValueError, "token_level_rewards must be"),
     ]
     for fn, err, match in cases:
         with pytest.raises(err, match=match):

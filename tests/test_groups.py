@@ -142,12 +142,21 @@ def test_errors_name_the_argument():
         G.group_stats(x, torch.zeros(2, dtype=torch.int64), 1)
     with pytest.raises(TypeError, match="weights"):
         G.group_stats(x, torch.zeros(3, dtype=torch.int64), 1, [1, 2, 3])
+    with pytest.raises(ValueError, match="weights must have shape"):  # not broadcast
+        G.group_stats(x, torch.zeros(3, dtype=torch.int64), 1, torch.ones(1))
     with pytest.raises(ValueError, match="mask"):
         G.masked_whiten(torch.zeros(3, 4), torch.ones(3, 5))
     with pytest.raises(TypeError, match="mask"):
         G.masked_whiten(torch.zeros(3, 4), None)
     with pytest.raises(ValueError, match="mask"):
         G.to_tokens(x, torch.ones(4, 2))
+    for args, kw, err, match in [((x, [0, 0, 1], x, "ppo"), {}, ValueError, "estimator must be one of"),
+                                 ((x, [0, 1], x), {}, ValueError, "index and lengths must hold one entry per row"),
+                                 ((x, [0, 0, 1], x[:2]), {}, ValueError, "index and lengths must hold one entry"),
+                                 ((x, [0, 0, 1], None), {}, TypeError, "lengths must be"),
+                                 ((x, [0, 0, 1], x, "grpo_passk"), {}, ValueError, "pass@k")]:
+        with pytest.raises(err, match=match):
+            G.outcome_advantages(*args, **kw)
 
 
 def test_tokens_padded_and_packed():

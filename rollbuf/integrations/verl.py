@@ -14,23 +14,11 @@ from rollbuf import groups
 from rollbuf.integrations import llm
 
 
-def _stats(x, index, weights=None):
-    ids, n = groups.group_ids(index, x.device)
-    if ids.shape != x.shape:
-        raise ValueError(f"index must hold one label per row ({x.numel()}), got {ids.numel()}")
-    return groups.group_stats(x, ids, n, weights)
-
-
-def _outcome(rewards, mask, index, advantage, dtype=None, weights=None):
-    """``advantage(scores, stats)`` ``[B]`` → ``(advantages, advantages)`` ``[B, L]``, 0 at masked tokens."""
-    x = groups.sequence_scores(rewards)
-    a = groups.to_tokens(advantage(x, _stats(x, index, weights)).to(dtype or rewards.dtype), mask)
-    return a, a
-
-
-def _grpo(x, s, epsilon, norm):  # verl: a group of one has mean 0 and std 1
-    a = x - torch.where(s.size == 1, 0, s.mean)
-    return a / (torch.where(s.size == 1, 1, s.std) + epsilon) if norm else a
+def _outcome(rewards, mask, index, estimator, dtype=None, **kw):
+    """:func:`rollbuf.groups.outcome_advantages` → ``(advantages, advantages)`` ``[B, L]``, 0 at masked tokens."""
+    a = groups.outcome_advantages(groups.sequence_scores(rewards), index, mask.sum(-1, dtype=torch.float32),
+                                  estimator, **kw)
+    return (a := groups.to_tokens(a.to(dtype or rewards.dtype), mask)), a
 
 
 def _f32(r):  # verl's vectorized forms return float32 for 16-bit rewards
@@ -46,33 +34,32 @@ def compute_gae_advantage_return(token_level_rewards, values, response_mask, gam
 def compute_grpo_outcome_advantage(token_level_rewards, response_mask, index, epsilon=1e-6,
                                    norm_adv_by_std_in_grpo=True, config=None):
     """verl's GRPO; ``norm_adv_by_std_in_grpo=False`` is Dr.GRPO."""
-    return _outcome(token_level_rewards, response_mask, index,
-                    lambda x, s: _grpo(x, s, epsilon, norm_adv_by_std_in_grpo))
+    return _outcome(token_level_rewards, response_mask, index, "grpo", epsilon=epsilon,
+                    norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo)
 
 
 def compute_grpo_vectorized_outcome_advantage(token_level_rewards, response_mask, index, epsilon=1e-6,
                                               norm_adv_by_std_in_grpo=True, config=None):
     """verl's vectorized GRPO."""
-    return _outcome(token_level_rewards, response_mask, index,
-                    lambda x, s: _grpo(x, s, epsilon, norm_adv_by_std_in_grpo), _f32(token_level_rewards))
+    return _outcome(token_level_rewards, response_mask, index, "grpo", _f32(token_level_rewards), epsilon=epsilon,
+                    norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo)
 
 
 def compute_gdpo_outcome_advantage(token_level_rewards, response_mask, index, epsilon=1e-6,
                                    norm_adv_by_std_in_grpo=True, config=None, non_tensor_batch=None, batch=None,
                                    **kwargs):
     """verl's GDPO (reward components: ``config.gdpo_reward_keys`` of ``non_tensor_batch``)."""
-    scores, weights, dt = [groups.sequence_scores(token_level_rewards)], None, token_level_rewards.dtype
-    if config is not None and non_tensor_batch is not None and batch is not None:
-        keys = config.get("gdpo_reward_keys", None)
-        if not keys or any(k not in non_tensor_batch for k in keys):
-            raise ValueError(f"config.gdpo_reward_keys ({keys}) must name keys of non_tensor_batch")
-        dev = response_mask.device
-        scores = [torch.as_tensor(np.asarray(non_tensor_batch[k], dtype=np.float32), device=dev) for k in keys]
-        weights, dt = config.get("gdpo_reward_weights", None), torch.float32
-    a = sum((1.0 if weights is None else float(weights[k])) * _grpo(x, _stats(x, index), epsilon,
-                                                                      norm_adv_by_std_in_grpo)
-            for k, x in enumerate(scores))
-    return (a := groups.to_tokens(groups.masked_whiten(a, response_mask).to(dt), response_mask)), a
+    if config is None or non_tensor_batch is None or batch is None:
+        return _outcome(token_level_rewards, response_mask, index, "gdpo", epsilon=epsilon,
+                        norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo)
+    keys, weights = config.get("gdpo_reward_keys", None), config.get("gdpo_reward_weights", None)
+    if not keys or any(k not in non_tensor_batch for k in keys):
+        raise ValueError(f"config.gdpo_reward_keys ({keys}) must name keys of non_tensor_batch")
+    dev, lengths = response_mask.device, response_mask.sum(-1, dtype=torch.float32)
+    a = sum((1.0 if weights is None else float(weights[k])) * groups.outcome_advantages(
+        torch.as_tensor(np.asarray(non_tensor_batch[key], dtype=np.float32), device=dev), index, lengths,
+        epsilon=epsilon, norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo) for k, key in enumerate(keys))
+    return (a := groups.to_tokens(groups.masked_whiten(a, response_mask).to(torch.float32), response_mask)), a
 
 
 def compute_grpo_passk_outcome_advantage(token_level_rewards, response_mask, index, epsilon=1e-6,
@@ -80,44 +67,36 @@ def compute_grpo_passk_outcome_advantage(token_level_rewards, response_mask, ind
     """verl's pass@k GRPO (``config.norm_adv_by_std_in_grpo`` decides, not the argument, as in verl)."""
     if config is None:
         raise ValueError("config is required: pass@k reads config.norm_adv_by_std_in_grpo")
-    if not isinstance(index, torch.Tensor) and np.unique(np.asarray(index).astype(str), return_counts=True)[1].min(
-            initial=2) < 2:
-        raise ValueError("index: pass@k needs at least 2 samples per group")
-    norm = config.get("norm_adv_by_std_in_grpo", True)
-    return _outcome(token_level_rewards, response_mask, index,
-                    lambda x, s: s.top2_gap / (s.std + epsilon) if norm else s.top2_gap)
+    return _outcome(token_level_rewards, response_mask, index, "grpo_passk", epsilon=epsilon,
+                    norm_adv_by_std_in_grpo=config.get("norm_adv_by_std_in_grpo", True))
 
 
 def compute_reinforce_plus_plus_baseline_outcome_advantage(token_level_rewards, response_mask, index, epsilon=1e-6,
                                                            config=None, **kwargs):
     """verl's REINFORCE++-baseline."""
-    return _outcome(token_level_rewards, response_mask, index, lambda x, s: groups.masked_whiten(
-        x - torch.where(s.size == 1, 0, s.mean), response_mask))
+    return _outcome(token_level_rewards, response_mask, index, "reinforce_plus_plus_baseline")
 
 
 def compute_rloo_outcome_advantage(token_level_rewards, response_mask, index, epsilon=1e-6, config=None, **kwargs):
     """verl's RLOO (a group of one keeps its score)."""
-    return _outcome(token_level_rewards, response_mask, index, lambda x, s: torch.where(s.size > 1, x - s.loo_mean, x))
+    return _outcome(token_level_rewards, response_mask, index, "rloo")
 
 
 def compute_rloo_vectorized_outcome_advantage(token_level_rewards, response_mask, index, epsilon=1e-6, config=None,
                                               **kwargs):
     """verl's vectorized RLOO (a group of one gets 0)."""
-    return _outcome(token_level_rewards, response_mask, index, lambda x, s: x - s.loo_mean, _f32(token_level_rewards))
+    return _outcome(token_level_rewards, response_mask, index, "rloo_vectorized", _f32(token_level_rewards))
 
 
 def compute_opo_outcome_advantage(token_level_rewards, response_mask, index, epsilon=1e-6, config=None, **kwargs):
     """verl's OPO (the baseline weighted by response length)."""
-    return _outcome(token_level_rewards, response_mask, index,
-                    lambda x, s: x - torch.where(s.size == 1, 0, s.weighted_mean),
-                    weights=response_mask.sum(-1, dtype=torch.float32))
+    return _outcome(token_level_rewards, response_mask, index, "opo")
 
 
 def compute_gpg_outcome_advantage(token_level_rewards, response_mask, index, epsilon=1e-6, f_norm=1.0, alpha=1.0,
                                   config=None, **kwargs):
     """verl's GPG (``alpha`` is recomputed from the scores, as in verl)."""
-    return _outcome(token_level_rewards, response_mask, index, lambda x, s: x.numel() / torch.count_nonzero(x).clamp(
-        min=1) * (x - torch.where(s.size == 1, 0, s.mean)) / f_norm)
+    return _outcome(token_level_rewards, response_mask, index, "gpg", f_norm=f_norm)
 
 
 def compute_reinforce_plus_plus_outcome_advantage(token_level_rewards, response_mask, config=None, **kwargs):
