@@ -5,7 +5,9 @@ gets its shard of the one-process result. Every (sequence, chunk) piece is one a
 ``Z_t = α_t + β_t·Z_{next model token}``; one ``all_gather`` of ``[S + 1, P, 4]`` numbers per rank
 (the maps, the map if the piece holds its sequence's end, whether it has a model token) gives every
 rank the state past each of its pieces, which enters the local call as a truncation's bootstrap
-value (the same arithmetic). No host reads. docs/distributed.md: layouts, contract, bytes.
+value (the same arithmetic). No host reads and no tensor built from host data: on CUDA nothing
+synchronises but the collectives (``check_finite`` on, or a NumPy ``index`` to ``outcome_advantages``,
+aside). docs/distributed.md: layouts, contract, bytes.
 """
 
 from __future__ import annotations

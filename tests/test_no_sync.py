@@ -464,7 +464,7 @@ def test_the_recorder_records():
     with _host_data_and_reads_recorded(found):
         torch.tensor([1.0])
         torch.ones(2).new_tensor([0.0])
-        CP._tensor("x", torch.ones(2))  # rollbuf code that builds and reads nothing
+        llm.masked_whiten(torch.randn(2, 3), torch.ones(2, 3, dtype=torch.bool))  # rollbuf code that does neither
     assert found == []
     code = compile("import torch\nx = torch.tensor([1.0]); y = x.new_tensor(0.0); bool(x); x.item()\n",
                    os.path.join(_PACKAGE, "_probe.py"), "exec")  # as though from a rollbuf file (not written)
