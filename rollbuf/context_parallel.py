@@ -5,7 +5,9 @@ gets its shard of the one-process result. Every (sequence, chunk) piece is one a
 ``Z_t = α_t + β_t·Z_{next model token}``; one ``all_gather`` of ``[S + 1, P, 4]`` numbers per rank
 (the maps, the map if the piece holds its sequence's end, whether it has a model token) gives every
 rank the state past each of its pieces, which enters the local call as a truncation's bootstrap
-value (the same arithmetic). No host reads. docs/distributed.md: layouts, contract, bytes.
+value (the same arithmetic). No host reads and no tensor built from host data: on CUDA nothing
+synchronises but the collectives (``check_finite`` on, or a NumPy ``index`` to ``outcome_advantages``,
+aside). docs/distributed.md: layouts, contract, bytes.
 """
 
 from __future__ import annotations
@@ -56,11 +58,18 @@ def _dtype(x):  # the accumulation dtype
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
-def _chunks(layout, rank=0, world=1, device=None):
-    """``[P]``: the chunk (time order) of each of ``rank``'s slots (``P`` = 1 or 2: the layout's)."""
+def _slots(layout):
+    """``P``: a rank's chunks of each sequence (1: contiguous, 2: zigzag)."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    return torch.tensor([rank] if layout == "contiguous" else [rank, 2 * world - 1 - rank], device=device)
+    return 1 if layout == "contiguous" else 2
+
+
+def _chunks(layout, world, device):
+    """``[P, W]``: the chunk (time order) of each slot of each rank, made on ``device`` (no copy of
+    host data: zigzag rank ``q`` holds chunks ``q`` and ``2W−1−q``)."""
+    q = torch.arange(world, device=device)
+    return q.unsqueeze(0) if _slots(layout) == 1 else torch.stack([q, 2 * world - 1 - q])
 
 
 # ------------------------------------------------------------------------------------ the exchange
@@ -83,7 +92,7 @@ def _pieces(sh: _Shard, P):
 def _payload(sh: _Shard, c: _Call, pieces, dt):
     """``[lines, P, 4]``: per piece ``(a, b)``, ``a`` if its last model token ends the sequence, and
     whether it has a model token (the last line: this rank's ``bad`` flag)."""
-    (N, L), P = sh.m.shape, len(_chunks(c.layout))
+    (N, L), P = sh.m.shape, _slots(c.layout)
     cut, end, first, live = pieces
     m, line = sh.m.reshape(-1), sh.key // P
     r = torch.where(m, sh.r.reshape(-1).to(dt), 0)
@@ -91,12 +100,13 @@ def _payload(sh: _Shard, c: _Call, pieces, dt):
     tr = sh.trunc[line].to(dt)
     alpha, beta = C.lambda_step(r, v, 0.0, 0.0, None, c.gamma, c.lam)
     alpha_end, _ = C.lambda_step(r, v, 1.0 - tr, tr, sh.boot[line], c.gamma, c.lam)
-    a_in, b_in = torch.where(m, alpha, 0), torch.where(m, torch.as_tensor(beta, dtype=dt, device=r.device), 1)
+    a_in, b_in = torch.where(m, alpha, 0), torch.where(m, torch.full_like(r, beta), 1)
     b_cut = torch.where(cut, 0, b_in)  # the scan stops at each piece's last token
     alphas = torch.stack([a_in, torch.where(cut, b_in, 0), torch.where(end, alpha_end, a_in)])
     betas = torch.stack([b_cut, b_cut, torch.where(end, 0, b_cut)])
     y = F.affine_scan(alphas.view(3, N, L), betas.view(3, N, L), reverse=True, backend="torch")
-    y = torch.cat([y.reshape(3, -1), y.new_tensor([[0.0], [1.0], [0.0]])], -1)  # empty piece: identity
+    identity = torch.stack([y.new_zeros(1), y.new_ones(1), y.new_zeros(1)])  # [3, 1]: an empty piece's map
+    y = torch.cat([y.reshape(3, -1), identity], -1)
     out = torch.cat([y[:, first].T, live.to(dt).unsqueeze(-1)], -1).view(-1, P, 4)
     out[-1, 0, 3] = sh.bad.to(dt)
     return out
@@ -107,14 +117,14 @@ def _carries(sh: _Shard, c: _Call, pieces, dt):
     and whether any rank's layout arguments were bad (0-d)."""
     _, rank, world = _dist(c.group)
     g = _all_gather(_payload(sh, c, pieces, dt), c.group)  # [lines, P, 4, W]
-    order = torch.stack([_chunks(c.layout, q, world, g.device) for q in range(world)], -1)  # [P, W]
+    order = _chunks(c.layout, world, g.device)  # [P, W]
     g = g.permute(0, 2, 1, 3).reshape(g.shape[0], 4, -1)[..., torch.argsort(order.reshape(-1))]
     a, b, a_end, live = g[:-1].unbind(1)  # [lines − 1, C], chunk order
     chunk = torch.arange(a.shape[-1], device=g.device)
     e = torch.where(live > 0, chunk, -1).amax(-1, keepdim=True)  # each line's end chunk
     a, b = torch.where(chunk == e, a_end, a), torch.where(chunk == e, 0, b)
     za = scan.doubling_scan((a, b), C.compose, reverse=True)[0]
-    mine = _chunks(c.layout, rank, world, g.device)
+    mine = order[:, rank]
     z, owns = torch.cat([za[:, 1:], torch.zeros_like(za[:, :1])], -1)[:, mine], e == mine
     z, owns = (torch.cat([x, x.new_zeros(1, x.shape[1])]) for x in (z, owns))  # the last line: no token
     return z, owns, g[-1, 3].amax() > 0
@@ -122,7 +132,7 @@ def _carries(sh: _Shard, c: _Call, pieces, dt):
 
 def _run(sh: _Shard, c: _Call):
     """The estimator on this rank's shard: the outputs ``[N, L]`` (GAE: ``(advantages, returns)``)."""
-    P, shape = len(_chunks(c.layout)), sh.m.shape
+    P, shape = _slots(c.layout), sh.m.shape
     pieces = _pieces(sh, P)
     z, owns_end, bad = _carries(sh, c, pieces, _dtype(sh.r))
     end, line, tr = pieces[1], sh.key // P, sh.trunc[sh.key // P]
@@ -174,7 +184,7 @@ def _padded(rewards, values, mask, rows, layout, split):
     if _tensor("token_level_rewards", rewards).dim() < 1:
         raise ValueError("token_level_rewards must be [*B, L] (time last), got a 0-d tensor")
     m = _tensor("response_mask", mask, rewards, flags=True)
-    L, N, P = rewards.shape[-1], math.prod(rewards.shape[:-1]), len(_chunks(layout))
+    L, N, P = rewards.shape[-1], math.prod(rewards.shape[:-1]), _slots(layout)
     slot = torch.zeros(L, dtype=torch.long, device=rewards.device)
     if layout == "zigzag":
         split = L // 2 if split is None else split
@@ -197,7 +207,7 @@ def _packed(rewards, values, mask, cu_seqlens, rows, layout, split):
     if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dtype not in ints or cu_seqlens.dim() != 1 \
             or cu_seqlens.numel() < 1 or cu_seqlens.device != device:
         raise ValueError(f"cu_seqlens must be this rank's int [num_seqs + 1] local segment offsets on {device}")
-    L, S, P, cu = rewards.shape[-1], cu_seqlens.numel() - 1, len(_chunks(layout)), cu_seqlens.long()
+    L, S, P, cu = rewards.shape[-1], cu_seqlens.numel() - 1, _slots(layout), cu_seqlens.long()
     pos = torch.arange(L, device=device)
     seg = torch.searchsorted(cu[1:].contiguous(), pos, right=True)  # S: past the last segment
     lengths = cu[1:] - cu[:-1]

@@ -1,22 +1,31 @@
 """No call synchronises the host with the device: every estimator (with masks, truncations, ``[*B]``
-window-end columns, carries, returned carries, batch dimensions), every integration call and the
-``Rollout`` methods.
+window-end columns, carries, returned carries, batch dimensions), every integration call, the
+``Rollout`` methods and the context-parallel calls (in a process group of one).
 
 On a GPU (tests marked ``gpu``): each call once outside (its first call compiles its kernel), then
 again under ``torch.cuda.set_sync_debug_mode("error")``, where any synchronising operation raises.
 On the CPU: the same calls on tensors without data (``meta``) on the ``torch`` backend, where any
 host read of a value (``.item()``, ``bool()``, ``.tolist()``, ``nonzero``) raises — the validation,
-the window rules and the torch backend read shapes only.
+the window rules and the torch backend read shapes only. The context-parallel calls need a
+collective, which tensors without data cannot take: they run on CPU tensors in a one-process gloo
+group, where every tensor built from host data (``torch.tensor``, ``torch.as_tensor``,
+``torch.asarray``, ``Tensor.new_tensor`` of Python numbers or sequences: on CUDA a synchronising
+host-to-device copy) and every host read of a value, made by rollbuf's code, is recorded and fails the test.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import sys
+from unittest import mock
 
 import pytest
 import torch
 
+import rollbuf
 from rollbuf import Rollout
+from rollbuf import context_parallel as CP
 from rollbuf import functional as F
 from rollbuf.integrations import llm
 from rollbuf.testing import make_rollout
@@ -228,6 +237,49 @@ def sb3_call():
             lambda: buf.compute_returns_and_advantage(last.clone(), dones.copy())}
 
 
+def cp_calls(device) -> dict:
+    """rollbuf.context_parallel (in a group of one): both layouts of the padded and packed GAE and
+    returns (whitened, truncated rows, zigzag splits), masked_whiten, sequence_sums and the outcome
+    estimators with a tensor index."""
+    g = torch.Generator().manual_seed(11)
+    r = torch.randn(4, 40, generator=g).to(device)
+    v = torch.randn(4, 40, generator=g).to(device)
+    m = (torch.rand(4, 40, generator=g) < 0.8).to(device)
+    tr = torch.tensor([True, False, True, False], device=device)
+    bv = torch.randn(4, generator=g).to(device)
+    cu = torch.tensor([0, 7, 19, 30, 40], dtype=torch.int32, device=device)
+    sp = torch.tensor([3, 5, 4, 6], dtype=torch.int32, device=device)  # within each segment
+    pr, pv, pm = r[:1], v[:1], m[:1]
+    idx = torch.tensor([0, 0, 1, 1], device=device)
+    return {
+        "GAE, contiguous": lambda: CP.compute_gae_advantage_return(r, v, m, 0.99, 0.95),
+        "GAE, zigzag, whitened, truncated rows": lambda: CP.compute_gae_advantage_return(
+            r, v, m, 0.99, 0.95, layout="zigzag", split=17, whiten=True, truncated=tr, bootstrap_values=bv),
+        "discounted_returns, zigzag, truncated rows": lambda: CP.discounted_returns(
+            r, m, 0.99, layout="zigzag", truncated=tr, bootstrap_values=bv),
+        "packed_gae, contiguous, truncated": lambda: CP.packed_gae(pr, pv, pm, cu, 0.99, 0.95, tr, bv),
+        "packed_gae, zigzag, whitened": lambda: CP.packed_gae(pr, pv, pm, cu, 0.99, 0.95, layout="zigzag", split=sp,
+                                                              whiten=True),
+        "packed_discounted_returns, zigzag": lambda: CP.packed_discounted_returns(pr, pm, cu, 0.99, layout="zigzag"),
+        "masked_whiten": lambda: CP.masked_whiten(v, m),
+        "sequence_sums": lambda: CP.sequence_sums(v, m),
+        "sequence_sums, packed": lambda: CP.sequence_sums(pv, pm, cu_seqlens=cu),
+        "outcome_advantages, grpo": lambda: CP.outcome_advantages(r, m, idx, "grpo"),
+        "outcome_advantages, rloo, packed": lambda: CP.outcome_advantages(pr, pm, idx, "rloo", cu_seqlens=cu),
+    }
+
+
+@contextlib.contextmanager
+def _one_process_group(backend, tmp_path):
+    import torch.distributed as dist
+
+    dist.init_process_group(backend, init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
 @contextlib.contextmanager
 def _sync_is_an_error():
     torch.cuda.set_sync_debug_mode("error")
@@ -290,6 +342,15 @@ def test_rollout_does_not_sync():
 
 
 @pytest.mark.gpu
+def test_context_parallel_does_not_sync(tmp_path):
+    """In an NCCL group of one: the collectives aside, no call synchronises (no tensor of host data,
+    no host read)."""
+    torch.cuda.set_device(0)
+    with _one_process_group("nccl", tmp_path):
+        _run_without_sync(cp_calls("cuda"))
+
+
+@pytest.mark.gpu
 def test_torchrl_drop_ins_do_not_sync():
     from torch.distributions import Distribution
 
@@ -339,3 +400,75 @@ def test_verl_estimators_read_no_values_on_the_host():
 
 def test_rollout_reads_no_values_on_the_host():
     _on_meta(rollout_calls("meta", "torch"))
+
+
+# ---- the CPU side of the context-parallel calls: host data and host reads, recorded ----------
+
+_PACKAGE = os.path.dirname(rollbuf.__file__) + os.sep
+_BUILDERS = ((torch, "tensor"), (torch, "as_tensor"), (torch, "asarray"), (torch.Tensor, "new_tensor"))
+_READS = ((torch.Tensor, "item"), (torch.Tensor, "tolist"), (torch.Tensor, "__bool__"), (torch.Tensor, "__int__"),
+          (torch.Tensor, "__float__"), (torch.Tensor, "nonzero"), (torch, "nonzero"))
+
+
+@contextlib.contextmanager
+def _host_data_and_reads_recorded(found: list):
+    """Records ``(what, file:line)`` of each tensor built from host data (not from a tensor) and each
+    host read of a tensor's value whose caller is a file of the rollbuf package."""
+
+    def record(what):
+        f = sys._getframe(2)  # the caller of the wrapper below
+        if f.f_code.co_filename.startswith(_PACKAGE):
+            found.append((what, f"{os.path.relpath(f.f_code.co_filename, _PACKAGE)}:{f.f_lineno}"))
+
+    def wrap(owner, name, real):
+        if (owner, name) in _READS:
+            def call(*args, **kw):
+                record(f"{'Tensor' if owner is torch.Tensor else 'torch'}.{name}")
+                return real(*args, **kw)
+        elif owner is torch.Tensor:  # the method: the tensor, then the data
+            def call(self, data, *args, **kw):
+                if not isinstance(data, torch.Tensor):
+                    record(f"{name} of {type(data).__name__}")
+                return real(self, data, *args, **kw)
+        else:
+            def call(data, *args, **kw):
+                if not isinstance(data, torch.Tensor):
+                    record(f"{name} of {type(data).__name__}")
+                return real(data, *args, **kw)
+        return call
+
+    with contextlib.ExitStack() as stack:
+        for owner, name in _BUILDERS + _READS:
+            stack.enter_context(mock.patch.object(owner, name, wrap(owner, name, getattr(owner, name))))
+        yield
+
+
+def test_context_parallel_builds_no_tensor_of_host_data_and_reads_none(tmp_path):
+    """The context-parallel calls on CPU tensors in a gloo group of one make no tensor from host data
+    (on CUDA: a synchronising copy) and read no value on the host."""
+    calls = cp_calls("cpu")
+    failed = {}
+    with _one_process_group("gloo", tmp_path):
+        for name, fn in calls.items():
+            found = []
+            with _host_data_and_reads_recorded(found):
+                fn()
+            if found:
+                failed[name] = found
+    assert not failed, f"calls that built tensors of host data or read values on the host: {failed}"
+
+
+def test_the_recorder_records():
+    """The recorder sees a tensor of host data and a host read in a rollbuf file, and nothing in this one."""
+    found = []
+    with _host_data_and_reads_recorded(found):
+        torch.tensor([1.0])
+        torch.ones(2).new_tensor([0.0])
+        llm.masked_whiten(torch.randn(2, 3), torch.ones(2, 3, dtype=torch.bool))  # rollbuf code that does neither
+    assert found == []
+    code = compile("import torch\nx = torch.tensor([1.0]); y = x.new_tensor(0.0); bool(x); x.item()\n",
+                   os.path.join(_PACKAGE, "_probe.py"), "exec")  # as though from a rollbuf file (not written)
+    with _host_data_and_reads_recorded(found):
+        exec(code, {})
+    assert [what for what, _ in found] == ["tensor of list", "new_tensor of float", "Tensor.__bool__",
+                                           "Tensor.item"], found
