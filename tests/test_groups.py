@@ -164,6 +164,9 @@ def test_tokens_padded_and_packed():
     mask = torch.tensor([[1, 1, 0], [0, 0, 0], [0, 1, 1]])
     assert G.to_tokens(v, mask).tolist() == [[1.5, 1.5, 0], [0, 0, 0], [0, 3.0, 3.0]]
     assert G.to_tokens(v.bfloat16(), mask.bool()).dtype == torch.bfloat16
+    inf = G.to_tokens(torch.tensor([math.inf, math.nan, -math.inf]), mask)  # a product: inf·0 and NaN·0 are NaN
+    assert inf[0, :2].tolist() == [math.inf] * 2 and inf[0, 2].isnan() and inf[1].isnan().all()
+    assert inf[2, 0].isnan() and inf[2, 1:].tolist() == [-math.inf] * 2
     cu = torch.tensor([1, 3, 3, 6], dtype=torch.int32)  # token 0 and 6.. belong to no sequence
     pm = torch.tensor([[1, 1, 0, 1, 1, 1, 1, 1]])
     assert G.to_tokens(v, pm, cu).tolist() == [[0, 1.5, 0, 3.0, 3.0, 3.0, 0, 0]]
