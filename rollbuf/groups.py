@@ -146,7 +146,8 @@ def to_tokens(values, mask, cu_seqlens=None):
         raise TypeError("to_tokens takes values, a 1-d tensor, and mask, a tensor")
     if cu_seqlens is not None:
         if mask.dim() not in (1, 2) or mask.numel() != mask.shape[-1]:
-            raise ValueError(f"mask must be a packed row, [total] or [1, total], with cu_seqlens; got {tuple(mask.shape)}")
+            raise ValueError(f"mask must be a packed row, [total] or [1, total], with cu_seqlens; "
+                             f"got {tuple(mask.shape)}")
         seg, bad = _segments(cu_seqlens, mask.numel(), mask.device)
         if values.numel() != cu_seqlens.numel() - 1:
             raise ValueError(f"values must hold one value per sequence of cu_seqlens ({cu_seqlens.numel() - 1}), "
