@@ -12,7 +12,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from rollbuf.validation import FLOATS
+from rollbuf.validation import FLOATS, checking_finite
 
 __all__ = ["GroupStats", "group_ids", "group_stats", "sequence_scores", "to_tokens", "masked_whiten",
            "outcome_advantages", "OUTCOME_ESTIMATORS"]
@@ -95,33 +95,65 @@ def group_stats(scores, ids, num_groups: int, weights=None, *, group=None) -> Gr
         torch.where(mean.isnan(), mean, gap), torch.where(sw > 0, hi + swd / sw, mean))))
 
 
-def _segments(cu_seqlens, total):
-    """Per token of a packed row, 1 + its sequence (0 before ``cu_seqlens[0]``, S + 1 after ``[-1]``)."""
+def _segments(cu_seqlens, total, device):
+    """Per token of a packed row of ``total`` tokens, 1 + its sequence (0 before ``cu_seqlens[0]``,
+    S + 1 from ``cu_seqlens[-1]`` on), and a 0-d bool tensor: ``cu_seqlens`` is malformed (negative,
+    decreasing or ending past ``total``). On the device, no host read (under
+    :func:`rollbuf.check_finite`, a malformed ``cu_seqlens`` raises a ``ValueError`` instead)."""
+    if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"cu_seqlens must be an int32 or int64 torch.Tensor, got "
+                        f"{getattr(cu_seqlens, 'dtype', type(cu_seqlens).__name__)}")
+    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 1:
+        raise ValueError(f"cu_seqlens must be 1-d [num_seqs + 1], got shape {tuple(cu_seqlens.shape)}")
+    if cu_seqlens.device != device:
+        raise ValueError(f"cu_seqlens is on {cu_seqlens.device}, the tokens on {device}")
     cu = cu_seqlens.long()
-    lens = torch.cat([cu[:1], cu.diff(), total - cu[-1:]])
-    return torch.arange(lens.numel(), device=cu.device).repeat_interleave(lens, output_size=total)
+    bad = (cu[0] < 0) | (cu[-1] > total) | (cu[1:] < cu[:-1]).any()
+    if checking_finite() and not torch.compiler.is_compiling() and bool(bad):
+        raise ValueError(f"cu_seqlens must be non-negative, non-decreasing and end at most at total = {total} "
+                         "(rollbuf.check_finite is on: without it every output is NaN)")
+    # searchsorted of an unsorted (malformed) cu still gives indices in [0, S + 1]: safe to index with
+    return torch.searchsorted(cu, torch.arange(total, device=device), right=True), bad
+
+
+def _nan_where(x, bad):
+    return torch.where(bad, torch.full((), math.nan, dtype=x.dtype, device=x.device), x)
 
 
 def sequence_scores(token_level_rewards, cu_seqlens=None):
     """Each row's (``[B, L]`` → ``[B]``) or packed sequence's (``[total]`` or ``[1, total]`` with
-    ``cu_seqlens`` ``[S + 1]`` → ``[S]``) sum of rewards, accumulated in float32 (float64 stays)."""
+    ``cu_seqlens`` ``[S + 1]``, int32 or int64 → ``[S]``) sum of rewards, accumulated in float32
+    (float64 stays). Malformed ``cu_seqlens`` (negative, decreasing, or ending past ``total``): every
+    output NaN (no host read; a ``ValueError`` naming ``cu_seqlens`` under :func:`rollbuf.check_finite`)."""
     r = token_level_rewards
     dt = _float("token_level_rewards", r[..., :0]).dtype  # checks without a copy
     if cu_seqlens is None:
         return r.sum(-1, dtype=dt)
-    return r.new_zeros(cu_seqlens.numel() + 1, dtype=dt).index_add_(0, _segments(cu_seqlens, r.numel()),
-                                                                     r.reshape(-1).to(dt))[1:-1]
+    if r.dim() not in (1, 2) or r.numel() != r.shape[-1]:
+        raise ValueError(f"token_level_rewards must be a packed row, [total] or [1, total], with cu_seqlens; "
+                         f"got shape {tuple(r.shape)}")
+    seg, bad = _segments(cu_seqlens, r.numel(), r.device)
+    out = r.new_zeros(cu_seqlens.numel() + 1, dtype=dt).index_add_(0, seg, r.reshape(-1).to(dt))[1:-1]
+    return _nan_where(out, bad)
 
 
 def to_tokens(values, mask, cu_seqlens=None):
     """``values`` ``[B]`` at the tokens of ``mask`` ``[B, L]`` (``[S]`` at packed ``[total]`` or ``[1, total]``
-    tokens, with ``cu_seqlens``), as the product ``value · mask``: 0 at masked tokens, the dtype of a
-    product. The output is the only ``[B, L]`` tensor made."""
+    tokens, with ``cu_seqlens`` ``[S + 1]``), as the product ``value · mask``: 0 at masked tokens, the
+    dtype of a product. The output is the only ``[B, L]`` tensor made. Malformed ``cu_seqlens``: every
+    output NaN, as in :func:`sequence_scores`."""
     if not isinstance(values, torch.Tensor) or not isinstance(mask, torch.Tensor) or values.dim() != 1:
         raise TypeError("to_tokens takes values, a 1-d tensor, and mask, a tensor")
     if cu_seqlens is not None:
+        if mask.dim() not in (1, 2) or mask.numel() != mask.shape[-1]:
+            raise ValueError(f"mask must be a packed row, [total] or [1, total], with cu_seqlens; "
+                             f"got {tuple(mask.shape)}")
+        seg, bad = _segments(cu_seqlens, mask.numel(), mask.device)
+        if values.numel() != cu_seqlens.numel() - 1:
+            raise ValueError(f"values must hold one value per sequence of cu_seqlens ({cu_seqlens.numel() - 1}), "
+                             f"got {values.numel()}")
         v = torch.cat([values.new_zeros(1), values, values.new_zeros(1)])
-        return (v[_segments(cu_seqlens, mask.numel())] * mask.reshape(-1)).reshape(mask.shape)
+        return _nan_where((v[seg] * mask.reshape(-1)).reshape(mask.shape), bad)
     if mask.shape[:-1] != values.shape:
         raise ValueError(f"mask must be [B, L] with B = {values.numel()}, got {tuple(mask.shape)}")
     return values.unsqueeze(-1) * mask

@@ -164,6 +164,9 @@ def test_tokens_padded_and_packed():
     mask = torch.tensor([[1, 1, 0], [0, 0, 0], [0, 1, 1]])
     assert G.to_tokens(v, mask).tolist() == [[1.5, 1.5, 0], [0, 0, 0], [0, 3.0, 3.0]]
     assert G.to_tokens(v.bfloat16(), mask.bool()).dtype == torch.bfloat16
+    inf = G.to_tokens(torch.tensor([math.inf, math.nan, -math.inf]), mask)  # a product: inf·0 and NaN·0 are NaN
+    assert inf[0, :2].tolist() == [math.inf] * 2 and inf[0, 2].isnan() and inf[1].isnan().all()
+    assert inf[2, 0].isnan() and inf[2, 1:].tolist() == [-math.inf] * 2
     cu = torch.tensor([1, 3, 3, 6], dtype=torch.int32)  # token 0 and 6.. belong to no sequence
     pm = torch.tensor([[1, 1, 0, 1, 1, 1, 1, 1]])
     assert G.to_tokens(v, pm, cu).tolist() == [[0, 1.5, 0, 3.0, 3.0, 3.0, 0, 0]]
@@ -172,6 +175,70 @@ def test_tokens_padded_and_packed():
     rb = torch.randn(4, 6).bfloat16()
     assert G.sequence_scores(rb).dtype == torch.float32
     torch.testing.assert_close(G.sequence_scores(rb), rb.double().sum(-1).float())
+
+
+@pytest.mark.parametrize("cu", [[0, 4, 40], [0, 6, 2, 10], [-3, 4, 10], [0, 4, 11], [2, 1]])
+def test_malformed_cu_seqlens_give_nan(cu):
+    """cu_seqlens that decrease, go negative or end past total make every output NaN, on the device
+    (no host read), in a subprocess: before, a negative length reached repeat_interleave and
+    corrupted the heap (the process aborted)."""
+    import subprocess
+
+    code = f"""
+import torch, rollbuf
+from rollbuf import groups as G
+cu = torch.tensor({cu})
+r = torch.arange(10.).view(1, 10)
+for _ in range(50):
+    s = G.sequence_scores(r, cu)
+    t = G.to_tokens(torch.ones(cu.numel() - 1), torch.ones(1, 10), cu)
+assert s.shape == (cu.numel() - 1,) and s.isnan().all(), s
+assert t.shape == (1, 10) and t.isnan().all(), t
+for f in (lambda: G.sequence_scores(r, cu), lambda: G.to_tokens(torch.ones(cu.numel() - 1), torch.ones(1, 10), cu)):
+    with rollbuf.check_finite():
+        try:
+            f()
+        except ValueError as e:
+            assert "cu_seqlens" in str(e), e
+        else:
+            raise AssertionError("no error under check_finite")
+print("ok")
+"""
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and p.stdout.strip() == "ok", (p.returncode, p.stdout, p.stderr[-2000:])
+
+
+def test_packed_segments_edges():
+    """Tokens before cu_seqlens[0] and after cu_seqlens[-1] belong to no sequence; empty sequences
+    and cu_seqlens[-1] == total are fine; cu_seqlens[0] > 0 is allowed (not NaN)."""
+    r = torch.arange(1.0, 9.0)
+    for cu, want in [([0, 8], [36.0]), ([3, 3, 3], [0.0, 0.0]), ([0], []), ([1, 1, 5, 8], [0.0, 14.0, 21.0]),
+                     ([0, 0, 0, 2], [0.0, 0.0, 3.0])]:
+        c = torch.tensor(cu, dtype=torch.int32)
+        assert G.sequence_scores(r, c).tolist() == want
+        assert G.sequence_scores(r.view(1, 8), c.long()).tolist() == want
+        v = torch.arange(1.0, len(cu))
+        tok = G.to_tokens(v, torch.ones(8), c)
+        exp = [next((float(k) for k in range(1, len(cu)) if cu[k - 1] <= t < cu[k]), 0.0) for t in range(8)]
+        assert tok.tolist() == exp
+
+
+def test_packed_argument_errors():
+    r, cu = torch.arange(8.0).view(1, 8), torch.tensor([0, 3, 8])
+    with pytest.raises(TypeError, match="cu_seqlens"):
+        G.sequence_scores(r, cu.float())
+    with pytest.raises(TypeError, match="cu_seqlens"):
+        G.to_tokens(torch.ones(2), torch.ones(1, 8), cu.float())
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        G.sequence_scores(r, cu.view(1, 3))
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        G.sequence_scores(r, torch.tensor([], dtype=torch.long))
+    with pytest.raises(ValueError, match="token_level_rewards"):  # [B, L] with B > 1 is not a packed row
+        G.sequence_scores(r.view(2, 4), cu)
+    with pytest.raises(ValueError, match="values"):  # one value per sequence: 2 here
+        G.to_tokens(torch.ones(3), torch.ones(1, 8), cu)
+    with pytest.raises(ValueError, match="mask"):
+        G.to_tokens(torch.ones(2), torch.ones(2, 4), cu)
 
 
 def _loop_whiten(x, m):

@@ -129,7 +129,7 @@ def llm_calls(device, backend) -> dict:
 
 def verl_calls(device) -> dict:
     """rollbuf.integrations.verl with a tensor ``index`` (what a trainer passes to capture a graph):
-    every estimator of its registry, Dr.GRPO, GDPO and ReMax."""
+    every estimator of its registry, Dr.GRPO, GDPO (its form without config), ReMax and GAE."""
     from types import SimpleNamespace
 
     from rollbuf.integrations import verl as V
@@ -144,6 +144,8 @@ def verl_calls(device) -> dict:
     calls["reinforce_plus_plus"] = lambda: V.compute_reinforce_plus_plus_outcome_advantage(r, m, config=cfg)
     calls["Dr.GRPO"] = lambda: V.compute_grpo_outcome_advantage(r, m, idx, norm_adv_by_std_in_grpo=False)
     calls["remax"] = lambda: V.compute_remax_outcome_advantage(r, r[:, 0], m)
+    calls["gdpo"] = lambda: V.compute_gdpo_outcome_advantage(r, m, idx)
+    calls["gae"] = lambda: V.compute_gae_advantage_return(r, r * 0.5, m, 0.99, 0.95)
     return calls
 
 

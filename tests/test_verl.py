@@ -6,6 +6,7 @@ equal, with string, int and tensor ids, in float32 and bfloat16. Compared at eve
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import numpy as np
@@ -142,7 +143,8 @@ def test_gdpo_reward_components():
 
 def test_register_selects_them_by_name():
     """After register(), verl's registry gives rollbuf's functions; called as verl's trainer calls a
-    registered estimator (config, index, no norm_adv_by_std_in_grpo), they equal verl's."""
+    registered estimator (config, index, no norm_adv_by_std_in_grpo), they equal verl's registered
+    functions called so (which do not read config.norm_adv_by_std_in_grpo)."""
     names = R.register()
     assert R.register() == names  # registering again is harmless
     assert set(names) <= set(core_algos.ADV_ESTIMATOR_REGISTRY)
@@ -150,11 +152,73 @@ def test_register_selects_them_by_name():
     for norm in (True, False):
         kw = dict(token_level_rewards=rewards, response_mask=mask, config=_config(norm), index=index_of(labels, "str"))
         ours = core_algos.get_adv_estimator_fn("rollbuf_grpo")(**kw)[0]
-        theirs = core_algos.compute_grpo_outcome_advantage(rewards, mask, kw["index"], norm_adv_by_std_in_grpo=norm)[0]
+        theirs = core_algos.get_adv_estimator_fn("grpo")(**kw)[0]
         _close(ours, theirs, torch.float32, "rollbuf_grpo")
     ours = core_algos.get_adv_estimator_fn("rollbuf_reinforce_plus_plus")(rewards, mask, config=_config())[0]
     _close(ours, core_algos.compute_reinforce_plus_plus_outcome_advantage(rewards, mask, config=_config())[0],
            torch.float32, "rollbuf_reinforce_plus_plus")
+
+
+@pytest.mark.parametrize("name", ["grpo", "grpo_vectorized"])
+def test_registered_grpo_takes_verls_arguments(name):
+    """The registered GRPO forms take verl's signature: explicit ``epsilon`` and
+    ``norm_adv_by_std_in_grpo`` (by keyword or position) are used, and ``config`` alone is read as
+    verl's own registered function reads it (not at all: verl's trainer passes the argument to its
+    ``"grpo"`` branch, and gives a registered name ``config`` only)."""
+    R.register()
+    ours, theirs = core_algos.get_adv_estimator_fn("rollbuf_" + name), core_algos.get_adv_estimator_fn(name)
+    rewards, mask, labels = batch(4)
+    index = index_of(labels, "str")
+    calls = [((rewards, mask, index), dict(norm_adv_by_std_in_grpo=False)),
+             ((rewards, mask, index), dict(epsilon=10.0)),
+             ((rewards, mask, index, 10.0, False), {}),
+             ((rewards, mask, index, 0.5), dict(norm_adv_by_std_in_grpo=True, config=_config(False))),
+             ((rewards, mask, index), dict(norm_adv_by_std_in_grpo=False, config=_config(True))),
+             ((), dict(token_level_rewards=rewards, response_mask=mask, index=index, config=_config(False))),
+             ((), dict(token_level_rewards=rewards, response_mask=mask, index=index, config=_config(True))),
+             ((rewards, mask, index), {})]
+    for args, kw in calls:
+        for a, b in zip(ours(*args, **kw), theirs(*args, **kw)):
+            _close(a, b, torch.float32, f"{name} {len(args)} {sorted(kw)}")
+
+
+@pytest.mark.parametrize("name", list(OURS))
+def test_response_mask_of_another_shape_raises(name):
+    """verl broadcasts a response_mask of another shape; rollbuf raises, naming it."""
+    rewards, mask, labels = batch(0)
+    for bad in (mask[:, :1], mask[:1], mask[:, :-1]):
+        kw = dict(token_level_rewards=rewards, response_mask=bad, index=index_of(labels, "str"), config=_config())
+        if name in ("grpo", "grpo_vectorized", "gdpo"):
+            kw["norm_adv_by_std_in_grpo"] = True
+        with pytest.raises(ValueError, match="response_mask"):
+            OURS[name](**kw)
+    for fn, extra in ((R.compute_reinforce_plus_plus_outcome_advantage, {}),
+                      (R.compute_remax_outcome_advantage, dict(reward_baselines=torch.zeros(rewards.shape[0]))),
+                      (R.compute_gae_advantage_return, dict(values=torch.zeros_like(rewards), gamma=1.0, lam=1.0))):
+        with pytest.raises(ValueError, match="response_mask"):
+            fn(token_level_rewards=rewards, response_mask=mask[:, :1], config=_config(), **extra) \
+                if fn is R.compute_reinforce_plus_plus_outcome_advantage else \
+                fn(token_level_rewards=rewards, response_mask=mask[:, :1], **extra)
+
+
+def test_documented_differences_from_verl():
+    """docs/llm.md, "Where the outputs differ from verl's": a tensor index (verl's RLOO loop makes
+    every row a group of one, its pass@k raises, its GRPO loop a KeyError; rollbuf groups equal ids)
+    and an infinite score (RLOO)."""
+    r, m, idx = torch.tensor([[1.0, 0], [3, 0], [2, 0], [5, 0]]), torch.ones(4, 2), torch.tensor([0, 0, 1, 1])
+    kw = dict(token_level_rewards=r, response_mask=m, index=idx, config=_config())
+    assert VERL["rloo"](**kw)[0][:, 0].tolist() == [1.0, 3.0, 2.0, 5.0]
+    assert OURS["rloo"](**kw)[0][:, 0].tolist() == [-2.0, 2.0, -3.0, 3.0]
+    with pytest.raises(ValueError):
+        VERL["grpo_passk"](**kw)
+    with pytest.raises(KeyError):
+        VERL["grpo"](**kw)
+    r = torch.tensor([[float("inf")], [1.0], [2.0], [3.0]])
+    kw = dict(token_level_rewards=r, response_mask=torch.ones(4, 1), index=np.array(["a", "a", "b", "b"], dtype=object))
+    for name in ("rloo", "rloo_vectorized"):
+        theirs, ours = VERL[name](**kw)[0][:, 0], OURS[name](**kw)[0][:, 0]
+        assert theirs[0].isnan() and theirs[1] == -math.inf and theirs[2:].tolist() == [-1.0, 1.0]
+        assert ours[:2].isnan().all() and ours[2:].tolist() == [-1.0, 1.0]
 
 
 def test_passk_and_config_errors():

@@ -310,11 +310,11 @@ def discounted_returns(token_level_rewards, response_mask, gamma, *, truncated=N
     temporary (``r`` with masked entries 0); ``fill_masked="keep"`` leaves the running return at
     masked tokens (OpenRLHF's outputs), ``"zero"`` writes 0.
 
-    Note: verl's REINFORCE++ loop (``compute_reinforce_plus_plus_outcome_advantage``) *resets* the
-    running return at every masked token instead (``running_return *= response_mask[:, t]``),
-    meant for padding after EOS. The two agree on rows whose masked tokens are all trailing
-    padding; with a tool span inside a row, verl's loop cuts the return there and this function
-    carries it across. For REINFORCE++ advantages whiten the result:
+    verl 0.9.1's REINFORCE++ loop (``compute_reinforce_plus_plus_outcome_advantage``) carries its
+    running return across masked tokens the same way, writing 0 there (this function with the
+    default ``mask_mode="skip"``, ``fill_masked="zero"``); older verl versions reset it at every
+    masked token (``running_return *= response_mask[:, t]``), cutting the return at a tool span
+    inside a row. For REINFORCE++ advantages whiten the result:
     ``masked_whiten(returns, response_mask) * response_mask``.
     """
     gamma = _scalar("gamma", gamma)

@@ -14,8 +14,16 @@ from rollbuf import groups
 from rollbuf.integrations import llm
 
 
+def _same_shape(rewards, mask):
+    """verl broadcasts ``response_mask`` against ``token_level_rewards``; rollbuf requires their shape."""
+    if not isinstance(mask, torch.Tensor) or not isinstance(rewards, torch.Tensor) or mask.shape != rewards.shape:
+        raise ValueError(f"response_mask must have token_level_rewards' shape {tuple(getattr(rewards, 'shape', ()))}"
+                         f" (not broadcast), got {tuple(getattr(mask, 'shape', ())) or type(mask).__name__}")
+
+
 def _outcome(rewards, mask, index, estimator, dtype=None, **kw):
     """:func:`rollbuf.groups.outcome_advantages` → ``(advantages, advantages)`` ``[B, L]``, 0 at masked tokens."""
+    _same_shape(rewards, mask)
     a = groups.outcome_advantages(groups.sequence_scores(rewards), index, mask.sum(-1, dtype=torch.float32),
                                   estimator, **kw)
     return (a := groups.to_tokens(a.to(dtype or rewards.dtype), mask)), a
@@ -27,6 +35,7 @@ def _f32(r):  # verl's vectorized forms return float32 for 16-bit rewards
 
 def compute_gae_advantage_return(token_level_rewards, values, response_mask, gamma, lam):
     """verl's GAE: :func:`rollbuf.integrations.llm.compute_gae_advantage_return`, whitened, verl's values."""
+    _same_shape(token_level_rewards, response_mask)
     return llm.compute_gae_advantage_return(token_level_rewards, values, response_mask, gamma, lam, whiten=True,
                                             fill_masked="carry")
 
@@ -52,6 +61,7 @@ def compute_gdpo_outcome_advantage(token_level_rewards, response_mask, index, ep
     if config is None or non_tensor_batch is None or batch is None:
         return _outcome(token_level_rewards, response_mask, index, "gdpo", epsilon=epsilon,
                         norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo)
+    _same_shape(token_level_rewards, response_mask)
     keys, weights = config.get("gdpo_reward_keys", None), config.get("gdpo_reward_weights", None)
     if not keys or any(k not in non_tensor_batch for k in keys):
         raise ValueError(f"config.gdpo_reward_keys ({keys}) must name keys of non_tensor_batch")
@@ -103,29 +113,35 @@ def compute_reinforce_plus_plus_outcome_advantage(token_level_rewards, response_
     """verl's REINFORCE++ (``config.gamma``)."""
     if config is None:
         raise ValueError("config is required: REINFORCE++ reads config.gamma")
+    _same_shape(token_level_rewards, response_mask)
     returns = llm.discounted_returns(token_level_rewards, response_mask, config.gamma)
     return groups.masked_whiten(returns, response_mask) * response_mask, returns
 
 
 def compute_remax_outcome_advantage(token_level_rewards, reward_baselines, response_mask, config=None, **kwargs):
     """verl's ReMax."""
+    _same_shape(token_level_rewards, response_mask)
     returns = llm.discounted_returns(token_level_rewards, response_mask, 1.0, fill_masked="carry")
     returns = returns.to(torch.promote_types(returns.dtype, response_mask.dtype))
     return returns - reward_baselines.unsqueeze(-1) * response_mask, returns
 
 
-def _reads_config(fn):
-    """verl's trainer gives a registered estimator ``config``, not ``norm_adv_by_std_in_grpo``."""
-    def estimator(token_level_rewards, response_mask, index, config=None, **kwargs):
-        norm = config is None or config.get("norm_adv_by_std_in_grpo", True)
-        return fn(token_level_rewards, response_mask, index, norm_adv_by_std_in_grpo=norm, config=config)
+def _registered(fn):
+    """``fn`` with verl's signature, taking (and ignoring) the other inputs verl's trainer may give a
+    registered estimator. ``config`` is not read, as verl's own GRPO functions do not read it: verl's
+    trainer passes ``algorithm.norm_adv_by_std_in_grpo`` as the argument to its ``"grpo"`` name only,
+    and gives any registered name (``"grpo_vectorized"``, ``"rollbuf_grpo"``) ``config`` alone."""
+    def estimator(token_level_rewards, response_mask, index, epsilon=1e-6, norm_adv_by_std_in_grpo=True,
+                  config=None, **kwargs):
+        return fn(token_level_rewards, response_mask, index, epsilon, norm_adv_by_std_in_grpo, config)
+    estimator.__name__, estimator.__doc__ = fn.__name__, fn.__doc__
     return estimator
 
 
 #: What :func:`register` adds, by verl's name. Left out: GAE, ReMax and GDPO, whose inputs (values and
 #: a critic, baseline rollouts, reward components) verl's trainer gives to its own names only.
-ESTIMATORS = {"grpo": _reads_config(compute_grpo_outcome_advantage),
-              "grpo_vectorized": _reads_config(compute_grpo_vectorized_outcome_advantage),
+ESTIMATORS = {"grpo": _registered(compute_grpo_outcome_advantage),
+              "grpo_vectorized": _registered(compute_grpo_vectorized_outcome_advantage),
               "grpo_passk": compute_grpo_passk_outcome_advantage,
               "reinforce_plus_plus_baseline": compute_reinforce_plus_plus_baseline_outcome_advantage,
               "rloo": compute_rloo_outcome_advantage, "rloo_vectorized": compute_rloo_vectorized_outcome_advantage,
