@@ -38,10 +38,7 @@ def _search(p_srt, g, B, steps, UPPER: tl.constexpr):
     for _step in range(steps):
         mid = (lo + hi) // 2
         v = tl.load(p_srt + mid, mask=mid < B, other=0)
-        if UPPER:
-            right = v <= g
-        else:
-            right = v < g
+        right = (v <= g) if UPPER else (v < g)
         live = lo < hi
         lo = tl.where(live & right, mid + 1, lo)
         hi = tl.where(live & ~right, mid, hi)
@@ -65,7 +62,7 @@ def _extremes(p_x, p_perm, start, ln, kmax, BLOCK_K: tl.constexpr):
     lo = tl.full(start.shape, float("inf"), tl.float64)
     bad = tl.zeros(start.shape, tl.int32)
     for k0 in range(0, kmax, BLOCK_K):
-        j, xj, mk = _members(p_x, p_perm, start, ln, k0, BLOCK_K)
+        _, xj, mk = _members(p_x, p_perm, start, ln, k0, BLOCK_K)
         hi = tl.maximum(hi, tl.max(tl.where(mk & (xj == xj), xj, float("-inf")), 1))
         lo = tl.minimum(lo, tl.min(tl.where(mk & (xj == xj), xj, float("inf")), 1))
         bad += tl.sum((mk & (xj != xj)).to(tl.int32), 1)
@@ -88,10 +85,7 @@ def _sums(p_x, p_w, p_perm, start, ln, kmax, hi, lo, HAS_W: tl.constexpr, BLOCK_
         ql += tl.sum(tl.where(mk, dl * dl, 0.0), 1)
         ntop += tl.sum((mk & top).to(tl.float64), 1)
         hi2 = tl.maximum(hi2, tl.max(tl.where(mk & ~top, xj, float("-inf")), 1))
-        if HAS_W:
-            wj = tl.load(p_w + j, mask=mk, other=0).to(tl.float64)
-        else:
-            wj = mk.to(tl.float64)
+        wj = tl.load(p_w + j, mask=mk, other=0).to(tl.float64) if HAS_W else mk.to(tl.float64)
         sw += tl.sum(tl.where(mk, wj, 0.0), 1)
         swd += tl.sum(tl.where(mk, wj * dh, 0.0), 1)
     return n, sh, qh, sl, ql, ntop, hi2, sw, swd
@@ -145,7 +139,7 @@ def group_stats_kernel(p_x, p_w, p_ids, p_srt, p_perm, p_out, B, steps, eps, HAS
         tl.store(p_out + i, x.to(dt) - loo_mean.to(dt), mask=ok)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _kernel(est: int, norm: bool, has_w: bool) -> host.Kernel:
     return host.Kernel(group_stats_kernel, dict(HAS_W=has_w, EST=est, NORM=norm, BLOCK_I=BLOCK_I, BLOCK_K=BLOCK_K),
                        WARPS, ("p_x", "p_w", "p_ids", "p_srt", "p_perm", "p_out", "B", "steps", "eps"))
