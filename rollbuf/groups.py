@@ -1,6 +1,7 @@
 """Group statistics for outcome-reward advantages (GRPO, RLOO, ...), framework-neutral: ``[B]`` scores
 with a group id each, their broadcast to padded or packed tokens, masked whitening (optionally over a
-process group). Plain torch ops, no loop, no host sync (capturable in a CUDA graph). Edge rules:
+process group). Torch ops (or, for the statistics on CUDA tensors, one Triton kernel:
+:mod:`rollbuf.kernels.group_stats`), no loop, no host sync (capturable in a CUDA graph). Edge rules:
 docs/semantics.md, "Group statistics"."""
 
 from __future__ import annotations

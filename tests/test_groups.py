@@ -408,3 +408,23 @@ def test_kernel_outcome_advantages(dtype):
             assert got.dtype == want.dtype, est
             fused = est in ("grpo", "dr_grpo", "rloo_vectorized") and dtype != torch.float64
             _same(got, want, exact=fused, tol=1e-12 if dtype == torch.float64 else 1e-5)
+
+
+@pytest.mark.gpu
+def test_kernel_reads_no_value_back():
+    """On CUDA the kernel path (sort, launch; the fused GRPO and RLOO) makes no host sync."""
+    x = torch.randn(300, device="cuda")
+    idx = torch.randint(0, 40, (300,), device="cuda")
+    ids, n = G.group_ids(idx)
+    calls = [lambda: G.group_stats(x, ids, n, x.abs(), backend="auto"),
+             lambda: G.group_stats(x.double(), ids, n, backend="triton")]
+    calls += [lambda e=e: G.outcome_advantages(x, idx, None, e, backend="triton") for e in ("grpo", "rloo_vectorized")]
+    for call in calls:
+        call()  # compiles
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for call in calls:
+            call()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
