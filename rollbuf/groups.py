@@ -120,10 +120,12 @@ def group_stats(scores, ids, num_groups: int, weights=None, *, group=None, backe
     c, d = torch.where(alone, lo, hi), torch.where(alone, x - lo, dh)
     s, q, m = torch.where(alone, sl, sh) - d, torch.where(alone, ql, qh) - d * d, n - 1
     gap = torch.where(alone & (n > 1), x - _all_reduce(hi2, group, dist.ReduceOp.MAX)[ids], 0)
+    std = torch.where(n > 1, ((qh - sh * sh / n).clamp_min(0) / (n - 1)).sqrt(), 0)
+    loo_std = torch.where(m > 1, ((q - s * s / m).clamp_min(0) / (m - 1)).sqrt(), 0)
+    bad = mean.isnan()  # a NaN member: every statistic NaN, the spreads of a group of one or two too
     return GroupStats(*(t.to(dt) for t in (
-        n, mean, torch.where(n > 1, ((qh - sh * sh / n).clamp_min(0) / (n - 1)).sqrt(), 0),
-        torch.where(m > 0, c + s / m, x), torch.where(m > 1, ((q - s * s / m).clamp_min(0) / (m - 1)).sqrt(), 0),
-        torch.where(mean.isnan(), mean, gap), torch.where(sw > 0, hi + swd / sw, mean))))
+        n, mean, torch.where(bad, mean, std), torch.where(m > 0, c + s / m, x), torch.where(bad, mean, loo_std),
+        torch.where(bad, mean, gap), torch.where(sw > 0, hi + swd / sw, mean))))
 
 
 def _segments(cu_seqlens, total):

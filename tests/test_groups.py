@@ -15,6 +15,7 @@ import torch
 
 from rollbuf import groups as G
 
+DEV = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter takes CPU tensors
 FIELDS = ("size", "mean", "std", "loo_mean", "loo_std", "top2_gap", "weighted_mean")
 
 
@@ -104,13 +105,18 @@ def test_leave_one_out_of_equal_others_is_exact(odd, dtype):
             assert s.loo_std[i - 1] > 0
 
 
-def test_nan_score_poisons_its_group_only():
-    x = torch.tensor([1.0, float("nan"), 2.0, 3.0, 4.0, 5.0])
-    s = G.group_stats(x, torch.tensor([0, 0, 0, 1, 1, 2]), 3)
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=pytest.mark.interpret)])
+def test_nan_score_poisons_its_group_only(backend):
+    """Groups of 3, 1 and 2 with a NaN member: every statistic NaN (the spreads of a group of one
+    or two too); the other groups finite."""
+    nan = float("nan")
+    x = torch.tensor([1.0, nan, 2.0, 3.0, 4.0, 5.0, nan, 6.0, nan]).to(DEV)
+    s = G.group_stats(x, torch.tensor([0, 0, 0, 1, 1, 2, 3, 4, 4]).to(DEV), 5, backend=backend)
+    poisoned = torch.tensor([1, 1, 1, 0, 0, 0, 1, 1, 1], dtype=torch.bool)
     for k in FIELDS[1:]:
-        v = getattr(s, k)
-        assert v[:3].isnan().all(), k
-        assert v[3:].isfinite().all(), k
+        v = getattr(s, k).cpu()
+        assert v[poisoned].isnan().all(), k
+        assert v[~poisoned].isfinite().all(), k
 
 
 def test_weighted_mean_of_zero_weight_is_the_mean():
@@ -277,8 +283,6 @@ def test_over_a_process_group(tmp_path):
 
 
 # ---------------------------------------------------------------- the Triton kernel (rollbuf/kernels/group_stats.py)
-
-DEV = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter takes CPU tensors
 
 
 def _same(got, want, exact=False, tol=1e-12):

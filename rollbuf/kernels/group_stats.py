@@ -115,7 +115,8 @@ def group_stats_kernel(p_x, p_w, p_ids, p_srt, p_perm, p_out, B, steps, eps, HAS
     hi, lo = _extremes(p_x, p_perm, start, ln, kmax, BLOCK_K)
     n, sh, qh, sl, ql, ntop, hi2, sw, swd = _sums(p_x, p_w, p_perm, start, ln, kmax, hi, lo, HAS_W, BLOCK_K)
     mean = hi + sh / n
-    std = _spread(qh, sh, n)
+    bad = mean != mean  # a NaN member: every statistic NaN, the spreads of a group of one or two too
+    std = tl.where(bad, mean, _spread(qh, sh, n))
     alone = (x == hi) & (ntop == 1)  # a unique maximum: its others are summed about the minimum
     d = tl.where(alone, x - lo, x - hi)
     s, q, m = tl.where(alone, sl, sh) - d, tl.where(alone, ql, qh) - d * d, n - 1
@@ -127,8 +128,8 @@ def group_stats_kernel(p_x, p_w, p_ids, p_srt, p_perm, p_out, B, steps, eps, HAS
         tl.store(p_out + B + i, mean.to(dt), mask=ok)
         tl.store(p_out + 2 * B + i, std.to(dt), mask=ok)
         tl.store(p_out + 3 * B + i, loo_mean.to(dt), mask=ok)
-        tl.store(p_out + 4 * B + i, _spread(q, s, m).to(dt), mask=ok)
-        tl.store(p_out + 5 * B + i, tl.where(mean != mean, mean, gap).to(dt), mask=ok)
+        tl.store(p_out + 4 * B + i, tl.where(bad, mean, _spread(q, s, m)).to(dt), mask=ok)
+        tl.store(p_out + 5 * B + i, tl.where(bad, mean, gap).to(dt), mask=ok)
         tl.store(p_out + 6 * B + i, tl.where(sw > 0, hi + swd / sw, mean).to(dt), mask=ok)
     elif EST == 1:  # verl: a group of one has mean 0 and std 1; in the statistics' dtype, as torch
         a = x.to(dt) - tl.where(n == 1, 0.0, mean.to(dt)).to(dt)
