@@ -93,6 +93,9 @@ def _checked(scores, ids, weights):
     w = None if weights is None else _float("weights", weights, 1)
     if w is not None and w.shape != x.shape:
         raise ValueError(f"weights must have shape {tuple(x.shape)} (one per score), got {tuple(w.shape)}")
+    for name, t in (("ids", ids), ("weights", w)):
+        if t is not None and t.device != x.device:
+            raise ValueError(f"{name} must be on the scores' device ({x.device}), got {t.device}")
     return x, w
 
 

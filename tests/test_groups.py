@@ -381,6 +381,11 @@ def test_kernel_errors_and_empty():
         G.group_stats(x, ids[:2], 1, backend="triton")
     with pytest.raises(ValueError, match="weights must have shape"):
         G.group_stats(x, ids, 1, torch.ones(2, device=DEV), backend="triton")
+    for backend in ("torch", "triton"):
+        with pytest.raises(ValueError, match="ids must be on the scores' device"):
+            G.group_stats(x, ids.to("meta"), 1, backend=backend)
+        with pytest.raises(ValueError, match="weights must be on the scores' device"):
+            G.group_stats(x, ids, 1, torch.ones(3, device="meta"), backend=backend)
     s = G.group_stats(x[:0], ids[:0], 0, backend="triton")
     assert all(v.shape == (0,) for v in s)
 

@@ -31,18 +31,25 @@ BLOCK_I, BLOCK_K, WARPS = 32, 16, 4
 
 
 @triton.jit
-def _search(p_srt, g, B, steps, UPPER: tl.constexpr):
-    """Per sample, the first position in ``srt`` whose id is ``> g`` (``UPPER``) or ``>= g``."""
+def _bisect(p_srt, g, lo, hi, B, UPPER: tl.constexpr):
+    """One step of the search for the first position in ``srt`` whose id is ``> g`` (``UPPER``) or ``>= g``."""
+    mid = (lo + hi) // 2
+    v = tl.load(p_srt + mid, mask=mid < B, other=0)
+    right = (v <= g) if UPPER else (v < g)
+    live = lo < hi
+    return tl.where(live & right, mid + 1, lo), tl.where(live & ~right, mid, hi)
+
+
+@triton.jit
+def _group(p_srt, g, B, steps):
+    """Each sample's group ``[start, end)`` in ``srt``: two binary searches, stepped together (their
+    loads are independent)."""
     lo = tl.zeros(g.shape, tl.int32)
-    hi = lo + B
+    hi, lo2, hi2 = lo + B, lo, lo + B
     for _step in range(steps):
-        mid = (lo + hi) // 2
-        v = tl.load(p_srt + mid, mask=mid < B, other=0)
-        right = (v <= g) if UPPER else (v < g)
-        live = lo < hi
-        lo = tl.where(live & right, mid + 1, lo)
-        hi = tl.where(live & ~right, mid, hi)
-    return lo
+        lo, hi = _bisect(p_srt, g, lo, hi, B, False)
+        lo2, hi2 = _bisect(p_srt, g, lo2, hi2, B, True)
+    return lo, lo2
 
 
 @triton.jit
@@ -108,8 +115,8 @@ def group_stats_kernel(p_x, p_w, p_ids, p_srt, p_perm, p_out, B, steps, eps, HAS
     i = tl.program_id(0) * BLOCK_I + tl.arange(0, BLOCK_I)
     ok = i < B
     g = tl.load(p_ids + i, mask=ok, other=0)
-    start = _search(p_srt, g, B, steps, False)
-    ln = tl.where(ok, _search(p_srt, g, B, steps, True) - start, 0)
+    start, end = _group(p_srt, g, B, steps)
+    ln = tl.where(ok, end - start, 0)
     kmax = tl.max(ln, 0)
     x = tl.load(p_x + i, mask=ok, other=0).to(tl.float64)
     hi, lo = _extremes(p_x, p_perm, start, ln, kmax, BLOCK_K)
