@@ -1,6 +1,7 @@
 """Group statistics for outcome-reward advantages (GRPO, RLOO, ...), framework-neutral: ``[B]`` scores
 with a group id each, their broadcast to padded or packed tokens, masked whitening (optionally over a
-process group). Plain torch ops, no loop, no host sync (capturable in a CUDA graph). Edge rules:
+process group). Torch ops (or, for the statistics on CUDA tensors, one Triton kernel:
+:mod:`rollbuf.kernels.group_stats`), no loop, no host sync (capturable in a CUDA graph). Edge rules:
 docs/semantics.md, "Group statistics"."""
 
 from __future__ import annotations
@@ -12,10 +13,17 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from rollbuf import backends
 from rollbuf.validation import FLOATS, checking_finite
 
 __all__ = ["GroupStats", "group_ids", "group_stats", "sequence_scores", "to_tokens", "masked_whiten",
-           "outcome_advantages", "OUTCOME_ESTIMATORS"]
+           "outcome_advantages", "OUTCOME_ESTIMATORS", "READS_LENGTHS", "BACKENDS"]
+
+#: The backends :func:`group_stats` and :func:`outcome_advantages` take: ``"torch"`` (torch's scatter
+#: and index-add reductions, any device, the reference), ``"triton"`` (one kernel: CUDA tensors, or CPU
+#: tensors under ``TRITON_INTERPRET=1``), ``"auto"`` (triton for CUDA tensors when Triton is
+#: importable, else torch).
+BACKENDS = ("auto", "torch", "triton")
 
 
 class GroupStats(NamedTuple):
@@ -66,18 +74,44 @@ def _all_reduce(x, group, op=None):
     return x
 
 
-def group_stats(scores, ids, num_groups: int, weights=None, *, group=None) -> GroupStats:
-    """:class:`GroupStats` of ``scores`` ``[B]`` grouped by ``ids`` ``[B]`` (:func:`group_ids`), in float32
-    (float64 for float64 scores). ``weights`` ``[B]`` (e.g. response lengths): ``weighted_mean``.
-    ``group``: a process group whose ranks hold other samples of the same groups. Accumulated in
-    float64 as per-group sums about a member's value (docs/semantics.md): equal members, and equal
-    other members, give exactly zero spread."""
-    x, w = _float("scores", scores, 1), torch.ones_like(scores, dtype=torch.float64) if weights is None else weights
-    dt, x, w = x.dtype, x.double(), _float("weights", w, 1).double()
+def _backend(backend, device, group) -> str:
+    """The concrete backend (``"torch"`` or ``"triton"``) of ``backend`` for tensors on ``device``."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "auto":
+        return "triton" if device.type == "cuda" and group is None and backends.triton_available() else "torch"
+    if backend == "triton" and group is not None:
+        raise ValueError("backend='triton' takes no process group: use backend='torch' with group=")
+    return backends.resolve(backend, device)
+
+
+def _checked(scores, ids, weights):
+    """``(x, w)``: the scores and weights checked (the weights converted, None stays None)."""
+    x = _float("scores", scores, 1)
     if not isinstance(ids, torch.Tensor) or ids.dtype != torch.int64 or ids.shape != x.shape:
         raise ValueError(f"ids must be an int64 tensor of shape {tuple(x.shape)} (group_ids gives it)")
-    if w.shape != x.shape:
+    w = None if weights is None else _float("weights", weights, 1)
+    if w is not None and w.shape != x.shape:
         raise ValueError(f"weights must have shape {tuple(x.shape)} (one per score), got {tuple(w.shape)}")
+    for name, t in (("ids", ids), ("weights", w)):
+        if t is not None and t.device != x.device:
+            raise ValueError(f"{name} must be on the scores' device ({x.device}), got {t.device}")
+    return x, w
+
+
+def group_stats(scores, ids, num_groups: int, weights=None, *, group=None, backend: str = "auto") -> GroupStats:
+    """:class:`GroupStats` of ``scores`` ``[B]`` grouped by ``ids`` ``[B]`` (:func:`group_ids`), in float32
+    (float64 for float64 scores). ``weights`` ``[B]`` (e.g. response lengths): ``weighted_mean``.
+    ``group``: a process group whose ranks hold other samples of the same groups (torch backend).
+    Accumulated in float64 as per-group sums about a member's value (docs/semantics.md): equal
+    members, and equal other members, give exactly zero spread. ``backend``: :data:`BACKENDS`."""
+    _checked(scores, ids, weights)
+    if _backend(backend, scores.device, group) == "triton":
+        from rollbuf.kernels import group_stats as kernel  # the kernel needs Triton: imported when asked for
+
+        return GroupStats(*kernel.run(scores, ids, weights))
+    x, w = _float("scores", scores, 1), torch.ones_like(scores, dtype=torch.float64) if weights is None else weights
+    dt, x, w = x.dtype, x.double(), _float("weights", w, 1).double()
     ext = x.new_full((2, num_groups), -math.inf).scatter_reduce_(1, ids.expand(2, -1), torch.stack([x, -x]), "amax")
     hi, lo = _all_reduce(ext, group, dist.ReduceOp.MAX)[:, ids]
     lo, dh, top = -lo, x - hi, x == hi
@@ -89,10 +123,12 @@ def group_stats(scores, ids, num_groups: int, weights=None, *, group=None) -> Gr
     c, d = torch.where(alone, lo, hi), torch.where(alone, x - lo, dh)
     s, q, m = torch.where(alone, sl, sh) - d, torch.where(alone, ql, qh) - d * d, n - 1
     gap = torch.where(alone & (n > 1), x - _all_reduce(hi2, group, dist.ReduceOp.MAX)[ids], 0)
+    std = torch.where(n > 1, ((qh - sh * sh / n).clamp_min(0) / (n - 1)).sqrt(), 0)
+    loo_std = torch.where(m > 1, ((q - s * s / m).clamp_min(0) / (m - 1)).sqrt(), 0)
+    bad = mean.isnan()  # a NaN member: every statistic NaN, the spreads of a group of one or two too
     return GroupStats(*(t.to(dt) for t in (
-        n, mean, torch.where(n > 1, ((qh - sh * sh / n).clamp_min(0) / (n - 1)).sqrt(), 0),
-        torch.where(m > 0, c + s / m, x), torch.where(m > 1, ((q - s * s / m).clamp_min(0) / (m - 1)).sqrt(), 0),
-        torch.where(mean.isnan(), mean, gap), torch.where(sw > 0, hi + swd / sw, mean))))
+        n, mean, torch.where(bad, mean, std), torch.where(m > 0, c + s / m, x), torch.where(bad, mean, loo_std),
+        torch.where(bad, mean, gap), torch.where(sw > 0, hi + swd / sw, mean))))
 
 
 def _segments(cu_seqlens, total, device):
@@ -204,21 +240,37 @@ _OUTCOME = {
 }
 #: The names :func:`outcome_advantages` takes.
 OUTCOME_ESTIMATORS = tuple(_OUTCOME)
+#: The estimators that read the response lengths (the others take ``lengths=None``).
+READS_LENGTHS = frozenset({"opo", "reinforce_plus_plus_baseline", "gdpo"})
+# the estimators the kernel computes whole (float32 statistics): its EST and NORM
+_FUSED = {"grpo": (1, None), "dr_grpo": (1, False), "rloo_vectorized": (2, False)}
 
 
-def outcome_advantages(scores, index, lengths, estimator: str = "grpo", *, epsilon: float = 1e-6,
-                       norm_adv_by_std_in_grpo: bool = True, f_norm: float = 1.0):
+def outcome_advantages(scores, index, lengths=None, estimator: str = "grpo", *, epsilon: float = 1e-6,
+                       norm_adv_by_std_in_grpo: bool = True, f_norm: float = 1.0, backend: str = "auto"):
     """verl's outcome advantage ``[B]`` of each row (docs/llm.md, section 10; ``"dr_grpo"``: GRPO
     unnormalised) from its score and response length (``lengths``: OPO's weights, the whitening's
-    token counts), ``[B]`` each; ``index``: :func:`group_ids`'s. Broadcast with :func:`to_tokens`."""
+    token counts; None for an estimator not in :data:`READS_LENGTHS`), ``[B]`` each; ``index``:
+    :func:`group_ids`'s. ``backend``: :func:`group_stats`'s. Broadcast with :func:`to_tokens`."""
     if estimator not in _OUTCOME:
         raise ValueError(f"estimator must be one of {OUTCOME_ESTIMATORS}, got {estimator!r}")
     x = _float("scores", scores, 1)
     ids, n = group_ids(index, x.device)
-    w = _float("lengths", lengths, 1).to(x.dtype)
-    if ids.shape != x.shape or w.shape != x.shape:
-        raise ValueError(f"index and lengths must hold one entry per row ({x.numel()}), got {len(ids)}, {len(w)}")
+    if lengths is None and estimator in READS_LENGTHS:
+        raise ValueError(f"lengths must be given for estimator {estimator!r} (it reads the response lengths)")
+    w = None if lengths is None else _float("lengths", lengths, 1).to(x.dtype)
+    if ids.shape != x.shape or (w is not None and w.shape != x.shape):
+        raise ValueError(f"index and lengths must hold one entry per row ({x.numel()}), got {len(ids)}, "
+                         f"{len(x if w is None else w)}")
     if estimator == "grpo_passk" and not isinstance(index, torch.Tensor) and np.unique(
             np.asarray(index).astype(str), return_counts=True)[1].min(initial=2) < 2:
         raise ValueError("index: pass@k needs at least 2 samples per group")
-    return _OUTCOME[estimator](x, group_stats(x, ids, n, w), w, (epsilon, norm_adv_by_std_in_grpo, f_norm))
+    k = (epsilon, norm_adv_by_std_in_grpo, f_norm)
+    if _backend(backend, x.device, None) == "triton":
+        from rollbuf.kernels import group_stats as kernel  # the kernel needs Triton: imported when asked for
+
+        if estimator in _FUSED and x.dtype == torch.float32:
+            est, norm = _FUSED[estimator]
+            return kernel.run(x, ids, None, est, norm=norm_adv_by_std_in_grpo if norm is None else norm, eps=epsilon)
+        return _OUTCOME[estimator](x, GroupStats(*kernel.run(x, ids, w)), w, k)
+    return _OUTCOME[estimator](x, group_stats(x, ids, n, w, backend="torch"), w, k)

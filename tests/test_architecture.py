@@ -90,6 +90,7 @@ LAZY = {
     ("rollbuf.backends", "rollbuf.backends.triton_backend"): "Triton is optional: imported when asked for",
     ("rollbuf.backends", "rollbuf.backends.compiled_cpu"): "numba's import costs ~0.5 s: on the first CPU call",
     ("rollbuf.backends.scan", "rollbuf.kernels"): "the fused scan needs Triton: imported when asked for",
+    ("rollbuf.groups", "rollbuf.kernels"): "the group-statistics kernel needs Triton: imported when asked for",
     ("rollbuf.testing", "hypothesis"): "hypothesis is a test dependency, needed by the strategies only",
     ("rollbuf.testing", "rollbuf.functional"): "the testing kit calls the public API (a layer above it)",
     ("rollbuf.distributed", "torch.distributed"): "imported by a sharded call only",
@@ -301,7 +302,7 @@ def _is_private(qualname: str) -> bool:
 
 # The Triton kernels and their launch, out of the size rules (a kernel's driver specialises every pass
 # in one body): in rollbuf/kernels/, these modules and each family's Triton kernels (*triton.py).
-TRITON_MODULES = ("core.py", "resolve.py", "host.py", "aot.py", "op.py")
+TRITON_MODULES = ("core.py", "resolve.py", "host.py", "aot.py", "op.py", "group_stats.py")
 
 
 def _triton_side(f: Path) -> bool:

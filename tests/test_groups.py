@@ -15,6 +15,7 @@ import torch
 
 from rollbuf import groups as G
 
+DEV = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter takes CPU tensors
 FIELDS = ("size", "mean", "std", "loo_mean", "loo_std", "top2_gap", "weighted_mean")
 
 
@@ -104,13 +105,18 @@ def test_leave_one_out_of_equal_others_is_exact(odd, dtype):
             assert s.loo_std[i - 1] > 0
 
 
-def test_nan_score_poisons_its_group_only():
-    x = torch.tensor([1.0, float("nan"), 2.0, 3.0, 4.0, 5.0])
-    s = G.group_stats(x, torch.tensor([0, 0, 0, 1, 1, 2]), 3)
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=pytest.mark.interpret)])
+def test_nan_score_poisons_its_group_only(backend):
+    """Groups of 3, 1 and 2 with a NaN member: every statistic NaN (the spreads of a group of one
+    or two too); the other groups finite."""
+    nan = float("nan")
+    x = torch.tensor([1.0, nan, 2.0, 3.0, 4.0, 5.0, nan, 6.0, nan]).to(DEV)
+    s = G.group_stats(x, torch.tensor([0, 0, 0, 1, 1, 2, 3, 4, 4]).to(DEV), 5, backend=backend)
+    poisoned = torch.tensor([1, 1, 1, 0, 0, 0, 1, 1, 1], dtype=torch.bool)
     for k in FIELDS[1:]:
-        v = getattr(s, k)
-        assert v[:3].isnan().all(), k
-        assert v[3:].isfinite().all(), k
+        v = getattr(s, k).cpu()
+        assert v[poisoned].isnan().all(), k
+        assert v[~poisoned].isfinite().all(), k
 
 
 def test_weighted_mean_of_zero_weight_is_the_mean():
@@ -153,10 +159,26 @@ def test_errors_name_the_argument():
     for args, kw, err, match in [((x, [0, 0, 1], x, "ppo"), {}, ValueError, "estimator must be one of"),
                                  ((x, [0, 1], x), {}, ValueError, "index and lengths must hold one entry per row"),
                                  ((x, [0, 0, 1], x[:2]), {}, ValueError, "index and lengths must hold one entry"),
-                                 ((x, [0, 0, 1], None), {}, TypeError, "lengths must be"),
+                                 ((x, [0, 0, 1], None, "opo"), {}, ValueError, "lengths must be given"),
+                                 ((x, [0, 0, 1], [1, 2, 3]), {}, TypeError, "lengths must be"),
+                                 ((x, [0, 0, 1]), {"backend": "numba"}, ValueError, "backend must be one of"),
                                  ((x, [0, 0, 1], x, "grpo_passk"), {}, ValueError, "pass@k")]:
         with pytest.raises(err, match=match):
             G.outcome_advantages(*args, **kw)
+    for est in G.READS_LENGTHS:
+        with pytest.raises(ValueError, match="lengths"):
+            G.outcome_advantages(x, [0, 0, 1], None, est)
+    with pytest.raises(ValueError, match="backend must be one of"):
+        G.group_stats(x, torch.zeros(3, dtype=torch.int64), 1, backend="reference")
+
+
+def test_lengths_only_where_read():
+    """Estimators outside READS_LENGTHS give the same advantages with lengths None as with any."""
+    labels, g = _random_groups(3, 30)
+    x = torch.tensor(g.normal(size=labels.size), dtype=torch.float32)
+    n = torch.tensor(g.integers(1, 9, labels.size), dtype=torch.float32)
+    for est in set(G.OUTCOME_ESTIMATORS) - G.READS_LENGTHS - {"grpo_passk"}:
+        assert torch.equal(G.outcome_advantages(x, labels, None, est), G.outcome_advantages(x, labels, n, est)), est
 
 
 def test_tokens_padded_and_packed():
@@ -325,3 +347,160 @@ def test_over_a_process_group(tmp_path):
     whole = G.group_stats(x[:, 0], *G.group_ids(labels), w)
     for k in FIELDS:
         torch.testing.assert_close(torch.cat([getattr(p["stats"], k) for p in parts]), getattr(whole, k), msg=k)
+
+
+# ---------------------------------------------------------------- the Triton kernel (rollbuf/kernels/group_stats.py)
+
+
+def _same(got, want, exact=False, tol=1e-12):
+    """NaN where ``want`` is NaN, ±inf where it is, else equal (``exact``) or close."""
+    got, want = got.cpu().double(), want.cpu().double()
+    assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.isinf(), want.isinf()), (got, want)
+    ok = want.isfinite()
+    assert torch.equal(got[~ok].nan_to_num(), want[~ok].nan_to_num()), (got, want)
+    if exact:
+        assert torch.equal(got[ok], want[ok]), (got, want)
+    else:
+        torch.testing.assert_close(got[ok], want[ok], rtol=tol, atol=tol)
+
+
+def _both(x, ids, w=None):
+    """The kernel's and the torch path's statistics of the same inputs (on DEV)."""
+    x, ids = x.to(DEV), ids.to(DEV)
+    w = None if w is None else w.to(DEV)
+    n = int(ids.max()) + 1 if ids.numel() else 0
+    return G.group_stats(x, ids, n, w, backend="triton"), G.group_stats(x, ids, n, w, backend="torch")
+
+
+def _gappy_ids(labels):
+    """Labels → ids with gaps (group k gets id 3k + 1), in the labels' (shuffled) order."""
+    return G.group_ids(labels)[0] * 3 + 1
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+@pytest.mark.parametrize("b", [1, 2, 7, 37, 129])
+def test_kernel_equals_torch_and_the_loop(b, dtype):
+    """Random groups (singletons, pairs, up to 8), binary scores, unsorted ids with gaps, weights
+    with zero-sum groups: the kernel against the torch path and the float64 loop."""
+    labels, g = _random_groups(b, b)
+    labels = labels[:b]
+    x = torch.tensor(g.normal(size=b) * 3 + 1).to(dtype)
+    x[: b // 3] = torch.tensor(g.integers(0, 2, b // 3), dtype=dtype)
+    w = torch.tensor(g.integers(0, 3, b) * g.integers(0, 2, b), dtype=torch.float32)
+    ids = _gappy_ids(labels)
+    got, ref = _both(x, ids, w)
+    want = loop_stats(x.double(), list(labels), w)
+    tol = 1e-12 if dtype == torch.float64 else 2e-6
+    for k in FIELDS:
+        assert getattr(got, k).dtype == getattr(ref, k).dtype and getattr(got, k).device.type == DEV
+        _same(getattr(got, k), getattr(ref, k), tol=tol)
+        torch.testing.assert_close(getattr(got, k).cpu().double(), want[k], rtol=tol, atol=tol, msg=k)
+    got_nw, ref_nw = _both(x, ids)
+    for k in FIELDS:
+        _same(getattr(got_nw, k), getattr(ref_nw, k), tol=tol)
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_kernel_zero_spread_is_exact(dtype):
+    """Equal members: mean their value, std and loo_std exactly 0; a sample whose others are all
+    equal: loo_std exactly 0, loo_mean exactly their value (as the maximum and as the minimum)."""
+    parts, ids, odd, at = [], [], [], 0
+    for k, (v, n) in enumerate([(0.1, 2), (1 / 3, 3), (-7.3, 7), (1e4, 5)]):
+        parts.append(torch.full((n,), v))
+        ids, at = ids + [2 * k] * n, at + n
+    for k, (o, rest, n) in enumerate([(1.0, 0.3, 4), (-3.0, 0.7, 5), (0.75, 0.0, 3), (2.0, 0.1, 9)]):
+        t = torch.full((n,), rest)
+        t[n // 2] = o
+        parts.append(t)
+        ids, odd, at = ids + [2 * k + 9] * n, odd + [at + n // 2], at + n
+    x, ids = torch.cat(parts).to(dtype), torch.tensor(ids)
+    got, ref = _both(x, ids)
+    for k in FIELDS:
+        _same(getattr(got, k), getattr(ref, k), tol=1e-12 if dtype == torch.float64 else 2e-6)
+    eq, odd = ids < 9, torch.tensor(odd)
+    xs = x.to(got.mean.dtype).to(DEV)
+    assert (got.std[eq] == 0).all() and (got.loo_std[eq] == 0).all() and (got.mean[eq] == xs[eq]).all()
+    assert (got.loo_mean[eq] == xs[eq]).all() and (got.top2_gap[eq] == 0).all()
+    assert (got.loo_std[odd] == 0).all() and (got.loo_mean[odd] == xs[odd - 1]).all()
+    assert (got.loo_std[odd - 1] > 0).all()
+
+
+@pytest.mark.interpret
+def test_kernel_non_finite_scores():
+    """NaN and ±inf scores: every statistic as the torch path's, group by group (size 1, 2, 3)."""
+    nan, inf = math.nan, math.inf
+    x = torch.tensor([nan, 1.0, nan, 2.0, inf, 1.0, 2.0, -inf, 3.0, inf, inf, 5.0, -inf, -inf, 4.0, nan, nan])
+    ids = torch.tensor([0, 1, 1, 2, 2, 2, 3, 3, 4, 5, 5, 6, 7, 7, 7, 8, 8])
+    for w in (None, torch.tensor([0.0, 1, 0, 2, 0, 1, 1, 0, 1, 1, 1, 0, 0, 0, 0, 1, 1])):
+        got, ref = _both(x, ids, w)
+        for k in FIELDS:
+            _same(getattr(got, k), getattr(ref, k), exact=True)
+
+
+@pytest.mark.interpret
+def test_kernel_errors_and_empty():
+    x, ids = torch.zeros(3, device=DEV), torch.zeros(3, dtype=torch.int64, device=DEV)
+    with pytest.raises(ValueError, match="group"):
+        G.group_stats(x, ids, 1, group=object(), backend="triton")
+    with pytest.raises(ValueError, match="ids"):
+        G.group_stats(x, ids[:2], 1, backend="triton")
+    with pytest.raises(ValueError, match="weights must have shape"):
+        G.group_stats(x, ids, 1, torch.ones(2, device=DEV), backend="triton")
+    for backend in ("torch", "triton"):
+        with pytest.raises(ValueError, match="ids must be on the scores' device"):
+            G.group_stats(x, ids.to("meta"), 1, backend=backend)
+        with pytest.raises(ValueError, match="weights must be on the scores' device"):
+            G.group_stats(x, ids, 1, torch.ones(3, device="meta"), backend=backend)
+    s = G.group_stats(x[:0], ids[:0], 0, backend="triton")
+    assert all(v.shape == (0,) for v in s)
+
+
+def test_kernel_on_cpu_without_interpreter(monkeypatch):
+    pytest.importorskip("triton")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match="TRITON_INTERPRET"):
+        G.group_stats(torch.zeros(2), torch.zeros(2, dtype=torch.int64), 1, backend="triton")
+    assert G.group_stats(torch.zeros(2), torch.zeros(2, dtype=torch.int64), 1).size.tolist() == [2, 2]  # auto
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_kernel_outcome_advantages(dtype):
+    """Every estimator through the kernel (GRPO, Dr. GRPO and vectorized RLOO fused in float32:
+    bitwise the torch path's) against the torch path."""
+    labels, g = _random_groups(5, 37)
+    x = torch.tensor(g.normal(size=labels.size)).to(dtype).to(DEV)
+    x[:4] = 1.0
+    n = torch.tensor(g.integers(1, 9, labels.size), dtype=torch.float32, device=DEV)
+    for est in G.OUTCOME_ESTIMATORS:
+        if est == "grpo_passk":
+            continue
+        for norm in (True, False):
+            kw = dict(norm_adv_by_std_in_grpo=norm)
+            got = G.outcome_advantages(x, labels, n, est, backend="triton", **kw)
+            want = G.outcome_advantages(x, labels, n, est, backend="torch", **kw)
+            assert got.dtype == want.dtype, est
+            fused = est in ("grpo", "dr_grpo", "rloo_vectorized") and dtype != torch.float64
+            _same(got, want, exact=fused, tol=1e-12 if dtype == torch.float64 else 1e-5)
+
+
+@pytest.mark.gpu
+def test_kernel_reads_no_value_back():
+    """On CUDA the kernel path (sort, launch; the fused GRPO and RLOO) makes no host sync."""
+    x = torch.randn(300, device="cuda")
+    idx = torch.randint(0, 40, (300,), device="cuda")
+    ids, n = G.group_ids(idx)
+    calls = [lambda: G.group_stats(x, ids, n, x.abs(), backend="auto"),
+             lambda: G.group_stats(x.double(), ids, n, backend="triton")]
+    calls += [lambda e=e: G.outcome_advantages(x, idx, None, e, backend="triton") for e in ("grpo", "rloo_vectorized")]
+    for call in calls:
+        call()  # compiles
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for call in calls:
+            call()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)

@@ -265,3 +265,18 @@ def test_the_benchmarks_restatements_equal_verl(seed):
                          (llm_groups.verl_rloo_vectorized, VERL["rloo_vectorized"])):
         for got, want in zip(ours(rewards, mask, uid), theirs(rewards, mask, uid)):
             torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("name", OUTCOME)
+def test_outcome_estimators_on_the_triton_backend_equal_verl(name, monkeypatch):
+    """The group statistics' kernel (fused GRPO and vectorized RLOO) under verl's estimators: verl's values."""
+    from rollbuf import groups
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter takes CPU tensors
+    orig = groups.outcome_advantages
+    monkeypatch.setattr(groups, "outcome_advantages", lambda *a, **kw: orig(*a, **kw, backend="triton"))
+    rewards, mask, labels = batch(1, singles=name != "grpo_passk")  # seed 1: test_outcome_estimators_equal_verl's
+    ref_a, _ = _call(VERL[name], rewards, mask, index_of(labels, "str"), name)
+    a, _ = _call(OURS[name], rewards.to(dev), mask.to(dev), index_of(labels, "int"), name)
+    _close(a.cpu(), ref_a, torch.float32, name)

@@ -22,10 +22,11 @@ def _same_shape(rewards, mask):
 
 
 def _outcome(rewards, mask, index, estimator, dtype=None, **kw):
-    """:func:`rollbuf.groups.outcome_advantages` → ``(advantages, advantages)`` ``[B, L]``, 0 at masked tokens."""
+    """:func:`rollbuf.groups.outcome_advantages` → ``(advantages, advantages)`` ``[B, L]``, 0 at masked tokens
+    (the response lengths, a read of the mask, only for an estimator that reads them)."""
     _same_shape(rewards, mask)
-    a = groups.outcome_advantages(groups.sequence_scores(rewards), index, mask.sum(-1, dtype=torch.float32),
-                                  estimator, **kw)
+    lengths = mask.sum(-1, dtype=torch.float32) if estimator in groups.READS_LENGTHS else None
+    a = groups.outcome_advantages(groups.sequence_scores(rewards), index, lengths, estimator, **kw)
     return (a := groups.to_tokens(a.to(dtype or rewards.dtype), mask)), a
 
 
@@ -65,9 +66,9 @@ def compute_gdpo_outcome_advantage(token_level_rewards, response_mask, index, ep
     keys, weights = config.get("gdpo_reward_keys", None), config.get("gdpo_reward_weights", None)
     if not keys or any(k not in non_tensor_batch for k in keys):
         raise ValueError(f"config.gdpo_reward_keys ({keys}) must name keys of non_tensor_batch")
-    dev, lengths = response_mask.device, response_mask.sum(-1, dtype=torch.float32)
+    dev = response_mask.device
     a = sum((1.0 if weights is None else float(weights[k])) * groups.outcome_advantages(
-        torch.as_tensor(np.asarray(non_tensor_batch[key], dtype=np.float32), device=dev), index, lengths,
+        torch.as_tensor(np.asarray(non_tensor_batch[key], dtype=np.float32), device=dev), index, None,
         epsilon=epsilon, norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo) for k, key in enumerate(keys))
     return (a := groups.to_tokens(groups.masked_whiten(a, response_mask).to(torch.float32), response_mask)), a
 

@@ -16,6 +16,8 @@ CPU loop, its analytic adjoint and its row of the kernel table.
 * :mod:`~rollbuf.kernels.host`: the strategy table, the :class:`Launch` built once per call
   signature (layout, strategy, grid, constexprs) and cached under it, launched by keyword through
   Triton's JIT call, and :func:`run`; :mod:`~rollbuf.kernels.aot`, the ahead-of-time compile matrix.
+* :mod:`~rollbuf.kernels.group_stats`: the group statistics of :func:`rollbuf.groups.group_stats`
+  (and verl's GRPO and vectorized RLOO fused), one launch over ``[B]`` scores; apart from the scans.
 
 The arithmetic of every estimator comes from :mod:`rollbuf.boundary.coefficients`, compiled into
 the kernels from the same source the torch backend runs.

@@ -1,0 +1,177 @@
+"""The group statistics of :func:`rollbuf.groups.group_stats` in one Triton kernel (no atomics,
+deterministic, ``O(B × group size)``), optionally fused with verl's per-row GRPO or vectorized
+RLOO formula.
+
+The host sorts the ids once (``srt, perm = sort(ids, stable=True)``: a group's members are
+``perm[start:end]``). Each program takes ``BLOCK_I`` samples, finds each one's ``[start, end)`` in
+``srt`` by a vectorised binary search, and walks its group's members in tiles of ``BLOCK_K`` twice:
+first the extremes (``hi``, ``lo``; NaN for a group with a NaN member), then the sums about them,
+accumulated in float64 exactly as the torch path forms them (docs/semantics.md, "Group
+statistics"): ``n``, ``Σ(x−hi)``, ``Σ(x−hi)²``, ``Σ(x−lo)``, ``Σ(x−lo)²``, the count of members at
+``hi``, the best score below ``hi``, ``Σw``, ``Σw(x−hi)``. A sample's leave-one-out sums are its
+group's sums about ``hi`` (``lo`` at a unique maximum) less its own term, so equal members and
+equal other members give exactly zero spread. The loop bound is the longest group of the
+program's samples, read on the device: no host read.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from rollbuf.kernels import host
+
+__all__ = ["run", "STATS", "GRPO", "RLOO"]
+
+STATS, GRPO, RLOO = 0, 1, 2  # EST: the seven statistics; verl's GRPO advantage; vectorized RLOO's
+BLOCK_I, BLOCK_K, WARPS = 32, 16, 4
+
+
+@triton.jit
+def _bisect(p_srt, g, lo, hi, B, UPPER: tl.constexpr):
+    """One step of the search for the first position in ``srt`` whose id is ``> g`` (``UPPER``) or ``>= g``."""
+    mid = (lo + hi) // 2
+    v = tl.load(p_srt + mid, mask=mid < B, other=0)
+    right = (v <= g) if UPPER else (v < g)
+    live = lo < hi
+    return tl.where(live & right, mid + 1, lo), tl.where(live & ~right, mid, hi)
+
+
+@triton.jit
+def _group(p_srt, g, B, steps):
+    """Each sample's group ``[start, end)`` in ``srt``: two binary searches, stepped together (their
+    loads are independent)."""
+    lo = tl.zeros(g.shape, tl.int32)
+    hi, lo2, hi2 = lo + B, lo, lo + B
+    for _step in range(steps):
+        lo, hi = _bisect(p_srt, g, lo, hi, B, False)
+        lo2, hi2 = _bisect(p_srt, g, lo2, hi2, B, True)
+    return lo, lo2
+
+
+@triton.jit
+def _members(p_x, p_perm, start, ln, k0, BLOCK_K: tl.constexpr):
+    """The tile ``[BLOCK_I, BLOCK_K]`` of members ``k0 + k`` of each sample's group: index, score
+    (float64), mask."""
+    k = k0 + tl.arange(0, BLOCK_K)
+    mk = k[None, :] < ln[:, None]
+    j = tl.load(p_perm + start[:, None] + k[None, :], mask=mk, other=0)
+    return j, tl.load(p_x + j, mask=mk, other=0).to(tl.float64), mk
+
+
+@triton.jit
+def _extremes(p_x, p_perm, start, ln, kmax, BLOCK_K: tl.constexpr):
+    """Each sample's group maximum and minimum, both NaN for a group with a NaN member."""
+    hi = tl.full(start.shape, float("-inf"), tl.float64)
+    lo = tl.full(start.shape, float("inf"), tl.float64)
+    bad = tl.zeros(start.shape, tl.int32)
+    for k0 in range(0, kmax, BLOCK_K):
+        _, xj, mk = _members(p_x, p_perm, start, ln, k0, BLOCK_K)
+        hi = tl.maximum(hi, tl.max(tl.where(mk & (xj == xj), xj, float("-inf")), 1))
+        lo = tl.minimum(lo, tl.min(tl.where(mk & (xj == xj), xj, float("inf")), 1))
+        bad += tl.sum((mk & (xj != xj)).to(tl.int32), 1)
+    return tl.where(bad > 0, float("nan"), hi), tl.where(bad > 0, float("nan"), lo)
+
+
+@triton.jit
+def _sums(p_x, p_w, p_perm, start, ln, kmax, hi, lo, HAS_W: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Per sample, its group's sums about ``hi`` and ``lo`` (module docstring)."""
+    z = tl.zeros(start.shape, tl.float64)
+    n, sh, qh, sl, ql, ntop, sw, swd = z, z, z, z, z, z, z, z
+    hi2 = tl.full(start.shape, float("-inf"), tl.float64)
+    for k0 in range(0, kmax, BLOCK_K):
+        j, xj, mk = _members(p_x, p_perm, start, ln, k0, BLOCK_K)
+        dh, dl, top = xj - hi[:, None], xj - lo[:, None], xj == hi[:, None]
+        n += tl.sum(mk.to(tl.float64), 1)
+        sh += tl.sum(tl.where(mk, dh, 0.0), 1)
+        qh += tl.sum(tl.where(mk, dh * dh, 0.0), 1)
+        sl += tl.sum(tl.where(mk, dl, 0.0), 1)
+        ql += tl.sum(tl.where(mk, dl * dl, 0.0), 1)
+        ntop += tl.sum((mk & top).to(tl.float64), 1)
+        hi2 = tl.maximum(hi2, tl.max(tl.where(mk & ~top, xj, float("-inf")), 1))
+        wj = tl.load(p_w + j, mask=mk, other=0).to(tl.float64) if HAS_W else mk.to(tl.float64)
+        sw += tl.sum(tl.where(mk, wj, 0.0), 1)
+        swd += tl.sum(tl.where(mk, wj * dh, 0.0), 1)
+    return n, sh, qh, sl, ql, ntop, hi2, sw, swd
+
+
+@triton.jit
+def _spread(q, s, m):
+    """The unbiased standard deviation from the sums ``s``, ``q`` of ``m`` values about a shift
+    (0 for ``m < 2``; a negative rounding residue of the variance is 0, NaN stays)."""
+    v = q - s * s / m
+    v = tl.where(v < 0, 0.0, v)
+    return tl.where(m > 1, tl.sqrt(v / (m - 1)), 0.0)
+
+
+@triton.jit
+def group_stats_kernel(p_x, p_w, p_ids, p_srt, p_perm, p_out, B, steps, eps, HAS_W: tl.constexpr,
+                       EST: tl.constexpr, NORM: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_K: tl.constexpr):
+    """``p_out``: ``[7, B]`` statistics in GroupStats order (``EST == STATS``), else the ``[B]``
+    advantage; in ``p_out``'s dtype, computed in float64 and the advantage in that dtype."""
+    i = tl.program_id(0) * BLOCK_I + tl.arange(0, BLOCK_I)
+    ok = i < B
+    g = tl.load(p_ids + i, mask=ok, other=0)
+    start, end = _group(p_srt, g, B, steps)
+    ln = tl.where(ok, end - start, 0)
+    kmax = tl.max(ln, 0)
+    x = tl.load(p_x + i, mask=ok, other=0).to(tl.float64)
+    hi, lo = _extremes(p_x, p_perm, start, ln, kmax, BLOCK_K)
+    n, sh, qh, sl, ql, ntop, hi2, sw, swd = _sums(p_x, p_w, p_perm, start, ln, kmax, hi, lo, HAS_W, BLOCK_K)
+    mean = hi + sh / n
+    bad = mean != mean  # a NaN member: every statistic NaN, the spreads of a group of one or two too
+    std = tl.where(bad, mean, _spread(qh, sh, n))
+    alone = (x == hi) & (ntop == 1)  # a unique maximum: its others are summed about the minimum
+    d = tl.where(alone, x - lo, x - hi)
+    s, q, m = tl.where(alone, sl, sh) - d, tl.where(alone, ql, qh) - d * d, n - 1
+    loo_mean = tl.where(m > 0, tl.where(alone, lo, hi) + s / m, x)
+    dt = p_out.dtype.element_ty
+    if EST == 0:
+        gap = tl.where(alone & (n > 1), x - hi2, 0.0)
+        tl.store(p_out + i, n.to(dt), mask=ok)
+        tl.store(p_out + B + i, mean.to(dt), mask=ok)
+        tl.store(p_out + 2 * B + i, std.to(dt), mask=ok)
+        tl.store(p_out + 3 * B + i, loo_mean.to(dt), mask=ok)
+        tl.store(p_out + 4 * B + i, tl.where(bad, mean, _spread(q, s, m)).to(dt), mask=ok)
+        tl.store(p_out + 5 * B + i, tl.where(bad, mean, gap).to(dt), mask=ok)
+        tl.store(p_out + 6 * B + i, tl.where(sw > 0, hi + swd / sw, mean).to(dt), mask=ok)
+    elif EST == 1:  # verl: a group of one has mean 0 and std 1; in the statistics' dtype, as torch
+        a = x.to(dt) - tl.where(n == 1, 0.0, mean.to(dt)).to(dt)
+        if NORM:
+            a = tl.math.div_rn(a, tl.where(n == 1, 1.0, std.to(dt)).to(dt) + eps)
+        tl.store(p_out + i, a, mask=ok)
+    else:
+        tl.store(p_out + i, x.to(dt) - loo_mean.to(dt), mask=ok)
+
+
+@functools.cache
+def _kernel(est: int, norm: bool, has_w: bool) -> host.Kernel:
+    return host.Kernel(group_stats_kernel, dict(HAS_W=has_w, EST=est, NORM=norm, BLOCK_I=BLOCK_I, BLOCK_K=BLOCK_K),
+                       WARPS, ("p_x", "p_w", "p_ids", "p_srt", "p_perm", "p_out", "B", "steps", "eps"))
+
+
+def run(x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor | None = None, est: int = STATS, *,
+        norm: bool = True, eps: float = 0.0) -> torch.Tensor:
+    """The ``[7, B]`` statistics of ``x`` ``[B]`` (any float dtype, read as float64) grouped by
+    ``ids`` ``[B]`` int64 with weights ``w`` ``[B]`` (None: 1 each), float32 (float64 for float64
+    ``x``); or, with ``est`` GRPO or RLOO, the ``[B]`` advantage (float32 statistics only: ``eps``
+    reaches the kernel as a float32). One sort and one launch; no host read."""
+    B = x.numel()
+    dt = torch.float64 if x.dtype == torch.float64 else torch.float32
+    out = torch.empty((7, B) if est == STATS else (B,), dtype=dt, device=x.device)
+    if B == 0:
+        return out
+    x, ids = x.contiguous(), ids.contiguous()
+    srt, perm = torch.sort(ids, stable=True)
+    args = dict(p_x=x, p_w=x if w is None else w.contiguous(), p_ids=ids, p_srt=srt, p_perm=perm, p_out=out, B=B,
+                steps=B.bit_length(), eps=float(eps))
+    grid = triton.cdiv(B, BLOCK_I)
+    if x.device.type == "cuda":
+        with torch.cuda.device(x.device):
+            _kernel(est, bool(norm), w is not None)(grid, args, x.device.index)
+    else:
+        _kernel(est, bool(norm), w is not None)(grid, args, None)
+    return out
