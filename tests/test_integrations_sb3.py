@@ -122,3 +122,33 @@ def test_errors_name_the_argument():
     list(buf.get(4))  # flattens the arrays for sampling
     with pytest.raises(ValueError, match="flattened"):
         sb3.compute_returns_and_advantage(buf, last_values, dones)
+
+
+@pytest.mark.parametrize("T,N", [(1, 1), (2, 3), (9, 16), (33, 40)])
+def test_equals_the_converter_and_gae_bitwise(T, N):
+    """The drop-in builds ``done`` itself (time-major, read in place by the loop); its numbers are
+    those of ``F.gae`` on ``done_from_episode_starts`` of the ``[N, T]`` views, bit for bit, with
+    flags that are not 0/1 (nonzero = True) in the rows order (N < 16) and the lanes order."""
+    from rollbuf import functional as F
+    from rollbuf.boundary.conventions import done_from_episode_starts
+
+    buf, last_values, dones = filled(T, N, 0.99, 0.95, seed=T + N)
+    rng = np.random.default_rng(T * N)
+    buf.episode_starts[:] *= rng.choice([0.0, 2.5, -1.0], size=(T, N))
+    dones = dones * rng.choice([1, 3, -2], size=N)  # integer flags
+    starts = torch.from_numpy(buf.episode_starts.copy()).mT
+    done = done_from_episode_starts(starts, torch.from_numpy(dones != 0))
+    v = torch.from_numpy(buf.values.copy()).mT
+    want = F.gae(0.99, 0.95, rewards=torch.from_numpy(buf.rewards.copy()).mT, values=v, terminated=done,
+                 bootstrap_values=last_values.reshape(-1), backend="numba").advantages
+    sb3.compute_returns_and_advantage(buf, last_values, dones)
+    assert buf.advantages.tobytes() == want.mT.contiguous().numpy().tobytes()
+    assert buf.returns.tobytes() == (want.mT.numpy() + buf.values).tobytes()
+
+
+def test_empty_buffer_names_episode_starts():
+    buf, last_values, dones = filled(1, 2, 0.99, 0.95, seed=0)
+    for name in ("rewards", "values", "episode_starts", "advantages", "returns"):
+        setattr(buf, name, np.zeros((0, 2), np.float32))
+    with pytest.raises(ValueError, match="episode_starts must have at least one time step"):
+        sb3.compute_returns_and_advantage(buf, last_values, dones)

@@ -4,8 +4,9 @@ SB3's on-policy algorithms (PPO, A2C) fill a ``RolloutBuffer`` — NumPy arrays 
 **time-major** ``[buffer_size, n_envs]`` — and then call
 ``rollout_buffer.compute_returns_and_advantage(last_values, dones)``, a Python loop over the
 ``buffer_size`` steps. :func:`compute_returns_and_advantage` fills ``advantages`` and ``returns`` with
-the same numbers in one call of :func:`rollbuf.functional.gae` (``backend="auto"``), reading the
-buffer's arrays in place (``[T, N]`` NumPy → transposed ``[N, T]`` torch views, no copy).
+the same numbers in one call of :func:`rollbuf.functional.advantages` (GAE advantages only,
+``backend="auto"``), reading the buffer's arrays in place (``[T, N]`` NumPy → transposed ``[N, T]``
+torch views, no copy) and ``done`` from a ``[T, N]`` bool array built next to them.
 :class:`RolloutBuffer` and :class:`DictRolloutBuffer` are SB3's buffers with that method, for
 ``PPO(..., rollout_buffer_class=RolloutBuffer)``::
 
@@ -82,7 +83,7 @@ def compute_returns_and_advantage(rollout_buffer, last_values, dones) -> None:
     ``dones``: per env, whether the observation after the buffer starts a new episode (SB3 passes
     the ``dones`` of the last ``env.step``). γ and λ are the buffer's ``gamma`` and ``gae_lambda``.
     """
-    arrays, (_, N) = _buffer_arrays(rollout_buffer)
+    arrays, (T, N) = _buffer_arrays(rollout_buffer)
     if isinstance(last_values, torch.Tensor):
         lv = last_values.detach().to("cpu")
     elif isinstance(last_values, np.ndarray):
@@ -98,10 +99,19 @@ def compute_returns_and_advantage(rollout_buffer, last_values, dones) -> None:
 
     r = torch.from_numpy(arrays["rewards"]).mT  # [N, T] views of the [T, N] arrays
     v = torch.from_numpy(arrays["values"]).mT
-    starts = torch.from_numpy(arrays["episode_starts"]).mT != 0
-    done = done_from_episode_starts(starts, torch.from_numpy(np.asarray(dones).reshape(-1) != 0))
-    adv, _ = F.gae(rollout_buffer.gamma, rollout_buffer.gae_lambda, rewards=r, values=v, terminated=done,
-                   bootstrap_values=lv.reshape(-1).to(v.dtype), backend="auto")
+    starts = arrays["episode_starts"]
+    starts_t = torch.from_numpy(starts)  # (refuses a dtype torch has not, as rewards and values)
+    nxt = np.asarray(dones).reshape(-1) != 0
+    if T == 0:  # no step: the converter raises its error naming episode_starts
+        done_from_episode_starts(starts_t.mT != 0, torch.from_numpy(nxt))
+    # done_from_episode_starts(starts, nxt) built time-major, so that the loop reads it in place like
+    # the other fields: done[t] = episode_starts[t + 1] != 0 for t < T - 1, done[T - 1] = dones != 0
+    done = np.empty((T, N), dtype=bool)
+    np.not_equal(starts[1:], 0, out=done[:-1])
+    done[-1] = nxt
+    adv = F.advantages(rollout_buffer.gamma, rollout_buffer.gae_lambda, rewards=r, values=v,
+                       terminated=torch.from_numpy(done).mT, bootstrap_values=lv.reshape(-1).to(v.dtype),
+                       backend="auto")
     np.copyto(arrays["advantages"], adv.mT.numpy(), casting="same_kind")
     # SB3: self.returns = self.advantages + self.values (same arithmetic, written in place)
     np.add(arrays["advantages"], arrays["values"], out=arrays["returns"])
