@@ -258,10 +258,13 @@ def outcome_advantages(scores, index, lengths=None, estimator: str = "grpo", *, 
     ids, n = group_ids(index, x.device)
     if lengths is None and estimator in READS_LENGTHS:
         raise ValueError(f"lengths must be given for estimator {estimator!r} (it reads the response lengths)")
+    if isinstance(lengths, torch.Tensor) and not (lengths.is_floating_point() or lengths.is_complex()):
+        lengths = lengths.to(x.dtype)  # token counts, e.g. response_mask.sum(-1): exact in float
     w = None if lengths is None else _float("lengths", lengths, 1).to(x.dtype)
-    if ids.shape != x.shape or (w is not None and w.shape != x.shape):
-        raise ValueError(f"index and lengths must hold one entry per row ({x.numel()}), got {len(ids)}, "
-                         f"{len(x if w is None else w)}")
+    if ids.shape != x.shape:
+        raise ValueError(f"index must hold one label per row ({x.numel()}), got {len(ids)}")
+    if w is not None and w.shape != x.shape:
+        raise ValueError(f"lengths must hold one entry per row ({x.numel()}), got {len(w)}")
     if estimator == "grpo_passk" and not isinstance(index, torch.Tensor) and np.unique(
             np.asarray(index).astype(str), return_counts=True)[1].min(initial=2) < 2:
         raise ValueError("index: pass@k needs at least 2 samples per group")

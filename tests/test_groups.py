@@ -157,8 +157,9 @@ def test_errors_name_the_argument():
     with pytest.raises(ValueError, match="mask"):
         G.to_tokens(x, torch.ones(4, 2))
     for args, kw, err, match in [((x, [0, 0, 1], x, "ppo"), {}, ValueError, "estimator must be one of"),
-                                 ((x, [0, 1], x), {}, ValueError, "index and lengths must hold one entry per row"),
-                                 ((x, [0, 0, 1], x[:2]), {}, ValueError, "index and lengths must hold one entry"),
+                                 ((x, [0, 1], x), {}, ValueError, "index must hold one label per row"),
+                                 ((x, [0, 1]), {}, ValueError, "index must hold one label per row"),
+                                 ((x, [0, 0, 1], x[:2]), {}, ValueError, "lengths must hold one entry per row"),
                                  ((x, [0, 0, 1], None, "opo"), {}, ValueError, "lengths must be given"),
                                  ((x, [0, 0, 1], [1, 2, 3]), {}, TypeError, "lengths must be"),
                                  ((x, [0, 0, 1]), {"backend": "numba"}, ValueError, "backend must be one of"),
@@ -168,6 +169,10 @@ def test_errors_name_the_argument():
     for est in G.READS_LENGTHS:
         with pytest.raises(ValueError, match="lengths"):
             G.outcome_advantages(x, [0, 0, 1], None, est)
+        # token counts as integers (response_mask.sum(-1)) are the same lengths as floats
+        n = torch.tensor([3, 5, 2])
+        torch.testing.assert_close(G.outcome_advantages(x, [0, 0, 1], n, est, backend="torch"),
+                                   G.outcome_advantages(x, [0, 0, 1], n.float(), est, backend="torch"))
     with pytest.raises(ValueError, match="backend must be one of"):
         G.group_stats(x, torch.zeros(3, dtype=torch.int64), 1, backend="reference")
 
