@@ -131,9 +131,8 @@ def group_stats(scores, ids, num_groups: int, weights=None, *, group=None, backe
         torch.where(bad, mean, gap), torch.where(sw > 0, hi + swd / sw, mean))))
 
 
-def _segments(cu_seqlens, total, device):
-    """Per token of a packed row of ``total`` tokens, 1 + its sequence (0 before ``cu_seqlens[0]``,
-    S + 1 from ``cu_seqlens[-1]`` on), and a 0-d bool tensor: ``cu_seqlens`` is malformed (negative,
+def _packed(cu_seqlens, total, device):
+    """``cu_seqlens`` as int64 after its checks, and a 0-d bool tensor: it is malformed (negative,
     decreasing or ending past ``total``). On the device, no host read (under
     :func:`rollbuf.check_finite`, a malformed ``cu_seqlens`` raises a ``ValueError`` instead)."""
     if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dtype not in (torch.int32, torch.int64):
@@ -148,8 +147,25 @@ def _segments(cu_seqlens, total, device):
     if checking_finite() and not torch.compiler.is_compiling() and bool(bad):
         raise ValueError(f"cu_seqlens must be non-negative, non-decreasing and end at most at total = {total} "
                          "(rollbuf.check_finite is on: without it every output is NaN)")
+    return cu, bad
+
+
+def _segments(cu_seqlens, total, device):
+    """Per token of a packed row of ``total`` tokens, 1 + its sequence (0 before ``cu_seqlens[0]``,
+    S + 1 from ``cu_seqlens[-1]`` on), and whether ``cu_seqlens`` is malformed (:func:`_packed`)."""
+    cu, bad = _packed(cu_seqlens, total, device)
     # searchsorted of an unsorted (malformed) cu still gives indices in [0, S + 1]: safe to index with
     return torch.searchsorted(cu, torch.arange(total, device=device), right=True), bad
+
+
+def _spans(cu_seqlens, total, device):
+    """The token counts ``[S + 2]`` of the span before ``cu_seqlens[0]``, each sequence and the span
+    after ``cu_seqlens[-1]``: never negative and summing to ``total`` even for a malformed
+    ``cu_seqlens`` (its outputs are NaN then), so ``repeat_interleave`` can take them with
+    ``output_size=total`` and no host read; and whether ``cu_seqlens`` is malformed."""
+    cu, bad = _packed(cu_seqlens, total, device)
+    c = torch.cummax(cu.clamp(0, total), 0).values
+    return torch.diff(c, prepend=c.new_zeros(1), append=c.new_full((1,), total)), bad
 
 
 def _nan_where(x, bad):
@@ -184,12 +200,15 @@ def to_tokens(values, mask, cu_seqlens=None):
         if mask.dim() not in (1, 2) or mask.numel() != mask.shape[-1]:
             raise ValueError(f"mask must be a packed row, [total] or [1, total], with cu_seqlens; "
                              f"got {tuple(mask.shape)}")
-        seg, bad = _segments(cu_seqlens, mask.numel(), mask.device)
+        spans, bad = _spans(cu_seqlens, mask.numel(), mask.device)
         if values.numel() != cu_seqlens.numel() - 1:
             raise ValueError(f"values must hold one value per sequence of cu_seqlens ({cu_seqlens.numel() - 1}), "
                              f"got {values.numel()}")
+        m = mask.reshape(-1)
         v = torch.cat([values.new_zeros(1), values, values.new_zeros(1)])
-        return _nan_where((v[seg] * mask.reshape(-1)).reshape(mask.shape), bad)
+        v = v.repeat_interleave(spans, output_size=m.numel())  # each token's value: the one [total] tensor
+        out = v.mul_(m) if torch.result_type(v, m) == v.dtype else v * m
+        return out.masked_fill_(bad, math.nan).reshape(mask.shape)
     if mask.shape[:-1] != values.shape:
         raise ValueError(f"mask must be [B, L] with B = {values.numel()}, got {tuple(mask.shape)}")
     return values.unsqueeze(-1) * mask
