@@ -14,10 +14,12 @@ verl's ``index``: a NumPy array of string uids, ``B / group_size`` groups.
   (converted on the host per call, as verl does) and with an integer tensor ``index`` (no host work,
   capturable in a CUDA graph).
 
-Columns: the full call (back-to-back calls, synchronised at the end; ``benchmarks.suite.wall_time``),
+Columns: the full call (back-to-back calls, synchronised at the end, the three competitors' batches
+interleaved; ``benchmarks.suite.wall_times``),
 the device time of one call (the sum of its kernels' times from the profiler, mean of 20 calls: verl's
 calls read device values back, so they cannot be graphed) and, for rollbuf with a tensor ``index``,
-the replay of a CUDA graph of the call; the largest difference of the advantages from verl's.
+the replay of a CUDA graph of the call (``benchmarks.suite.graph_time``: the median of 6 batches);
+the largest difference of the advantages from verl's.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import os
 import numpy as np
 import torch
 
-from benchmarks.suite import provenance, wall_time
+from benchmarks.suite import graph_time, provenance, wall_times
 from rollbuf.integrations import verl as rb
 
 SIZES = ((256, 1024), (256, 32768), (1024, 8192), (4096, 1024), (4096, 8192), (4096, 32768))
@@ -115,27 +117,6 @@ def device_us(fn, reps=20):
     return total / reps
 
 
-def graph_us(fn, reps=50):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    best = float("inf")
-    for _ in range(5):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        for _ in range(reps):
-            g.replay()
-        e1.record()
-        torch.cuda.synchronize()
-        best = min(best, e0.elapsed_time(e1) * 1e3 / reps)
-    return best
-
-
 def run(args):
     prov = provenance("cuda")
     rows = []
@@ -149,13 +130,15 @@ def run(args):
             del ref
             calls = {"verl": lambda f=verl_fn: f(r, m, uid), "rollbuf": lambda f=rb_fn: f(r, m, uid),
                      "rollbuf, tensor index": lambda f=rb_fn: f(r, m, ids)}
-            t = {k: wall_time([fn], torch.cuda.synchronize) * 1e6 for k, fn in calls.items()}
+            t = wall_times({k: [fn] for k, fn in calls.items()}, torch.cuda.synchronize)
+            t = {k: v * 1e6 for k, v in t.items()}
             d = {k: device_us(fn) for k, fn in calls.items()}
             row = dict(estimator=name, B=B, L=L, group_size=args.group_size, verl_call_us=t["verl"],
                        rollbuf_call_us=t["rollbuf"], rollbuf_tensor_call_us=t["rollbuf, tensor index"],
                        verl_device_us=d["verl"], rollbuf_device_us=d["rollbuf"],
                        rollbuf_tensor_device_us=d["rollbuf, tensor index"],
-                       rollbuf_graph_us=graph_us(calls["rollbuf, tensor index"]), max_abs_err=err, **prov)
+                       rollbuf_graph_us=graph_time([calls["rollbuf, tensor index"]], reps=50)[0] * 1e6,
+                       max_abs_err=err, **prov)
             rows.append(row)
             print({k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items() if k not in prov},
                   flush=True)

@@ -295,15 +295,19 @@ def masked_whiten(values, mask, shift_mean: bool = True, *, group=None, out_dtyp
     return (w if shift_mean else w + mean).to(values.dtype if out_dtype is None else out_dtype)
 
 
-def _sums(x, like, m, cu_seqlens, group):
-    """``x`` ``[k, *like.shape]`` summed over each line's tokens of every rank: ``[k, *B]`` (padded) or
-    ``[k, S]`` (packed, local ``cu_seqlens``; malformed on any rank: NaN), one ``all_reduce``; the
-    packed shard (None if padded)."""
+def _sums(xs, like, m, cu_seqlens, group):
+    """Each tensor of ``xs`` (``like``'s shape) summed over each line's tokens of every rank, in the
+    accumulation dtype: ``[k, *B]`` (padded) or ``[k, S]`` (packed, local ``cu_seqlens``; malformed
+    on any rank: NaN), one ``all_reduce``; the packed shard (None if padded). No ``[k, ...]`` copy of
+    the tokens is made: each tensor is reduced where it is."""
+    dt = _dtype(like)
     sh = None if cu_seqlens is None else _packed(like, None, m, cu_seqlens, (None, None), "contiguous", None)
     if sh is None:
-        s = x.sum(-1)
+        s = torch.stack([x.sum(-1, dtype=dt) for x in xs])
     else:
-        s = x.new_zeros(len(x), sh.trunc.numel()).index_add_(1, sh.key, x.reshape(len(x), -1))
+        s = like.new_zeros(len(xs), sh.trunc.numel(), dtype=dt)
+        for row, x in zip(s, xs, strict=True):
+            row.index_add_(0, sh.key, x.reshape(-1).to(dt))
         s = torch.where(sh.bad, math.nan, s[:, :-1])
     _dist(group)[0].all_reduce(s, group=group)
     return s, sh
@@ -314,7 +318,7 @@ def sequence_sums(values, mask, *, cu_seqlens=None, group=None):
     on every rank: ``[*B]`` (padded ``[*B, L_r]``) or ``[S]`` (packed, local ``cu_seqlens``); one
     ``all_reduce`` of ``O(sequences)`` numbers."""
     m = _tensor("mask", mask, _tensor("values", values), flags=True)
-    return _sums(torch.where(m, values.to(_dtype(values)), 0).unsqueeze(0), values, m, cu_seqlens, group)[0][0]
+    return _sums((torch.where(m, values.to(_dtype(values)), 0),), values, m, cu_seqlens, group)[0][0]
 
 
 def outcome_advantages(token_level_rewards, response_mask, index, estimator: str = "grpo", *, cu_seqlens=None,
@@ -329,7 +333,7 @@ def outcome_advantages(token_level_rewards, response_mask, index, estimator: str
     m = _tensor("response_mask", response_mask, r, flags=True)
     if cu_seqlens is None and r.dim() != 2:
         raise ValueError(f"token_level_rewards must be [B, L_r] (or packed, with cu_seqlens), got {tuple(r.shape)}")
-    n, sh = _sums(torch.stack([r.to(_dtype(r)), response_mask.to(_dtype(r))]), r, m, cu_seqlens, group)
+    n, sh = _sums((r, response_mask), r, m, cu_seqlens, group)
     a = groups.outcome_advantages(n[0], index, n[1], estimator, epsilon=epsilon, f_norm=f_norm,
                                   norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo).to(out_dtype or r.dtype)
     if sh is None:

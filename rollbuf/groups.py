@@ -105,13 +105,13 @@ def group_stats(scores, ids, num_groups: int, weights=None, *, group=None, backe
     ``group``: a process group whose ranks hold other samples of the same groups (torch backend).
     Accumulated in float64 as per-group sums about a member's value (docs/semantics.md): equal
     members, and equal other members, give exactly zero spread. ``backend``: :data:`BACKENDS`."""
-    _checked(scores, ids, weights)
+    x, w = _checked(scores, ids, weights)
     if _backend(backend, scores.device, group) == "triton":
         from rollbuf.kernels import group_stats as kernel  # the kernel needs Triton: imported when asked for
 
         return GroupStats(*kernel.run(scores, ids, weights))
-    x, w = _float("scores", scores, 1), torch.ones_like(scores, dtype=torch.float64) if weights is None else weights
-    dt, x, w = x.dtype, x.double(), _float("weights", w, 1).double()
+    dt, x = x.dtype, x.double()
+    w = torch.ones_like(x) if w is None else w.double()
     ext = x.new_full((2, num_groups), -math.inf).scatter_reduce_(1, ids.expand(2, -1), torch.stack([x, -x]), "amax")
     hi, lo = _all_reduce(ext, group, dist.ReduceOp.MAX)[:, ids]
     lo, dh, top = -lo, x - hi, x == hi

@@ -87,17 +87,23 @@ def estimator_calls(device, backend) -> dict:
     return calls
 
 
-def llm_calls(device, backend) -> dict:
-    """rollbuf.integrations.llm: the verl drop-in (with whitening, verl's fill, truncated rows), the
-    REINFORCE returns, the packed functions (cu_seqlens checked), OpenRLHF's mask mode in each, and
-    masked_whiten."""
-    g = torch.Generator().manual_seed(5)
+def _token_rows(device, seed):
+    """Four rows of 40 tokens: rewards, values, a mask, truncated rows and their bootstrap values,
+    and the cu_seqlens of four sequences packed in 40 tokens."""
+    g = torch.Generator().manual_seed(seed)
     r = torch.randn(4, 40, generator=g).to(device)
     v = torch.randn(4, 40, generator=g).to(device)
     m = (torch.rand(4, 40, generator=g) < 0.8).to(device)
     tr = torch.tensor([True, False, True, False], device=device)
     bv = torch.randn(4, generator=g).to(device)
-    cu = torch.tensor([0, 7, 19, 30, 40], dtype=torch.int32, device=device)
+    return r, v, m, tr, bv, torch.tensor([0, 7, 19, 30, 40], dtype=torch.int32, device=device)
+
+
+def llm_calls(device, backend) -> dict:
+    """rollbuf.integrations.llm: the verl drop-in (with whitening, verl's fill, truncated rows), the
+    REINFORCE returns, the packed functions (cu_seqlens checked), OpenRLHF's mask mode in each, and
+    masked_whiten."""
+    r, v, m, tr, bv, cu = _token_rows(device, seed=5)
     pr, pv, pm = r.reshape(1, -1)[:, :40], v.reshape(1, -1)[:, :40], m.reshape(1, -1)[:, :40]
     ptr = torch.tensor([False, True, False, True], device=device)
     return {
@@ -243,13 +249,7 @@ def cp_calls(device) -> dict:
     """rollbuf.context_parallel (in a group of one): both layouts of the padded and packed GAE and
     returns (whitened, truncated rows, zigzag splits), masked_whiten, sequence_sums and the outcome
     estimators with a tensor index."""
-    g = torch.Generator().manual_seed(11)
-    r = torch.randn(4, 40, generator=g).to(device)
-    v = torch.randn(4, 40, generator=g).to(device)
-    m = (torch.rand(4, 40, generator=g) < 0.8).to(device)
-    tr = torch.tensor([True, False, True, False], device=device)
-    bv = torch.randn(4, generator=g).to(device)
-    cu = torch.tensor([0, 7, 19, 30, 40], dtype=torch.int32, device=device)
+    r, v, m, tr, bv, cu = _token_rows(device, seed=11)
     sp = torch.tensor([3, 5, 4, 6], dtype=torch.int32, device=device)  # within each segment
     pr, pv, pm = r[:1], v[:1], m[:1]
     idx = torch.tensor([0, 0, 1, 1], device=device)
