@@ -52,6 +52,11 @@ class Family(str, enum.Enum):
 
 
 
+# the field that fixes [N, T], by family (a generic estimator's is its first field)
+_MAIN = {Family.FORWARD: "x", Family.AFFINE: "alpha", Family.TD_LAMBDA_ADJOINT: "grad_returns",
+         Family.TD_LAMBDA: "rewards", Family.RETRACE: "rewards", Family.VTRACE: "rewards"}
+
+
 class Problem(NamedTuple):
     """Immutable (a named tuple, which ``torch.compile`` traces through); :meth:`evolve` returns a
     copy with some fields replaced."""
@@ -90,17 +95,7 @@ class Problem(NamedTuple):
     def main(self) -> torch.Tensor:
         """The field that fixes ``[N, T]``: ``x`` (forward), ``alpha`` (affine), ``grad_returns``
         (adjoint), the estimator's first field (generic), else ``rewards``."""
-        f = self.family
-        if f == Family.FORWARD:
-            name = "x"
-        elif f == Family.AFFINE:
-            name = "alpha"
-        elif f == Family.TD_LAMBDA_ADJOINT:
-            name = "grad_returns"
-        elif f == Family.GENERIC:
-            name = self.estimator.fields[0].name
-        else:
-            name = "rewards"
+        name = _MAIN.get(self.family) or self.estimator.fields[0].name  # generic: its first field
         x = self.fields[name]
         if x is None:
             raise ValueError(f"the problem has no {name}, the field that fixes [N, T]")

@@ -21,6 +21,7 @@ back flat (``[N, T]``, ``[N, T, *F]``), in the accumulation dtype or the output 
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
 
@@ -50,12 +51,13 @@ def numba_available() -> bool:
 
 def resolve(backend: str, device) -> str:
     """The concrete backend for ``backend`` on ``device`` (errors name the argument)."""
+    if backend == "auto":
+        kind = device.type
+        if kind == "cuda" and _TRITON:
+            return "triton"
+        return "numba" if kind == "cpu" and _NUMBA else "torch"
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    if backend == "auto":
-        if device.type == "cuda" and triton_available():
-            return "triton"
-        return "numba" if device.type == "cpu" and numba_available() else "torch"
     if backend == "numba":
         if not numba_available():
             raise ValueError("backend='numba' needs the numba package, which is not importable")
@@ -77,16 +79,24 @@ def run(p: Problem, backend: str):
     if backend == "torch":
         return torch_backend.run(p)
     if backend == "triton":
-        from rollbuf.backends import triton_backend  # imports triton: only when asked for
-
-        return triton_backend.run(p)
+        return _module("triton_backend").run(p)  # imports triton: only when asked for
     if backend == "reference":
         return reference.run(p)
     if backend == "numba":
         if autograd.needs_grad(p) or torch.compiler.is_compiling() or p.family == Family.GENERIC:
             return torch_backend.run(p)
-        from rollbuf.backends import compiled_cpu  # numba's import costs ~0.5 s: on the first CPU call
-
-        return compiled_cpu.run(p)
+        return _module("compiled_cpu").run(p)  # numba's import costs ~0.5 s: on the first CPU call
     raise ValueError(f"no backend {backend!r}; resolve() it first")
+
+
+_MODULES: dict = {}
+
+
+def _module(name: str):
+    """The backend module ``rollbuf.backends.<name>``, imported on its first call (an import
+    statement run on every call costs a microsecond)."""
+    mod = _MODULES.get(name)
+    if mod is None:
+        mod = _MODULES[name] = importlib.import_module(f"rollbuf.backends.{name}")
+    return mod
 
