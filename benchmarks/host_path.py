@@ -22,6 +22,10 @@ Parts (every time in µs; CSV ``DIR/host_path.csv``, a short table printed last)
   terminations and truncations, ``[N, T]`` bootstrap values): its replay time per call (replays
   back to back, wall clock) against the calls' device time (each call's own: a graph of 20 copies
   of it, timed with CUDA events, per copy).
+* ``split`` (CUDA only): at 128 × 128, 4096 × 128 and 8192 × 1024, an eager ``functional.advantages``
+  call beside its Triton launch alone (the kernel's JIT call with the arguments one call passes),
+  the call with that launch replaced by nothing (rollbuf's own host code), and rl-triton's
+  ``compute_gae`` beside its kernel's launch alone; and a 1000-iteration Python loop (the host's speed).
 * ``replay``: a graph of one ``functional.advantages`` call at 4096 × 128 and a graph of one
   1-element torch kernel, replayed back to back (wall per replay), and the eager call beside them.
 
@@ -291,6 +295,82 @@ def replay_part(rows, N, T, device, backend, most):
         rows.append(dict(part="replay", call=name, n=N, t=T, calls=most, wall_us=wall, host_us=host, note=note))
 
 
+SPLIT_SHAPES = ((128, 128), (4096, 128), (8192, 1024))
+
+
+def python_loop():
+    """The host's speed: a 1000-iteration Python loop (compare hosts by it)."""
+    s = 0
+    for i in range(1000):
+        s += i
+    return s
+
+
+def split_part(rows, device, most, rl_triton, backend="auto"):
+    """Where an eager ``functional.advantages`` call's host time goes, against rl-triton's: the
+    Triton launch alone (the kernel's JIT call with the keyword arguments one call passes, called
+    again and again), the call with that launch replaced by nothing (rollbuf's own host code), and
+    rl-triton's ``gae_fused_kernel`` launch alone with the arguments its ``compute_gae`` passes."""
+    from rollbuf import functional as F
+    from rollbuf.kernels import host
+
+    wall, h = back_to_back(python_loop, "cpu", most)
+    rows.append(dict(part="split", call="python: a 1000-iteration loop", n=0, t=0, calls=most, wall_us=wall,
+                     host_us=h))
+    launch = host.Kernel.__call__
+    for N, T in SPLIT_SHAPES:
+        f = inputs(N, T, device)
+        kw = dict(rewards=f["rewards"], values=f["values"], terminated=f["terminated"], bootstrap_values=f["last"],
+                  backend=backend)
+        seen = {}
+
+        def keep(self, grid, arguments, dev, seen=seen):
+            seen.update(k=self, grid=grid, arguments=dict(arguments))
+            return launch(self, grid, arguments, dev)
+
+        def call(kw=kw):
+            return F.advantages(0.99, 0.95, **kw)
+
+        host.Kernel.__call__ = keep
+        try:
+            call()
+        finally:
+            host.Kernel.__call__ = launch
+        k, grid, args = seen["k"], seen["grid"], seen["arguments"]
+        timed = {"functional.advantages": call,
+                 "  rollbuf's Triton launch alone": lambda k=k, g=grid, a=args: k.jit[(g,)](
+                     **a, **k.const, num_warps=k.warps)}
+        if rl_triton is not None:
+            import triton
+            from rl_triton.kernels.gae import gae_fused_kernel
+
+            tf, out, bs = f["terminated"].float(), torch.empty_like(f["rewards"]), triton.next_power_of_2(T)
+            timed["rl_triton.compute_gae"] = lambda tf=tf: rl_triton.compute_gae(
+                f["rewards"], f["values"], tf, gamma=0.99, lambda_=0.95, last_value=f["last"])
+            timed["  rl-triton's Triton launch alone"] = lambda tf=tf, out=out, bs=bs: gae_fused_kernel[(N,)](
+                f["rewards"], f["values"], tf, None, out, f["last"], T, f["rewards"].stride(0), gamma=0.99,
+                lambda_=0.95, BLOCK_SIZE=bs, num_warps=rl_triton_warps(bs), num_stages=2 if bs >= 2048 else 1,
+                HAS_TRUNCATIONS=False, HAS_BOOTSTRAP=True)
+        for name, fn in timed.items():
+            fn()
+            wall, h = back_to_back(fn, device, most)
+            rows.append(dict(part="split", call=name, n=N, t=T, calls=most, wall_us=wall, host_us=h))
+        host.Kernel.__call__ = lambda self, grid, arguments, dev: None
+        try:
+            wall, h = back_to_back(call, device, most)
+        finally:
+            host.Kernel.__call__ = launch
+        rows.append(dict(part="split", call="  functional.advantages, launch replaced by nothing", n=N, t=T,
+                         calls=most, wall_us=wall, host_us=h))
+
+
+def rl_triton_warps(block):
+    """rl-triton's ``compute_gae`` warps for a row block (its ``_WARPS`` table, 16 beyond it)."""
+    from rl_triton.ops import gae
+
+    return gae._WARPS.get(block, 16)
+
+
 # ---- output --------------------------------------------------------------------------------
 
 COLUMNS = ["part", "call", "n", "t", "calls", "wall_us", "host_us", "note"]
@@ -324,6 +404,13 @@ def table(rows, prov) -> str:
                 r = by.get((n, t, c))
                 cells.append("–" if r is None else f"{r['wall_us']:.1f} ({r['host_us']:.1f})")
             lines.append(f"| {n} × {t} | " + " | ".join(cells) + " |")
+        lines.append("")
+    split = [r for r in rows if r["part"] == "split"]
+    if split:
+        lines.append("split: µs per call, back to back (host µs: until the calls returned)")
+        for r in split:
+            shape = "" if not r["n"] else f"{r['n']} × {r['t']}"
+            lines.append(f"  {shape:12s} {r['call']:52s} {r['wall_us']:9.2f} (host {r['host_us']:.1f})")
         lines.append("")
     for part in ("graph", "replay"):
         sel = [r for r in rows if r["part"] == part and not r["call"].startswith("device time of ")]
@@ -374,6 +461,8 @@ def main(argv=None) -> int:
     eager_part(rows, shapes, device, backend, most, t0 + args.budget_s, rl_triton)
     graph_part(rows, *gshape, device, backend, most)
     replay_part(rows, *gshape, device, backend, most)
+    if device == "cuda":
+        split_part(rows, device, most, rl_triton, backend)
     path = write(rows, prov, args.out)
     print(f"wrote {path} ({len(rows)} rows, {time.time() - t0:.0f} s; rl_triton "
           f"{'compared' if rl_triton is not None else 'not importable'})\n")
