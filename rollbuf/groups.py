@@ -1,8 +1,12 @@
 """Group statistics for outcome-reward advantages (GRPO, RLOO, ...), framework-neutral: ``[B]`` scores
 with a group id each, their broadcast to padded or packed tokens, masked whitening (optionally over a
 process group). Torch ops (or, for the statistics on CUDA tensors, one Triton kernel:
-:mod:`rollbuf.kernels.group_stats`), no loop, no host sync (capturable in a CUDA graph). Edge rules:
-docs/semantics.md, "Group statistics"."""
+:mod:`rollbuf.kernels.group_stats`), no loop, no host sync (capturable in a CUDA graph) but the copy
+of a NumPy ``index`` (verl's uid array) to the device. Such an index is grouped on the host; on the
+kernel, :func:`outcome_advantages` copies it as its :func:`group_layout` (the samples group by group,
+each one's group start and size: one copy) and the kernel sorts nothing. A tensor ``index`` is
+grouped on its device: on the kernel, its labels sorted once. Edge rules: docs/semantics.md, "Group
+statistics"."""
 
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ import torch.distributed as dist
 from rollbuf import backends
 from rollbuf.validation import FLOATS, checking_finite
 
-__all__ = ["GroupStats", "group_ids", "group_stats", "sequence_scores", "to_tokens", "masked_whiten",
+__all__ = ["GroupStats", "group_ids", "group_layout", "group_stats", "sequence_scores", "to_tokens", "masked_whiten",
            "outcome_advantages", "OUTCOME_ESTIMATORS", "READS_LENGTHS", "BACKENDS"]
 
 #: The backends :func:`group_stats` and :func:`outcome_advantages` take: ``"torch"`` (torch's scatter
@@ -48,24 +52,68 @@ def _float(name, x, dim=None):
     return x.to(torch.float64 if x.dtype == torch.float64 else torch.float32)
 
 
+def _tensor_index(index, device):
+    """An integer tensor ``index`` checked (1-d), on ``device``: its labels as given."""
+    if index.dim() != 1 or index.is_floating_point() or index.is_complex():
+        raise ValueError(f"index must be a 1-d integer tensor, got {index.dtype} shape {tuple(index.shape)}")
+    return index.to(device)
+
+
+def _host_ranks(index) -> tuple[np.ndarray, np.ndarray]:
+    """``(inv, counts)`` of NumPy (or list) labels: each label's rank among the distinct labels
+    (int64 ``[B]``) and each group's size (``[num_groups]``); labels of mixed types compared as strings."""
+    arr = np.asarray(index)
+    if arr.ndim != 1:
+        raise ValueError(f"index must be 1-d (one label per sample), got shape {arr.shape}")
+    try:
+        _, inv, counts = np.unique(arr, return_inverse=True, return_counts=True)
+    except TypeError:  # labels of mixed types: compared as strings
+        _, inv, counts = np.unique(arr.astype(str), return_inverse=True, return_counts=True)
+    return inv.reshape(-1).astype(np.int64, copy=False), counts
+
+
+def _host_layout(inv: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """``[3, B]``: the samples group by group (a stable sort of the ranks ``inv``: each group's in
+    ascending sample order), and per sample its group's start in that order and its size; int32
+    (int64 from 2^31 samples on). NumPy only, no Python loop; up to 2^16 groups the ranks are sorted
+    as uint16, which NumPy's stable sort takes by radix sort (int64 ranks: by merge sort)."""
+    b = inv.size
+    out = np.empty((3, b), dtype=np.int32 if b < 2**31 else np.int64)
+    out[0] = np.argsort(inv.astype(np.uint16) if counts.size <= 2**16 else inv, kind="stable")
+    out[1] = (np.cumsum(counts) - counts)[inv]
+    out[2] = counts[inv]
+    return out
+
+
+def _to_device(arr: np.ndarray, device) -> torch.Tensor:
+    """A host array as a tensor on ``device``: one host-to-device copy."""
+    t = torch.from_numpy(arr)
+    return t if device is None else t.to(device)
+
+
 def group_ids(index, device=None) -> tuple[torch.Tensor, int]:
     """``(ids, num_groups)``: ``[B]`` int64 ids in ``[0, num_groups)``, equal for equal labels. ``index``:
     a 1-d NumPy array (or list) of labels (verl's ``uid``), converted on the host; or a 1-d integer
     tensor, ranked on its device (``num_groups = B`` then, an upper bound: the rest are empty)."""
     if isinstance(index, torch.Tensor):
-        if index.dim() != 1 or index.is_floating_point() or index.is_complex():
-            raise ValueError(f"index must be a 1-d integer tensor, got {index.dtype} shape {tuple(index.shape)}")
-        srt, perm = torch.sort(index.to(device))
+        index = _tensor_index(index, device)
+        srt, perm = torch.sort(index)
         first = torch.cat([srt.new_ones(min(1, srt.numel()), dtype=torch.bool), srt[1:] != srt[:-1]])
         return torch.empty_like(perm).scatter_(0, perm, first.cumsum(0) - 1), index.numel()
-    arr = np.asarray(index)
-    if arr.ndim != 1:
-        raise ValueError(f"index must be 1-d (one label per sample), got shape {arr.shape}")
-    try:
-        inv = np.unique(arr, return_inverse=True)[1]
-    except TypeError:  # labels of mixed types: compared as strings
-        inv = np.unique(arr.astype(str), return_inverse=True)[1]
-    return torch.as_tensor(inv.reshape(-1), dtype=torch.int64, device=device), int(inv.max(initial=-1)) + 1
+    inv, counts = _host_ranks(index)
+    return torch.as_tensor(inv, dtype=torch.int64, device=device), counts.size
+
+
+def group_layout(index, device=None) -> torch.Tensor:
+    """The ``[3, B]`` group layout of a 1-d NumPy array (or list) of labels, as :func:`group_ids`
+    groups them, made on the host and copied to ``device`` in one copy: row 0 the samples group by
+    group (each group's in ascending sample order), rows 1 and 2 each sample's group's start in row 0
+    and its size; int32 (int64 from 2^31 samples on). The Triton kernel of :func:`outcome_advantages`
+    reads it instead of sorting ids on the device."""
+    if isinstance(index, torch.Tensor):
+        raise TypeError("index must be a NumPy array or a list of labels (the layout is made on the host); "
+                        "a tensor index is grouped on its device (group_ids)")
+    return _to_device(_host_layout(*_host_ranks(index)), device)
 
 
 def _all_reduce(x, group, op=None):
@@ -265,34 +313,51 @@ READS_LENGTHS = frozenset({"opo", "reinforce_plus_plus_baseline", "gdpo"})
 _FUSED = {"grpo": (1, None), "dr_grpo": (1, False), "rloo_vectorized": (2, False)}
 
 
+def _lengths(lengths, x, estimator):
+    """The response lengths ``[B]`` as weights in the scores' dtype (None stays None), checked."""
+    if lengths is None and estimator in READS_LENGTHS:
+        raise ValueError(f"lengths must be given for estimator {estimator!r} (it reads the response lengths)")
+    if isinstance(lengths, torch.Tensor) and not (lengths.is_floating_point() or lengths.is_complex()):
+        lengths = lengths.to(x.dtype)  # token counts, e.g. response_mask.sum(-1): exact in float
+    return None if lengths is None else _float("lengths", lengths, 1).to(x.dtype)
+
+
+def _on_kernel(x, labels, counts, w, estimator, k):
+    """:func:`outcome_advantages` on the Triton kernel: NumPy labels (their host ranks ``labels``, the
+    group sizes ``counts``) as the host's group layout, one copy to the device and no sort; a tensor
+    index as its raw labels, sorted once on the device (no ranking first: the kernel compares labels
+    for equality only)."""
+    from rollbuf.kernels import group_stats as kernel  # the kernel needs Triton: imported when asked for
+
+    layout = None if counts is None else _to_device(_host_layout(labels, counts), x.device)
+    ids = labels if counts is None else None
+    if estimator in _FUSED and x.dtype == torch.float32:
+        est, norm = _FUSED[estimator]
+        return kernel.run(x, ids, None, est, norm=k[1] if norm is None else norm, eps=k[0], layout=layout)
+    return _OUTCOME[estimator](x, GroupStats(*kernel.run(x, ids, w, layout=layout)), w, k)
+
+
 def outcome_advantages(scores, index, lengths=None, estimator: str = "grpo", *, epsilon: float = 1e-6,
                        norm_adv_by_std_in_grpo: bool = True, f_norm: float = 1.0, backend: str = "auto"):
     """verl's outcome advantage ``[B]`` of each row (docs/llm.md, section 10; ``"dr_grpo"``: GRPO
     unnormalised) from its score and response length (``lengths``: OPO's weights, the whitening's
     token counts; None for an estimator not in :data:`READS_LENGTHS`), ``[B]`` each; ``index``:
-    :func:`group_ids`'s. ``backend``: :func:`group_stats`'s. Broadcast with :func:`to_tokens`."""
+    :func:`group_ids`'s. ``backend``: :func:`group_stats`'s (on the kernel a NumPy ``index`` goes to
+    the device as its :func:`group_layout`, a tensor one is sorted once). Broadcast with :func:`to_tokens`."""
     if estimator not in _OUTCOME:
         raise ValueError(f"estimator must be one of {OUTCOME_ESTIMATORS}, got {estimator!r}")
     x = _float("scores", scores, 1)
-    ids, n = group_ids(index, x.device)
-    if lengths is None and estimator in READS_LENGTHS:
-        raise ValueError(f"lengths must be given for estimator {estimator!r} (it reads the response lengths)")
-    if isinstance(lengths, torch.Tensor) and not (lengths.is_floating_point() or lengths.is_complex()):
-        lengths = lengths.to(x.dtype)  # token counts, e.g. response_mask.sum(-1): exact in float
-    w = None if lengths is None else _float("lengths", lengths, 1).to(x.dtype)
-    if ids.shape != x.shape:
-        raise ValueError(f"index must hold one label per row ({x.numel()}), got {len(ids)}")
+    # a tensor: its labels on the device (counts None); NumPy labels: their ranks and group sizes, on the host
+    labels, counts = (_tensor_index(index, x.device), None) if isinstance(index, torch.Tensor) else _host_ranks(index)
+    w = _lengths(lengths, x, estimator)
+    if len(labels) != x.numel():
+        raise ValueError(f"index must hold one label per row ({x.numel()}), got {len(labels)}")
     if w is not None and w.shape != x.shape:
         raise ValueError(f"lengths must hold one entry per row ({x.numel()}), got {len(w)}")
-    if estimator == "grpo_passk" and not isinstance(index, torch.Tensor) and np.unique(
-            np.asarray(index).astype(str), return_counts=True)[1].min(initial=2) < 2:
+    if estimator == "grpo_passk" and counts is not None and counts.min(initial=2) < 2:
         raise ValueError("index: pass@k needs at least 2 samples per group")
     k = (epsilon, norm_adv_by_std_in_grpo, f_norm)
     if _backend(backend, x.device, None) == "triton":
-        from rollbuf.kernels import group_stats as kernel  # the kernel needs Triton: imported when asked for
-
-        if estimator in _FUSED and x.dtype == torch.float32:
-            est, norm = _FUSED[estimator]
-            return kernel.run(x, ids, None, est, norm=norm_adv_by_std_in_grpo if norm is None else norm, eps=epsilon)
-        return _OUTCOME[estimator](x, GroupStats(*kernel.run(x, ids, w)), w, k)
+        return _on_kernel(x, labels, counts, w, estimator, k)
+    ids, n = group_ids(labels) if counts is None else (torch.as_tensor(labels, device=x.device), counts.size)
     return _OUTCOME[estimator](x, group_stats(x, ids, n, w, backend="torch"), w, k)

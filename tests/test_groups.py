@@ -1,13 +1,18 @@
 """rollbuf.groups against float64 loops written here, and its edge rules (docs/semantics.md, "Groups"):
 groups of one, zero variance (exact), leave-one-out with equal other members (exact, in bf16 too:
 NeMo-RL #4161's case), NaN scores, all-masked rows, packed sequences, a process group (gloo), and no
-host read of a value (meta tensors)."""
+host read of a value (meta tensors). The Triton kernel against the torch path; its two ways to a
+sample's group (the host's layout of NumPy labels, ids sorted on the device) bit for bit, and the
+device sorts and host-to-device copies a call makes."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import math
+import os
 import sys
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -509,3 +514,248 @@ def test_kernel_reads_no_value_back():
             call()
     finally:
         torch.cuda.set_sync_debug_mode(0)
+
+
+# ------------------------------------------------ the kernel's group layouts: made on the host, or one device sort
+
+
+def _layout_batch(seed, b, min_size=1):
+    """``b`` samples or a few more in shuffled groups of 1 to 17 members (``min_size`` up; 17 spans
+    two of the kernel's member tiles) and the group of each sample; scores (float64) with groups
+    that are normal, binary, all equal, all equal but one (above or below), holding a NaN, holding
+    ±inf; weights with groups of total weight 0."""
+    g = np.random.default_rng(seed)
+    sizes = []
+    while sum(sizes) < b:
+        sizes.append(max(min_size, int(g.choice([1, 1, 2, 3, 5, 8, 17]))))
+    parts = []
+    for k, n in enumerate(sizes):
+        v = g.normal(size=n) * 3 + 1
+        if k % 7 == 1:
+            v = g.integers(0, 2, n).astype(float)
+        elif k % 7 == 2:
+            v = np.full(n, g.choice([0.1, 1 / 3, -7.3]))
+        elif k % 7 == 3:
+            v = np.full(n, 0.3)
+            v[n // 2] = g.choice([1.0, -3.0])
+        elif k % 7 == 4:
+            v[n // 2] = math.nan
+        elif k % 7 == 5:
+            v[n // 2] = g.choice([math.inf, -math.inf])
+        parts.append(v)
+    perm = g.permutation(sum(sizes))
+    group = np.repeat(np.arange(len(sizes)), sizes)[perm]
+    w = (g.integers(0, 3, group.size) * (group % 5 != 0)).astype(np.float32)  # every fifth group: total weight 0
+    return np.concatenate(parts)[perm], group, w
+
+
+def _numpy_labels(group, kind):
+    """NumPy labels of the groups: strings, ints (negative and beyond 2^31) or mixed types."""
+    if kind == "str":
+        return np.array([f"uid-{k}" for k in group])
+    if kind == "int":
+        return group.astype(np.int64) * 3_000_000_007 - 2**40
+    return np.array([int(k) if k % 2 else f"p{k}" for k in group], dtype=object)
+
+
+def _tensor_labels(group):
+    """The same groups as tensors of raw labels: int64 (negative and beyond 2^31), int32 (negative), int16."""
+    k = torch.as_tensor(group, dtype=torch.int64)
+    return {"int64": k * 3_000_000_007 - 2**40, "int32": (k * 7919 % 100_003 - 50_000).int(), "int16": (k - 99).short()}
+
+
+def _bits(t):
+    """A float tensor's bits, to compare bit for bit (NaN payloads and the sign of 0 too)."""
+    t = t.cpu()
+    return t.view({torch.float64: torch.int64, torch.float32: torch.int32}.get(t.dtype, torch.int16))
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("labels", ["str", "int", "mixed"])
+@pytest.mark.parametrize("seed,b", [(0, 29), (1, 53)])
+def test_kernel_group_layouts_agree_bit_for_bit(seed, b, labels, dtype):
+    """The kernel's statistics with the host's group layout (no sort), with the ranked ids sorted on
+    the device, and with raw tensor labels sorted on the device (int64 beyond 2^31 and negative, int32,
+    int16): the same bits; the torch backend's values (bit for bit in float32, where the float64
+    sums' order does not show; to 1e-12 in float64)."""
+    from rollbuf.kernels import group_stats as K
+
+    xs, group, ws = _layout_batch(seed, b)
+    x, w, b = torch.tensor(xs).to(dtype).to(DEV), torch.tensor(ws).to(DEV), xs.size
+    index = _numpy_labels(group, labels)
+    lay = G.group_layout(index, DEV)
+    assert lay.shape == (3, b) and lay.dtype == torch.int32 and lay.device.type == DEV
+    ids, n = G.group_ids(index, DEV)
+    ref = G.group_stats(x, ids, n, w, backend="torch")
+    for weights in (w, None):
+        want = K.run(x, None, weights, layout=lay)
+        assert want.shape == (7, b)
+        for name, got in [("ranked ids", K.run(x, ids, weights))] + [
+                (dt, K.run(x, t.to(DEV), weights)) for dt, t in _tensor_labels(group).items()]:
+            assert torch.equal(_bits(got), _bits(want)), (name, weights is None)
+    stats = G.group_stats(x, ids, n, w, backend="triton")  # the device sort of group_stats' ids
+    for k, got in zip(FIELDS, K.run(x, None, w, layout=lay)):
+        assert torch.equal(_bits(getattr(stats, k)), _bits(got)), k
+        _same(got, getattr(ref, k), exact=dtype != torch.float64, tol=1e-12)
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_outcome_advantages_layouts_agree_bit_for_bit(dtype):
+    """Every estimator on the kernel with NumPy indexes (string, int, mixed labels: the host's layout)
+    and with tensor indexes (int64 and int32 raw labels: one device sort): the same bits; the torch
+    backend's values (bit for bit in float32; to 1e-12 in float64). Groups of one and NaN/inf scores
+    included (pass@k: groups of two or more)."""
+    for est in G.OUTCOME_ESTIMATORS:
+        xs, group, ws = _layout_batch(7, 31, min_size=2 if est == "grpo_passk" else 1)
+        x, n = torch.tensor(xs).to(dtype).to(DEV), torch.tensor(ws + 1).to(DEV)
+        tensors = _tensor_labels(group)
+        for norm in (True, False) if est in ("grpo", "grpo_passk", "gdpo") else (True,):
+            kw, found = dict(norm_adv_by_std_in_grpo=norm), {}
+            with _sorts_and_copies(found):
+                want = G.outcome_advantages(x, _numpy_labels(group, "str"), n, est, backend="triton", **kw)
+            assert want.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
+            assert found["sorts"] == [], (est, found)  # the host's layout, no device sort
+            for name, index in [("int", _numpy_labels(group, "int")), ("mixed", _numpy_labels(group, "mixed")),
+                                ("int64", tensors["int64"].to(DEV)), ("int32", tensors["int32"].to(DEV))]:
+                with _sorts_and_copies(found):
+                    got = G.outcome_advantages(x, index, n, est, backend="triton", **kw)
+                assert len(found["sorts"]) == (name in tensors), (est, name, found)  # one device sort of a tensor
+                assert torch.equal(_bits(got), _bits(want)), (est, norm, name)
+            ref = G.outcome_advantages(x, _numpy_labels(group, "str"), n, est, backend="torch", **kw)
+            _same(want, ref, exact=dtype != torch.float64, tol=1e-12)
+
+
+def test_group_layout():
+    """The layout against a loop: row 0 the samples group by group (each group's in ascending sample
+    order), rows 1 and 2 each sample's group's start in row 0 and its size; the groups of group_ids."""
+    for index in (np.array(["b", "a", "b", "c", "a", "b"]), [10**12, 7, 10**12, -3],
+                  np.array([1, "1", "x", 2, "x"], dtype=object), np.array(["only"])):
+        lay = G.group_layout(index)
+        ids = G.group_ids(index)[0].tolist()
+        assert lay.dtype == torch.int32 and lay.shape == (3, len(ids))
+        perm, start, size = lay.tolist()
+        assert perm == sorted(range(len(ids)), key=lambda i: (ids[i], i))
+        for i, g in enumerate(ids):
+            members = [j for j in range(len(ids)) if ids[j] == g]
+            assert perm[start[i]:start[i] + size[i]] == members, (index, i)
+    assert G.group_layout(np.array([], dtype=object)).shape == (3, 0)
+    g = np.random.default_rng(0)
+    for groups in (300, 2**16, 2**16 + 1, 90_000):  # up to 2^16 groups the ranks are sorted as uint16
+        labels = g.permutation(np.repeat(np.arange(groups) * 7 - 5, g.integers(1, 4, groups)))
+        ids = G.group_ids(labels)[0].numpy()
+        assert ids.max() + 1 == groups
+        perm, start, size = G.group_layout(labels).numpy()
+        assert (perm == np.lexsort((np.arange(ids.size), ids))).all()  # by group, then by sample
+        sizes = np.bincount(ids)
+        assert (size == sizes[ids]).all() and (start == (np.cumsum(sizes) - sizes)[ids]).all()
+    with pytest.raises(TypeError, match="index"):
+        G.group_layout(torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match="index"):
+        G.group_layout(np.zeros((2, 2)))
+
+
+@pytest.mark.interpret
+def test_kernel_layout_errors():
+    from rollbuf.kernels import group_stats as K
+
+    x = torch.zeros(3, device=DEV)
+    lay = G.group_layout(["a", "b", "a"], DEV)
+    for bad in (lay[:, :2], lay[:2], lay.float(), lay.to("meta"), lay.tolist()):
+        with pytest.raises(ValueError, match="layout"):
+            K.run(x, None, layout=bad)
+    with pytest.raises(ValueError, match="ids"):
+        K.run(x, None)
+    with pytest.raises(ValueError, match="ids"):
+        K.run(x, torch.zeros(3, device=DEV))
+    assert torch.equal(K.run(x, None, layout=lay.long()), K.run(x, None, layout=lay))
+
+
+_SORTS = {"sort", "argsort", "msort", "_unique", "_unique2", "unique_dim", "unique_consecutive", "topk", "kthvalue"}
+
+
+@contextlib.contextmanager
+def _sorts_and_copies(found: dict):
+    """Records, while on: the key dtype of each sort-like aten op (``found["sorts"]``), each copy from
+    the host to another device (``found["h2d"]``) and the shape of each tensor that rollbuf's code
+    builds from host data (``found["built"]``: ``torch.from_numpy``, ``as_tensor``, ``tensor``,
+    ``asarray``; on CUDA each is a host-to-device copy)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    import rollbuf
+
+    package = os.path.dirname(rollbuf.__file__) + os.sep
+    found.update(sorts=[], h2d=[], built=[])
+
+    class Recorder(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            name = func.overloadpacket.__name__
+            if name in _SORTS:
+                found["sorts"].append(args[0].dtype)
+            elif name in ("_to_copy", "copy_") and isinstance(out, torch.Tensor) and out.device.type != "cpu" \
+                    and any(isinstance(a, torch.Tensor) and a.device.type == "cpu" for a in args):
+                found["h2d"].append(tuple(out.shape))
+            return out
+
+    def wrap(real):
+        def build(*args, **kw):
+            out = real(*args, **kw)
+            if sys._getframe(1).f_code.co_filename.startswith(package):
+                found["built"].append(tuple(out.shape))
+            return out
+        return build
+
+    with contextlib.ExitStack() as stack:
+        for name in ("from_numpy", "as_tensor", "tensor", "asarray"):
+            stack.enter_context(mock.patch.object(torch, name, wrap(getattr(torch, name))))
+        stack.enter_context(Recorder())
+        yield
+
+
+@pytest.mark.interpret
+def test_kernel_path_sorts_once_at_most():
+    """On the kernel: a NumPy index makes no device sort and one host-to-device copy, of its [3, B]
+    layout; a tensor index one sort (of its raw labels, int32 kept as int32) and no copy; group_stats'
+    ids one sort (as before)."""
+    labels, g = _random_groups(4, 23)
+    x = torch.tensor(g.normal(size=labels.size), dtype=torch.float32, device=DEV)
+    n = torch.full_like(x, 3.0)
+    b, found = labels.size, {}
+    for est, dtype in (("grpo", torch.float32), ("rloo", torch.float32), ("opo", torch.float64)):
+        with _sorts_and_copies(found):
+            G.outcome_advantages(x.to(dtype), labels, n, est, backend="triton")
+        assert found["sorts"] == [] and found["built"] == [(3, b)], (est, found)
+        assert found["h2d"] == ([(3, b)] if DEV == "cuda" else []), (est, found)
+        tensor = G.group_ids(labels, DEV)[0]
+        for t in (tensor, tensor.int() - 5, tensor.short()):
+            with _sorts_and_copies(found):
+                G.outcome_advantages(x.to(dtype), t, n, est, backend="triton")
+            key = torch.int32 if t.dtype != torch.int64 else torch.int64
+            assert found["sorts"] == [key] and found["built"] == [] and found["h2d"] == [], (est, t.dtype, found)
+    with _sorts_and_copies(found):
+        G.group_stats(x, tensor, b, backend="triton")
+    assert found["sorts"] == [torch.int64] and found["built"] == [], found
+
+
+def test_pass_at_k_counts_the_groups_once(monkeypatch):
+    """pass@k's check of its groups' sizes reads the groups that the statistics use (one np.unique of
+    the labels, mixed types compared as strings, as group_ids does), with the same error."""
+    x = torch.zeros(4)
+    calls = []
+    real = np.unique
+
+    def unique(*args, **kw):
+        out = real(*args, **kw)
+        calls.append(1)
+        return out
+
+    monkeypatch.setattr(np, "unique", unique)
+    for index in (["a", "b", "a", "b"], np.array([1, "1", "x", "x"], dtype=object), np.array([5, 5, 6, 6])):
+        calls.clear()
+        G.outcome_advantages(x, index, None, "grpo_passk")
+        assert len(calls) == 1, index
+    for index in (["a", "b", "a", "c"], np.array([1, "1", "x", 2], dtype=object)):
+        with pytest.raises(ValueError, match="index: pass@k needs at least 2 samples per group"):
+            G.outcome_advantages(x, index, None, "grpo_passk")

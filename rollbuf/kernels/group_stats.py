@@ -2,11 +2,17 @@
 deterministic, ``O(B × group size)``), optionally fused with verl's per-row GRPO or vectorized
 RLOO formula.
 
-The host sorts the ids once (``srt, perm = sort(ids, stable=True)``: a group's members are
-``perm[start:end]``). Each program takes ``BLOCK_I`` samples, finds each one's ``[start, end)`` in
-``srt`` by a vectorised binary search, and walks its group's members in tiles of ``BLOCK_K`` twice:
-first the extremes (``hi``, ``lo``; NaN for a group with a NaN member), then the sums about them,
-accumulated in float64 exactly as the torch path forms them (docs/semantics.md, "Group
+A group's members are ``perm[start:start + size]`` of a permutation ``perm`` that lists the samples
+group by group, each group's in ascending sample order. Either the host made that layout
+(:func:`rollbuf.groups.group_layout`, from NumPy labels: ``perm`` and, per sample, its group's
+``start`` and ``size``, one ``[3, B]`` copy to the device; the kernel loads each sample's two
+numbers: one launch, no sort), or the ids (any integer labels, compared for equality only) are
+sorted on the device (``srt, perm = sort(ids, stable=True)``: one sort and one launch) and each
+program finds each of its samples' ``[start, end)`` in ``srt`` by a vectorised binary search (the
+constexpr ``SEARCH``). Either way each program takes ``BLOCK_I`` samples and walks each one's
+group members in tiles of ``BLOCK_K`` twice, in the same order, so both give the same outputs bit
+for bit: first the extremes (``hi``, ``lo``; NaN for a group with a NaN member), then the sums
+about them, accumulated in float64 exactly as the torch path forms them (docs/semantics.md, "Group
 statistics"): ``n``, ``Σ(x−hi)``, ``Σ(x−hi)²``, ``Σ(x−lo)``, ``Σ(x−lo)²``, the count of members at
 ``hi``, the best score below ``hi``, ``Σw``, ``Σw(x−hi)``. A sample's leave-one-out sums are its
 group's sums about ``hi`` (``lo`` at a unique maximum) less its own term, so equal members and
@@ -108,15 +114,23 @@ def _spread(q, s, m):
 
 
 @triton.jit
-def group_stats_kernel(p_x, p_w, p_ids, p_srt, p_perm, p_out, B, steps, eps, HAS_W: tl.constexpr,
-                       EST: tl.constexpr, NORM: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_K: tl.constexpr):
+def group_stats_kernel(p_x, p_w, p_ids, p_srt, p_perm, p_start, p_size, p_out, B, steps, eps, HAS_W: tl.constexpr,
+                       EST: tl.constexpr, NORM: tl.constexpr, SEARCH: tl.constexpr, BLOCK_I: tl.constexpr,
+                       BLOCK_K: tl.constexpr):
     """``p_out``: ``[7, B]`` statistics in GroupStats order (``EST == STATS``), else the ``[B]``
-    advantage; in ``p_out``'s dtype, computed in float64 and the advantage in that dtype."""
+    advantage; in ``p_out``'s dtype, computed in float64 and the advantage in that dtype. A group's
+    members are ``perm[start:start + size]``; ``SEARCH``: each sample's ``start`` and ``size`` found
+    by binary search of its id ``p_ids`` in the sorted ids ``p_srt``, else loaded from ``p_start``
+    and ``p_size`` (the host's layout; ``p_ids``, ``p_srt`` and ``steps`` not read)."""
     i = tl.program_id(0) * BLOCK_I + tl.arange(0, BLOCK_I)
     ok = i < B
-    g = tl.load(p_ids + i, mask=ok, other=0)
-    start, end = _group(p_srt, g, B, steps)
-    ln = tl.where(ok, end - start, 0)
+    if SEARCH:
+        g = tl.load(p_ids + i, mask=ok, other=0)
+        start, end = _group(p_srt, g, B, steps)
+        ln = tl.where(ok, end - start, 0)
+    else:  # two independent loads instead of 2·log2(B) dependent ones
+        start = tl.load(p_start + i, mask=ok, other=0)
+        ln = tl.load(p_size + i, mask=ok, other=0)
     kmax = tl.max(ln, 0)
     x = tl.load(p_x + i, mask=ok, other=0).to(tl.float64)
     hi, lo = _extremes(p_x, p_perm, start, ln, kmax, BLOCK_K)
@@ -148,30 +162,64 @@ def group_stats_kernel(p_x, p_w, p_ids, p_srt, p_perm, p_out, B, steps, eps, HAS
 
 
 @functools.cache
-def _kernel(est: int, norm: bool, has_w: bool) -> host.Kernel:
-    return host.Kernel(group_stats_kernel, dict(HAS_W=has_w, EST=est, NORM=norm, BLOCK_I=BLOCK_I, BLOCK_K=BLOCK_K),
-                       WARPS, ("p_x", "p_w", "p_ids", "p_srt", "p_perm", "p_out", "B", "steps", "eps"))
+def _kernel(est: int, norm: bool, has_w: bool, search: bool) -> host.Kernel:
+    const = dict(HAS_W=has_w, EST=est, NORM=norm, SEARCH=search, BLOCK_I=BLOCK_I, BLOCK_K=BLOCK_K)
+    return host.Kernel(group_stats_kernel, const, WARPS, ("p_x", "p_w", "p_ids", "p_srt", "p_perm", "p_start",
+                                                          "p_size", "p_out", "B", "steps", "eps"))
 
 
-def run(x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor | None = None, est: int = STATS, *,
-        norm: bool = True, eps: float = 0.0) -> torch.Tensor:
+_NARROW = (torch.bool, torch.int8, torch.uint8, torch.int16)
+
+
+def _keys(ids: torch.Tensor) -> torch.Tensor:
+    """``ids`` as the sort's keys: int32 and int64 as they are (a 32-bit radix sort is the cheaper),
+    narrower integers as int32, wider unsigned ones as int64 (the kernel compares keys for equality
+    only: a one-to-one conversion is all it needs)."""
+    if ids.dtype in (torch.int32, torch.int64):
+        return ids
+    return ids.to(torch.int32 if ids.dtype in _NARROW else torch.int64)
+
+
+def _groups(ids: torch.Tensor | None, layout: torch.Tensor | None, B: int, device) -> dict:
+    """The kernel's group arguments: the host's ``layout`` as it is, or ``ids`` sorted on the device
+    (stable: a group's members in ascending sample order, as in the layout)."""
+    if layout is None:
+        if not isinstance(ids, torch.Tensor) or ids.shape != (B,) or ids.is_floating_point() or ids.is_complex():
+            raise ValueError(f"ids must be a [{B}] integer tensor when no layout is given")
+        keys = _keys(ids.contiguous())
+        srt, perm = torch.sort(keys, stable=True)
+        return dict(p_ids=keys, p_srt=srt, p_perm=perm, p_start=perm, p_size=perm, steps=B.bit_length())
+    if not isinstance(layout, torch.Tensor) or layout.shape != (3, B) or layout.device != device \
+            or layout.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"layout must be a [3, {B}] int32 or int64 tensor on {device} (groups.group_layout "
+                         f"gives it), got {getattr(layout, 'dtype', type(layout).__name__)} "
+                         f"{tuple(getattr(layout, 'shape', ()))}")
+    perm, start, size = layout.contiguous()
+    return dict(p_ids=start, p_srt=start, p_perm=perm, p_start=start, p_size=size, steps=0)
+
+
+def run(x: torch.Tensor, ids: torch.Tensor | None, w: torch.Tensor | None = None, est: int = STATS, *,
+        norm: bool = True, eps: float = 0.0, layout: torch.Tensor | None = None) -> torch.Tensor:
     """The ``[7, B]`` statistics of ``x`` ``[B]`` (any float dtype, read as float64) grouped by
-    ``ids`` ``[B]`` int64 with weights ``w`` ``[B]`` (None: 1 each), float32 (float64 for float64
-    ``x``); or, with ``est`` GRPO or RLOO, the ``[B]`` advantage (float32 statistics only: ``eps``
-    reaches the kernel as a float32). One sort and one launch; no host read."""
+    ``ids`` ``[B]`` (integer labels of any values, compared for equality only) with weights ``w``
+    ``[B]`` (None: 1 each), float32 (float64 for float64 ``x``); or, with ``est`` GRPO or RLOO, the
+    ``[B]`` advantage (float32 statistics only: ``eps`` reaches the kernel as a float32). ``layout``:
+    the ``[3, B]`` group layout made on the host (:func:`rollbuf.groups.group_layout`): one launch,
+    ``ids`` not read (None will do); without it, ``ids`` are sorted on the device (int32 and int64
+    in their own dtype): one sort and one launch. No host read; the same outputs either way."""
     B = x.numel()
     dt = torch.float64 if x.dtype == torch.float64 else torch.float32
     out = torch.empty((7, B) if est == STATS else (B,), dtype=dt, device=x.device)
     if B == 0:
         return out
-    x, ids = x.contiguous(), ids.contiguous()
-    srt, perm = torch.sort(ids, stable=True)
-    args = dict(p_x=x, p_w=x if w is None else w.contiguous(), p_ids=ids, p_srt=srt, p_perm=perm, p_out=out, B=B,
-                steps=B.bit_length(), eps=float(eps))
+    x = x.contiguous()
+    args = dict(p_x=x, p_w=x if w is None else w.contiguous(), p_out=out, B=B, eps=float(eps),
+                **_groups(ids, layout, B, x.device))
+    kernel = _kernel(est, bool(norm), w is not None, layout is None)
     grid = triton.cdiv(B, BLOCK_I)
     if x.device.type == "cuda":
         with torch.cuda.device(x.device):
-            _kernel(est, bool(norm), w is not None)(grid, args, x.device.index)
+            kernel(grid, args, x.device.index)
     else:
-        _kernel(est, bool(norm), w is not None)(grid, args, None)
+        kernel(grid, args, None)
     return out
