@@ -279,9 +279,20 @@ def host() -> str:
                     f"{min(ratio):.2f}–{max(ratio):.2f}× ({within} of {len(ratio)} ≤ 1.25×)"])
     graph = [[f"{r['call']} ({r['n']} × {r['t']})", _num(float(r["wall_us"]))] for r in rows
              if r["part"] in ("graph", "replay")]
-    return "\n".join([_gpu_provenance(rows, paths), ""] + _table(
+    lines = [_gpu_provenance(rows, paths), ""] + _table(
         ["eager call (rl-triton's grid, fp32)", "shapes", "min µs", "median µs", "max µs",
-         "÷ rl-triton's eager call"], out) + [""] + _table(["CUDA graph / replay", "µs per call"], graph))
+         "÷ rl-triton's eager call"], out) + [""] + _table(["CUDA graph / replay", "µs per call"], graph)
+    split = [r for r in rows if r["part"] == "split"]
+    if split:  # where the eager call's host time goes (host_path.py's split part)
+        loop = next((float(r["wall_us"]) for r in split if r["n"] == "0"), None)
+        shapes = list(dict.fromkeys((r["n"], r["t"]) for r in split if r["n"] != "0"))
+        calls = list(dict.fromkeys(r["call"].strip() for r in split if r["n"] != "0"))
+        by = {(r["n"], r["t"], r["call"].strip()): _num(float(r["wall_us"])) for r in split}
+        lines += ["", f"Where the host time goes (µs per call, back to back; this host runs a 1000-iteration "
+                      f"Python loop in {_num(loop)} µs):", ""]
+        lines += _table(["N × T", *calls], [[f"{n} × {t}", *(by.get((n, t, c), "–") for c in calls)]
+                                            for n, t in shapes])
+    return "\n".join(lines)
 
 
 # ------------------------------------------------------------------------------ the GPU scoreboard
