@@ -1,7 +1,8 @@
-"""``python -m benchmarks tables [--check]``: docs/benchmarks.md's tables, from the committed results.
+"""``python -m benchmarks tables [--check]``: the docs' measured tables, from the committed results.
 
 Each table is a function of result files under ``benchmarks/results/`` (:data:`SOURCES`), written
-between ``<!-- table:NAME -->`` and ``<!-- /table:NAME -->`` in docs/benchmarks.md, its first line
+between ``<!-- table:NAME -->`` and ``<!-- /table:NAME -->`` in docs/benchmarks.md (or the page
+:data:`PAGE` names), its first line
 the provenance read from those files (device, versions, commit, date, the files). ``--check``
 writes nothing and exits 1 if the page differs from what the results give (tests/test_docs.py runs
 it). A new measurement replaces its files in :data:`SOURCES` and is committed with the page.
@@ -23,6 +24,8 @@ from benchmarks.suite import read_csv, scoreboard, speedups
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 DOC = ROOT / "docs" / "benchmarks.md"
+#: the page a table lives on, where it is not docs/benchmarks.md
+PAGE = {"llm-groups": ROOT / "docs" / "llm.md"}
 
 
 def _scoreboard_csvs():
@@ -37,11 +40,12 @@ SOURCES = {
     "beyond": ["peers_p0_00a2400.csv", "peers_p1_00a2400.csv"],
     "pufferlib": ["peers_p0_00a2400.csv", "peers_p1_00a2400.csv", "peers_puff16_4fa49f4.csv"],
     "naive": ["kernels_h200_7bce722.csv"],
-    "host": ["host_path_3babafa.csv"],
+    "host": ["host_path_ee36fa8.csv"],
     "scoreboard": None,  # _scoreboard_csvs()
     "bandwidth": None,
     "long": None,
     "llm": ["llm_gpu_1f929cf.csv"],
+    "llm-groups": ["llm_groups_gpu_ee36fa8.csv"],
     "backward": ["backward_gpu_29d23ce.csv"],
     "memory": ["memory_c5d166c.csv"],
     "cpu": ["cpu_54810f8.csv"],
@@ -379,6 +383,28 @@ def llm() -> str:
          "GPU loop ÷ rollbuf (full call)", "bf16 device µs", "+ whiten µs", "packed in 1 row µs", "max abs err"], out))
 
 
+def llm_groups() -> str:
+    """verl's vectorised GRPO/RLOO against rollbuf.integrations.verl's (``python -m benchmarks llm-groups``)."""
+    paths = sources("llm-groups")
+    rows = read_rows(paths)
+    out = []
+    for r in rows:
+        f = {k: float(r[k]) for k in r if k.endswith("_us") or k == "max_abs_err"}
+        out.append([r["estimator"].upper(), f"{r['B']} × {r['L']}", _num(f["verl_call_us"]),
+                    f"{_num(f['rollbuf_call_us'])} ({f['verl_call_us'] / f['rollbuf_call_us']:.2f}×)",
+                    f"{_num(f['rollbuf_tensor_call_us'])} ({f['verl_call_us'] / f['rollbuf_tensor_call_us']:.2f}×)",
+                    _num(f["verl_device_us"]),
+                    f"{_num(f['rollbuf_device_us'])} ({f['verl_device_us'] / f['rollbuf_device_us']:.2f}×)",
+                    f"{_num(f['rollbuf_tensor_device_us'])} "
+                    f"({f['verl_device_us'] / f['rollbuf_tensor_device_us']:.2f}×)",
+                    _num(f["rollbuf_graph_us"]), f"{f['max_abs_err']:.1e}"])
+    return "\n".join([_gpu_provenance(rows, paths), ""] + _table(
+        ["", "B × L", "verl full call µs", "rollbuf full call µs, uid array (verl ÷ rollbuf)",
+         "rollbuf full call µs, tensor index (verl ÷ rollbuf)", "verl device µs",
+         "rollbuf device µs, uid array (verl ÷ rollbuf)", "rollbuf device µs, tensor index (verl ÷ rollbuf)",
+         "rollbuf graph replay µs, tensor index", "max abs diff"], out))
+
+
 BACKWARD_TABLE_SHAPES = ("4096 × 128", "16384 × 4096", "1 × 1048576")  # of the run's five
 
 
@@ -499,7 +525,7 @@ def gpu_tests() -> str:
 
 TABLES = {"peers": peers, "beyond": beyond, "pufferlib": pufferlib, "naive": naive, "host": host,
           "scoreboard": scoreboard_table, "bandwidth": bandwidth, "long": long_rows, "llm": llm,
-          "backward": backward, "memory": memory, "cpu": cpu_grid, "first-call": first_call, "gpu-tests": gpu_tests}
+          "llm-groups": llm_groups, "backward": backward, "memory": memory, "cpu": cpu_grid, "first-call": first_call, "gpu-tests": gpu_tests}
 
 
 def render(text: str) -> str:
@@ -507,7 +533,7 @@ def render(text: str) -> str:
     def fill(m):
         name = m.group(1)
         if name not in TABLES:
-            raise SystemExit(f"docs/benchmarks.md names an unknown table {name!r}; known: {', '.join(TABLES)}")
+            raise SystemExit(f"a page names an unknown table {name!r}; known: {', '.join(TABLES)}")
         return f"<!-- table:{name} -->\n{TABLES[name]()}\n<!-- /table:{name} -->"
 
     return re.sub(r"<!-- table:([\w-]+) -->\n.*?<!-- /table:\1 -->", fill, text, flags=re.S)
@@ -515,19 +541,22 @@ def render(text: str) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks tables", description=__doc__.splitlines()[0])
-    ap.add_argument("--check", action="store_true", help="write nothing; exit 1 if docs/benchmarks.md is out of date")
-    ap.add_argument("--doc", default=str(DOC), help="the page to fill")
+    ap.add_argument("--check", action="store_true", help="write nothing; exit 1 if a page is out of date")
+    ap.add_argument("--doc", action="append", help="the page to fill (default: docs/benchmarks.md and the "
+                    "pages of PAGE); a page's tables are those PAGE puts on a page of its file name")
     args = ap.parse_args(argv)
-    text = Path(args.doc).read_text(encoding="utf-8")
-    missing = [n for n in TABLES if f"<!-- table:{n} -->" not in text]
-    new = render(text)
-    if args.check:
-        if new != text or missing:
-            print(f"{args.doc} is out of date with benchmarks/results/ (missing tables: {missing or 'none'}): "
-                  "python -m benchmarks tables", file=sys.stderr)
-            return 1
-        return 0
-    Path(args.doc).write_text(new, encoding="utf-8")
-    print(f"wrote {len(TABLES) - len(missing)} tables into {args.doc}"
-          + (f"; not on the page: {missing}" if missing else ""))
-    return 0
+    stale = 0
+    for doc in map(Path, args.doc or [DOC, *dict.fromkeys(PAGE.values())]):
+        text = doc.read_text(encoding="utf-8")
+        own = [n for n in TABLES if PAGE.get(n, DOC).name == doc.name]
+        missing = [n for n in own if f"<!-- table:{n} -->" not in text]
+        new = render(text)
+        if args.check:
+            if new != text or missing:
+                print(f"{doc} is out of date with benchmarks/results/ (missing tables: {missing or 'none'}): "
+                      "python -m benchmarks tables", file=sys.stderr)
+                stale = 1
+            continue
+        doc.write_text(new, encoding="utf-8")
+        print(f"wrote {len(own) - len(missing)} tables into {doc}" + (f"; not on the page: {missing}" if missing else ""))
+    return stale
