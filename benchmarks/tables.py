@@ -525,7 +525,8 @@ def gpu_tests() -> str:
 
 TABLES = {"peers": peers, "beyond": beyond, "pufferlib": pufferlib, "naive": naive, "host": host,
           "scoreboard": scoreboard_table, "bandwidth": bandwidth, "long": long_rows, "llm": llm,
-          "llm-groups": llm_groups, "backward": backward, "memory": memory, "cpu": cpu_grid, "first-call": first_call, "gpu-tests": gpu_tests}
+          "llm-groups": llm_groups, "backward": backward, "memory": memory, "cpu": cpu_grid, "first-call": first_call,
+          "gpu-tests": gpu_tests}
 
 
 def render(text: str) -> str:
@@ -558,5 +559,6 @@ def main(argv=None) -> int:
                 stale = 1
             continue
         doc.write_text(new, encoding="utf-8")
-        print(f"wrote {len(own) - len(missing)} tables into {doc}" + (f"; not on the page: {missing}" if missing else ""))
+        print(f"wrote {len(own) - len(missing)} tables into {doc}"
+              + (f"; not on the page: {missing}" if missing else ""))
     return stale
