@@ -14,6 +14,7 @@ import torch
 
 from rollbuf.problem import Family, Problem
 
+_FINAL_OUT = (Family.FORWARD, Family.AFFINE)  # the families whose carry out is their last output, ``final``
 _FIELDS = ("rewards", "values", "terminated", "truncated", "bootstrap_values", "mask", "log_probs",
            "target_log_probs", "q_values", "x")
 
@@ -46,16 +47,17 @@ def scan(
 def _(rewards, values, terminated, truncated, bootstrap_values, mask, log_probs, target_log_probs,
       q_values, x, carry, family, outputs, gamma, lam, rho_bar, c_bar, pg_rho_bar, decay, window_end,
       no_bootstrap, want_carry, compute_dtype, out_dtype, feature_shape, reverse):
-    main = x if family in ("trace", "affine") else rewards
+    fam = Family(family)
+    main = x if fam in _FINAL_OUT else rewards
     N = main.shape[0]
     F = tuple(feature_shape)
     from rollbuf.kernels import output_buffers
 
     res = output_buffers(main, F, out_dtype, len([o for o in outputs.split(",") if o != "final"]))
-    if family in ("trace", "affine"):
+    if fam in _FINAL_OUT:
         res.append(main.new_empty((N, *F), dtype=compute_dtype))
     elif want_carry:
-        res.append(main.new_empty((N, 2) if family == "vtrace" else (N,), dtype=compute_dtype))
+        res.append(main.new_empty((N, 2) if fam is Family.VTRACE else (N,), dtype=compute_dtype))
     return res
 
 
@@ -65,7 +67,7 @@ def run(p: Problem):
     res = scan(*(f.get(name) for name in _FIELDS), p.carry, str(p.family), ",".join(p.outputs), p.gamma, p.lam,
                p.rho_bar, p.c_bar, p.pg_rho_bar, p.decay, p.window_end, p.no_bootstrap, p.want_carry,
                p.compute_dtype, p.out_dtype, list(p.feature_shape), p.reverse)
-    if p.family in ("trace", "affine"):
+    if p.family in _FINAL_OUT:
         return tuple(res), None
     n_out = len(p.outputs)
     return tuple(res[:n_out]), (res[n_out] if p.want_carry else None)
