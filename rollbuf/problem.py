@@ -52,11 +52,6 @@ class Family(str, enum.Enum):
 
 
 
-# the field that fixes [N, T], by family (a generic estimator's is its first field)
-_MAIN = {Family.FORWARD: "x", Family.AFFINE: "alpha", Family.TD_LAMBDA_ADJOINT: "grad_returns",
-         Family.TD_LAMBDA: "rewards", Family.RETRACE: "rewards", Family.VTRACE: "rewards"}
-
-
 class Problem(NamedTuple):
     """Immutable (a named tuple, which ``torch.compile`` traces through); :meth:`evolve` returns a
     copy with some fields replaced."""
@@ -95,7 +90,19 @@ class Problem(NamedTuple):
     def main(self) -> torch.Tensor:
         """The field that fixes ``[N, T]``: ``x`` (forward), ``alpha`` (affine), ``grad_returns``
         (adjoint), the estimator's first field (generic), else ``rewards``."""
-        name = _MAIN.get(self.family) or self.estimator.fields[0].name  # generic: its first field
+        # comparisons, not a dict keyed by Family: Dynamo (torch 2.11) cannot hash an enum whose
+        # __hash__ is overridden, and torch.compile traces this property
+        f = self.family
+        if f == Family.TD_LAMBDA or f == Family.VTRACE or f == Family.RETRACE:
+            name = "rewards"
+        elif f == Family.FORWARD:
+            name = "x"
+        elif f == Family.AFFINE:
+            name = "alpha"
+        elif f == Family.TD_LAMBDA_ADJOINT:
+            name = "grad_returns"
+        else:  # generic: its first field
+            name = self.estimator.fields[0].name
         x = self.fields[name]
         if x is None:
             raise ValueError(f"the problem has no {name}, the field that fixes [N, T]")
