@@ -17,13 +17,9 @@ three device functions of its own:
   ``o`` (what the step hands on), which the driver stores as the row's carry out where asked.
 
 ``LOAD`` runs again at the output's steps for ``EMIT`` (second reads hit the cache): holding the
-scan's ``x`` in registers across the scan instead was measured on the H200 at 5055e67
-(benchmarks/results/kernels_h200_5055e67.csv) and lost: GAE −6% to +4%, V-trace's short
-rows 12–16% slower (4096x128 7.80 vs 6.71 µs, 16384x128 21.8 vs 19.4, 32768x16 8.19 vs 7.14).
-In the one-chunk pass the compiler merges the second reads with the scan's (nothing is stored in
-between): compiled for sm_90 at 826f19e, a variant that handed the scan's ``x`` to ``EMIT`` gave the
-same PTX counts as this one for V-trace (1024 steps, 8 warps), GAE (512) and the traces (4 x 128),
-with and without a mask, so there is nothing to hold there.
+scan's ``x`` in registers across the scan instead lost (V-trace's short rows slower, GAE even); in
+the one-chunk pass the compiler merges the second reads with the scan's (the same PTX counts), so
+there is nothing to hold there either (docs/kernel-choices.md, 'The shared scan (core.py)').
 
 ``fields = (main, values, terminated, truncated, bootstrap_values, mask, *extras)``: the driver
 reads positions 2, 4 and 5 for the window end; ``None`` = absent (a compile-time constant: absent
@@ -77,8 +73,8 @@ def load(ptr, off, ok, live, HAS_M: tl.constexpr, ACC: tl.constexpr):
     """A field at ``off`` as ``ACC``, 0 where not ``live``. With a mask the load itself is under
     ``ok`` alone (a mask that depends on loaded data keeps the compiler from vectorising the load)
     and masked steps are dropped by a select, so garbage there (NaN, Inf) never reaches the
-    arithmetic. Measured on the H200 (results/ab_masked_loads_3b98468.csv): masked GAE 1.2–2.3×
-    faster than loads under the mask, V-trace 1.35–1.39×."""
+    arithmetic. Faster than loads under the mask (docs/kernel-choices.md, 'The shared scan
+    (core.py)')."""
     if HAS_M:
         return tl.where(live, tl.load(ptr + off, mask=ok, other=0).to(ACC), 0.0)
     else:

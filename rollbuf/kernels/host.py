@@ -35,29 +35,22 @@ from rollbuf.problem import Family, Problem
 # ---- the strategy table ------------------------------------------------------------------------
 
 # Tiles of short rows: 512 elements per program, one warp per 128 elements (4 per thread), 1 to 8
-# warps. Measured on the H200 at 1ec5553 (GAE fp32, rows per program x warps swept jointly,
-# results/kernels_h200_1ec5553.csv): 4096x128 4x128 w4 5.26 µs (the earlier 2048-element tiles with
-# a warp per 256: 5.61), 16384x128 4x128 w4 13.84 (14.78), 2048x512 1x512 w4 8.64 (8.97), 512x1024
-# 1x1024 w8 5.41 (6.10), 32768x32 16x32 w4 7.70 (8.60); rows of 8 steps or fewer one warp per 64
-# elements (32768x8 32x8 w4 3.27, w2 3.58, w1 5.32); 2048x2048 keeps 8 warps (16: 37.6 vs 29.3 µs).
+# warps (one per 64 for rows of 8 steps or fewer): faster than larger tiles with fewer warps, from a
+# joint sweep of rows per program and warps (docs/kernel-choices.md, 'Tiles of short rows').
 TILE = 512
 WARP_ELEMS = 128
 FILL_PER_SM = 8  # programs per SM below which long rows are split across programs
 CPU_SMS = 132  # the SM count assumed off the GPU (an H200's), so the interpreter takes the GPU's choices
-# Measured on the H200 (GAE fp32 with truncations, every grid shape, commit ae1b2ce, four variants
-# side by side; docs/benchmarks.md): the in-register shift (tl.gather) wins for chunks up to 512
-# steps (e.g. 39.2 vs 45.6 µs at 32768x128, 74.3 vs 81.0 µs at 16384x512), re-loading the neighbour
-# wins from 1024 on (143 vs 183 µs at 16384x1024), and 2048-step chunks beat 1024 from T = 2048 on
-# (265 vs 299 µs at 16384x2048; 5.33 vs 5.83 ms at 256x1048576).
+# The in-register shift (tl.gather) is faster for chunks up to 512 steps, re-loading the neighbour from
+# 1024 on; 2048-step chunks beat 1024 from T = 2048 on (docs/kernel-choices.md, 'In-register shift
+# or re-load, and the longest chunk').
 GATHER_MAX_T = 512
 MAX_CHUNK = 2048
 # A family's own entries of the table (rows held whole, long rows, its longest chunk, chunks flipped) are
-# in its Row (rollbuf.kernels.row), each with what was measured for it.
-# Split rows of at most this many rows take the three passes instead of the look-back chain. Measured
-# on the H200 at aab284d (results/ab_presolve_*_aab284d.csv): one row, the three passes win everywhere
-# (GAE 1x2^20 37.6 -> 23.5 µs, 1x2^24 397 -> 270, V-trace 1x2^20 56.2 -> 44.1, Retrace 38.7 -> 35.7);
-# two rows mixed (GAE 2x131072 0.79x, 2x2^20 0.93x, V-trace 2x2^20 1.07x); from four rows on they lose
-# (GAE 4x2^20 1.15x, 256x2^20 1.75x): the chunks are read twice, and several rows' chains overlap.
+# in its Row (rollbuf.kernels.row); why each is what it is: docs/kernel-choices.md, 'Each family's entries'.
+# Split rows of at most this many rows take the three passes instead of the look-back chain: they win for
+# one row; they read the chunks twice, and with several rows the chains overlap, so from four rows on
+# they lose (docs/kernel-choices.md, 'Long rows split: look-back or three passes').
 PRESOLVE_MAX_ROWS = 1
 
 
@@ -122,22 +115,9 @@ def strategy(R: int, T: int, time_contiguous: bool = True, block_t: int | None =
 # Backward scans with each chunk held in reverse, lane j at step BLOCK_T−1−j (the scan in lane order),
 # against Triton's reverse scan (which flips every element across the warp with five chained butterfly
 # shuffles on the way in and out, but keeps the loads vectorised; flipped, the loads are scalar).
-# Measured on the H200, fp32, device µs, table -> flipped. The A/B at 8d35192
-# (results/ab_flip_8d35192.csv), without truncations or a mask unless said: one row of 512 steps per
-# program in one chunk wins (advantages 2048x512 7.2 -> 6.3, 512x512 2.8 -> 2.5, 128x512 2.1 -> 1.9;
-# GAE 2048x512 0.94x; V-trace 2048x512 0.96x, 128x512 1.00x); at 1024 steps advantages 128x1024
-# 0.93x, 8192x1024 1.01x; tiles of several rows lose (4096x128 1.06-1.64x, with truncations 1.70x,
-# 16384x128 1.14x, 32768x8-32 1.08-1.90x, with a mask 4096x128 1.45x), and so do walked, split and
-# held-whole rows (2048x2048 1.20-1.37x, with truncations 1.48x, with a mask 1.23x; 512x4096 2.31x, 8192x4096 1.40-1.70x, 256x131072 1.91x, V-trace with
-# truncations 3.64x, 1x2^20 1.47x) except Retrace 2048x2048 (0.95x). The peers grid at e73a589
-# (results/peers_p0/p1_e73a589.csv), which flipped 512-1024-step one-row chunks in every backward call,
-# against the same cases at 6f21364: 512 steps without truncations 0.88-0.97x (advantages,
-# λ-returns, discounted and Monte-Carlo returns, V-trace); with truncations 1.06-1.30x (advantages
-# 128x512 1.16x, V-trace 512x512 1.30x); Retrace 1.00-1.06x; 1024 steps without truncations
-# 0.91-1.06x for the TD(λ) family and 1.01-1.16x for V-trace, with truncations 0.97-1.30x. Hence
-# 512-step chunks of the TD(λ) family and V-trace, fp32, without truncations or a mask (bf16/fp16
-# inputs and float64 calls were not timed flipped and are not flipped by default): the families'
-# Row.flip_chunks.
+# Flipping wins only for 512-step one-row chunks of the TD(λ) family and V-trace, fp32, without
+# truncations or a mask (the families' Row.flip_chunks); bf16/fp16 inputs and float64 calls were not
+# timed flipped and are not flipped by default (docs/kernel-choices.md, 'Flipped chunks').
 
 
 def flip_rule(st: Strategy, T: int, chunks: tuple) -> bool:
@@ -163,11 +143,9 @@ def _table(R, T, time_contiguous, block_t, split, shift_load, max_chunk, block_n
         return max(1, min(8, elems // (WARP_ELEMS // 2 if bt <= 8 else WARP_ELEMS)))
 
     if not time_contiguous and block_t is None and split is None and block_n is None and R // 16 < fill // 2:
-        # time-major, too few rows to fill the GPU with 16-row tiles walking their rows (measured on
-        # the H200, benchmarks/time_major.py, results/time_major_2f66f1f.csv): rows up to 128 steps
-        # one 16 x T tile each (4096x128: 9.8 vs 18.8 µs); longer rows split across programs in
-        # 32-row x 128-step tiles chained by the look-back (1024x1024: 23.7 vs 127 µs; 512x4096:
-        # 44.6 vs 256 µs; 4096x4096: 251 vs 538 µs)
+        # time-major, too few rows to fill the GPU with 16-row tiles walking their rows: rows up to 128
+        # steps one 16 x T tile each; longer rows split across programs in 32-row x 128-step tiles
+        # chained by the look-back; both faster than the walking tiles (docs/kernel-choices.md, 'Time-major rows')
         if T <= 128:
             bt = max(_pow2(T), 2)
             return Strategy(16, bt, False, 1, num_warps or max(1, min(8, 16 * bt // 256)), bt > GATHER_MAX_T,

@@ -17,10 +17,8 @@ def step():
 
 
 # Rows held whole (rollbuf.kernels.host.strategy): rows of one 2048-step chunk, the table's program (one
-# row, one chunk) with 16 warps instead of 8. Measured on the H200 at a8a4d23
-# (results/ab_family_a8a4d23/retrace.csv, device µs, 8 -> 16 warps): 2048x2048 48.3 -> 31.9, 8192x2048
-# 164.2 -> 114.2, 512x2048 13.8 -> 9.9, with truncations 2048x2048 45.4 -> 41.7; rows of 1024 steps lose
-# with 16 warps (2048x1024 1.02x, 8192x1024 1.06x) and keep the table. Timed in fp32 without a mask.
+# row, one chunk) with 16 warps instead of 8, faster in fp32 without a mask; rows of 1024 steps lose
+# with 16 warps and keep the table (docs/kernel-choices.md, 'Retrace').
 # Rows of 1025-2047 steps (the same 2048-step program, its tail masked) and bf16/fp16/float64 calls take
 # the rule untimed; walked or split rows of Retrace and masked calls keep the table.
 ROW = Row(Family.RETRACE, kernel, ("rewards", "values", *BOUNDARY, "log_probs", "target_log_probs", "q_values"),

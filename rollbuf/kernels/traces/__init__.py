@@ -15,9 +15,8 @@ def step():
     return step
 
 
-# Rows held whole (rollbuf.kernels.host.strategy): rows of 2049-4096 steps, 8 warps. Measured on the H200
-# at 28e5dea (results/ab_whole_rows_28e5dea.csv, device time): 8192x4096 122.5 -> 86.2 µs, 2048x4096
-# 34.1 -> 25.6, 512x4096 13.9 -> 8.1, 128x4096 6.5 -> 3.5.
+# Rows held whole (rollbuf.kernels.host.strategy): rows of 2049-4096 steps, 8 warps, faster than the
+# table's chunks (docs/kernel-choices.md, 'Eligibility traces and episodic sums').
 ROW = Row(Family.FORWARD, kernel, ("x", None, "terminated", "truncated", None, "mask"), ("traces", "sums"),
           ("p_out", "p_out"), scalars=("decay",), backward=False,
           whole_rows=WholeRows(2049, 4096, False, ((4096, 8),), 1), step=step, step_outputs=1, adjoint=backward)

@@ -108,18 +108,12 @@ def vtrace_kernel(
             tl.full((), pg_rho_bar, ACC))
     # Without a mask the scan is u_t itself and pg_t reads vs_{t+1} back from the stored targets,
     # except when rows are walked chunk by chunk (then the exclusive u_{t+1}: the neighbour's maps
-    # re-loaded or a lane shift). Measured on the H200 against 5055e67 (the same strategy table,
-    # results/kernels_h200_5055e67.csv and _e61272d.csv; one-chunk rows also gained the loop-free
-    # pass in between): split rows 256x131072 468 -> 370 µs, one chunk 32768x16 8.1 -> 5.9,
-    # 4096x128 7.9 -> 6.0; walked rows slower (2048x2048 49.3 -> 63.2,
-    # 8192x4096 351 -> 460). The run at 184551f (one row and one warp per program by a bug) had
-    # 4096x128 at 5.26 µs without reading back: the short-row tiling is not settled.
+    # re-loaded or a lane shift): reading back is faster for split and one-chunk rows, slower for
+    # walked ones (docs/kernel-choices.md, "V-trace's targets read back (vtrace/triton.py)").
     # Only where the targets are stored in the accumulation dtype: a bf16/fp16 vs_{t+1} read back
     # would carry the output's rounding of vs (of V's size) into pg, and an fp16 overflow to inf
     # would make 0·inf = NaN at a terminated step.
-    # And only for chunks longer than 128 steps: at 128 the lane shift was faster on the same tiles
-    # (4 rows x 128, 4 warps: 4096x128 5.23 µs shifting at 184551f, 5.99 reading back at e61272d;
-    # 16384x128 14.6 vs 17.3), at 512 far slower (8192x512 88.6 vs 31.3 µs).
+    # And only for chunks longer than 128 steps: at 128 the lane shift was faster, at 512 far slower.
     READBACK: tl.constexpr = (fields[5] is None and PASS != core.WALK and p_vs.dtype.element_ty == ACC
                               and BLOCK_T > 128)
     core.drive((fields, (p_vs, p_pg), scal, READBACK), R, T, 1, (s_n, s_t, s_on, s_ot), p_ci, p_co, p_ws, _load,
