@@ -50,7 +50,7 @@ SOURCES = {
     "memory": ["memory_c5d166c.csv"],
     "cpu": ["cpu_54810f8.csv"],
     "first-call": ["cpu_54810f8.csv"],
-    "gpu-tests": ["gpu_tests_073aa40.log", "gpu_tests_073aa40_rerun.log"],
+    "gpu-tests": ["gpu_tests_befa8b8.log", "gpu_tests_133e67e.log"],
 }
 
 

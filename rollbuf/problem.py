@@ -90,10 +90,10 @@ class Problem(NamedTuple):
     def main(self) -> torch.Tensor:
         """The field that fixes ``[N, T]``: ``x`` (forward), ``alpha`` (affine), ``grad_returns``
         (adjoint), the estimator's first field (generic), else ``rewards``."""
-        # comparisons, not a dict keyed by Family: Dynamo (torch 2.11) cannot hash an enum whose
-        # __hash__ is overridden, and torch.compile traces this property
+        # comparisons (a tuple is searched by ==), not a dict keyed by Family: Dynamo (torch 2.11)
+        # cannot hash an enum whose __hash__ is overridden, and torch.compile traces this property
         f = self.family
-        if f == Family.TD_LAMBDA or f == Family.VTRACE or f == Family.RETRACE:
+        if f in (Family.TD_LAMBDA, Family.VTRACE, Family.RETRACE):
             name = "rewards"
         elif f == Family.FORWARD:
             name = "x"
