@@ -324,6 +324,8 @@ def test_benchmark_tables_are_the_committed_results():
         sys.path.insert(0, root)
     from benchmarks import tables
 
+    assert len((DOCS / "benchmarks.md").read_text(encoding="utf-8").splitlines()) <= 400, (
+        "docs/benchmarks.md is one table per question, at most 400 lines")
     pages = {name: tables.PAGE.get(name, DOCS / "benchmarks.md").name for name in tables.TABLES}
     assert set(pages.values()) == {"benchmarks.md", "llm.md"}
     for page in set(pages.values()):
