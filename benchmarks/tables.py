@@ -48,8 +48,8 @@ SOURCES = {
     "llm-groups": ["llm_groups_gpu_ee36fa8.csv"],
     "backward": ["backward_gpu_29d23ce.csv"],
     "memory": ["memory_c5d166c.csv"],
-    "cpu": ["cpu_54810f8.csv"],
-    "first-call": ["cpu_54810f8.csv"],
+    "cpu": ["cpu_bab67cc.csv"],
+    "first-call": ["cpu_bab67cc.csv"],
     "gpu-tests": ["gpu_tests_befa8b8.log", "gpu_tests_133e67e.log"],
 }
 
