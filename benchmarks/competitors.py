@@ -5,7 +5,7 @@
 order; ``None`` for an output it does not write, which the gate then does not compare). It raises
 :class:`Unsupported` for an estimator, dtype or boundary mix it does not offer; whether what it
 *does* compute is right is decided by the correctness gate, not here: the loops are written the way
-trainers commonly write them (:mod:`rollbuf.oracles`, part 2).
+trainers commonly write them (:mod:`benchmarks.oracles`, part 2).
 
 * ``rollbuf-triton``, ``rollbuf-numba``, ``rollbuf-torch``: ``rollbuf.functional.<name>(...)`` on
   that backend, its arguments gathered once;
@@ -52,8 +52,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from benchmarks.oracles import gae_doubling, gae_loop
 from rollbuf.estimators import REGISTRY
-from rollbuf.oracles import gae_doubling, gae_loop
 from rollbuf.testing import estimator_call
 
 

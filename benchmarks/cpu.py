@@ -11,7 +11,7 @@ rollbuf's ``numba`` backend on ``[N, T]`` tensors and on ``[T, N]`` buffers read
 vectorised estimator) computes advantages and returns from the same numbers, in its own layout.
 
 **The gate.** Before it is timed, each implementation's advantages and returns are compared with
-the float64 oracle of :mod:`rollbuf.oracles` on every row (the scoreboard's error and fp32
+the float64 oracle of :mod:`benchmarks.oracles` on every row (the scoreboard's error and fp32
 tolerance, :func:`benchmarks.suite.gate_error`); one that fails is reported ``wrong`` and not timed.
 
 **Timing.** One warm-up call (also the first call's time), then single calls until ``--budget-s``
@@ -45,10 +45,9 @@ import time
 import numpy as np
 import torch
 
-from benchmarks import cases, tables
+from benchmarks import cases, oracles, tables
 from benchmarks.competitors import CPU_GAE, CPU_LAYOUT, Unsupported
 from benchmarks.suite import TOLERANCE, gate_error
-from rollbuf import oracles
 
 COLUMNS = ["kind", "estimator", "n", "t", "dtype", "layout", "impl", "status", "err", "tol", "call_us", "p25_us",
            "p75_us", "calls", "first_call_us", "note", "cpu", "cores", "threads", "python", "torch", "numba",
@@ -66,7 +65,7 @@ def make_data(N, T, seed=0):
 
 
 def oracle(d):
-    """The float64 advantages and returns of :mod:`rollbuf.oracles` on ``d``."""
+    """The float64 advantages and returns of :mod:`benchmarks.oracles` on ``d``."""
     return oracles.outputs("gae", d, **cases.PARAMS["gae"])
 
 

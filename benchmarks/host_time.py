@@ -26,10 +26,10 @@ import time
 
 import torch
 
+from benchmarks import oracles
 from benchmarks.cases import HOST_SHAPE, PARAMS, Case
 from benchmarks.competitors import Unsupported, naive_triton, rl_triton
 from benchmarks.suite import TOLERANCE, gate_error, make_fields, provenance
-from rollbuf import oracles
 
 
 def host_us(fn, passes=3, calls=2000):

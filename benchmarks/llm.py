@@ -9,7 +9,7 @@ tokens on average), trailing padding after a random response length, finite valu
 (the critic's outputs there; verl's loop multiplies them by the mask, so they must be finite);
 γ = 1, λ = 0.95 by default.
 
-* **loop**: verl's ``compute_gae_advantage_return`` (multi-turn version, :mod:`rollbuf.oracles`) as
+* **loop**: verl's ``compute_gae_advantage_return`` (multi-turn version, :mod:`benchmarks.oracles`) as
   written in ``verl/trainer/ppo/core_algos.py`` — a Python loop over tokens of batched torch ops,
   with its ``masked_whiten`` left out;
 * **rollbuf**: ``rollbuf.integrations.llm.compute_gae_advantage_return`` (the ``torch`` backend on
@@ -43,9 +43,9 @@ import time
 import torch
 
 from benchmarks.cases import LLM_SIZES, parse_shapes
+from benchmarks.oracles import verl_multi_turn_gae as _verl_loop
 from benchmarks.suite import provenance, time_cuda
 from rollbuf.integrations import llm
-from rollbuf.oracles import verl_multi_turn_gae as _verl_loop
 
 
 def verl_multi_turn_gae(token_level_rewards, values, response_mask, gamma, lam):

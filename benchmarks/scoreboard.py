@@ -11,7 +11,7 @@ and its peers, case by case.
     python -m benchmarks scoreboard --grid peers --out DIR                # against rl-triton, PufferLib (GPU)
     python -m benchmarks scoreboard --grid naive --out DIR                # against the naive kernel (GPU)
 
-Every case is first checked against the float64 oracles of ``rollbuf.oracles`` on the same inputs;
+Every case is first checked against the float64 oracles of ``benchmarks.oracles`` on the same inputs;
 a competitor that fails is reported ``wrong`` and not timed. Writes ``results.csv`` (one row per
 case and competitor, with provenance), ``scoreboard.md`` and, when matplotlib is installed,
 ``speedup.png`` (and ``bandwidth.png`` on a GPU) under ``--out``. Every speedup divides one clock

@@ -2,7 +2,7 @@
 scoreboard and the regression check.
 
 **The gate.** Before a competitor is timed on a case, its outputs are compared with
-:mod:`rollbuf.oracles` (float64 recursions written apart from rollbuf's arithmetic) on the same
+:mod:`benchmarks.oracles` (float64 recursions written apart from rollbuf's arithmetic) on the same
 inputs, at every case size. The error is the largest absolute error over each row's scale,
 ``max |got − oracle| / max(1, max |oracle| over the row)``, over every output the competitor
 writes; a case passes below :data:`TOLERANCE` of its dtype. A bf16 (or fp16) case is also run at
@@ -29,9 +29,9 @@ from collections.abc import Iterable
 
 import torch
 
+from benchmarks import oracles
 from benchmarks.cases import MIXES, PARAMS, Case, row_key
 from benchmarks.competitors import COMPETITORS, Unsupported, bind
-from rollbuf import oracles
 from rollbuf.estimators import REGISTRY
 from rollbuf.testing import make_rollout, window_end_index
 
@@ -181,7 +181,7 @@ def gate_error(got, ref) -> float:
 
 
 def oracle(case: Case, f) -> tuple[torch.Tensor, ...]:
-    """The float64 outputs of :mod:`rollbuf.oracles` for ``case`` on ``f``, on ``f``'s device."""
+    """The float64 outputs of :mod:`benchmarks.oracles` for ``case`` on ``f``, on ``f``'s device."""
     return oracles.outputs(case.estimator, f, **PARAMS[case.estimator])
 
 

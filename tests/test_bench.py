@@ -12,8 +12,6 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # benchmarks/ is a top-level folder of the checkout, not installed
-    sys.path.insert(0, str(ROOT))
 
 from benchmarks import competitors as C  # noqa: E402
 from benchmarks import scoreboard as cli  # noqa: E402
@@ -296,8 +294,8 @@ def test_gate_rejects_wrong_implementations_in_fp32_and_bf16(wrong, monkeypatch)
 
 
 def test_gate_oracle_is_independent_at_every_size(monkeypatch):
-    """Every case, however large, is gated by rollbuf.oracles (no rollbuf backend as oracle)."""
-    from rollbuf import oracles
+    """Every case, however large, is gated by benchmarks.oracles (no rollbuf backend as oracle)."""
+    from benchmarks import oracles
 
     calls = []
     real = oracles.outputs
@@ -582,7 +580,7 @@ def test_llm_command_on_the_cpu(tmp_path):
 def test_device_drawn_inputs_pass_the_gate(mix):
     """The inputs drawn on the device for large GPU cases (here drawn on the CPU): window-end values
     finite, ``[N]`` for term-only, and rollbuf passes the oracle on them for every estimator."""
-    from rollbuf import oracles
+    from benchmarks import oracles
 
     for est in ("gae", "vtrace", "retrace", "episodic_sums"):
         case = Case(est, 5, 300, mix=mix)
@@ -795,7 +793,7 @@ def test_the_naive_kernel_passes_the_gate_and_refuses_what_it_does_not_compute()
 
 
 def test_the_cpu_table_gates_every_row_against_the_oracle(monkeypatch):
-    """The CPU table's gate is the scoreboard's (``rollbuf.oracles``, every row): an implementation
+    """The CPU table's gate is the scoreboard's (``benchmarks.oracles``, every row): an implementation
     that drops the window-end bootstrap is ``wrong`` and not timed; rollbuf's numba backend passes."""
     from benchmarks import cpu
 
@@ -813,9 +811,8 @@ def test_the_cpu_table_gates_every_row_against_the_oracle(monkeypatch):
 def test_the_host_time_calls_pass_the_gate():
     """``python -m benchmarks host`` times these calls on a GPU after gating each (here on the CPU,
     the naive kernel under Triton's interpreter): each gives the oracle's outputs."""
-    from benchmarks import host_time
+    from benchmarks import host_time, oracles
     from benchmarks.cases import PARAMS
-    from rollbuf import oracles
 
     f = suite.make_fields(Case("gae", 6, 40, mix="term-only"), "cpu")
     calls = host_time.calls(f)

@@ -317,11 +317,6 @@ def test_benchmark_tables_are_the_committed_results():
     """Every measured table of docs/benchmarks.md and docs/llm.md is what ``python -m benchmarks
     tables`` makes of the result files committed in benchmarks/results/, and each page holds every
     table that lives on it."""
-    import sys
-
-    root = str(DOCS.parent)
-    if root not in sys.path:
-        sys.path.insert(0, root)
     from benchmarks import tables
 
     assert len((DOCS / "benchmarks.md").read_text(encoding="utf-8").splitlines()) <= 400, (

@@ -21,9 +21,9 @@ import torch
 
 import rollbuf
 import rollbuf.functional as F
+from benchmarks.oracles import verl_multi_turn_gae
 from rollbuf import backends
 from rollbuf.integrations import llm
-from rollbuf.oracles import verl_multi_turn_gae
 
 ROOT = Path(__file__).resolve().parents[1]
 NAN = float("nan")

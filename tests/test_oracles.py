@@ -1,4 +1,4 @@
-"""rollbuf.oracles (the benchmark gate's float64 oracles, written apart from rollbuf's arithmetic)
+"""benchmarks.oracles (the benchmark gate's float64 oracles, written apart from rollbuf's arithmetic)
 against rollbuf's float64 reference loops, at every boundary."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rollbuf import oracles as O
+from benchmarks import oracles as O
 from rollbuf import reference
 from rollbuf.testing import estimator_params, make_rollout, reference_outputs, rollouts, window_end_index
 
