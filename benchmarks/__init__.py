@@ -8,7 +8,9 @@ the repository root (:mod:`benchmarks.__main__` lists the commands).
 * :mod:`benchmarks.suite`: inputs, the float64 gate (:mod:`benchmarks.oracles`), the clocks, the
   scoreboard; :mod:`benchmarks.scoreboard` its command;
 * :mod:`benchmarks.cpu`, :mod:`benchmarks.host_time`, :mod:`benchmarks.backward`,
-  :mod:`benchmarks.memory`, :mod:`benchmarks.llm`, :mod:`benchmarks.distributed`: the other
+  :mod:`benchmarks.memory`, :mod:`benchmarks.llm`, :mod:`benchmarks.llm_groups`,
+  :mod:`benchmarks.distributed`: the other
   measurements;
-* :mod:`benchmarks.tables`: docs/benchmarks.md's tables, generated from ``benchmarks/results/``.
+* :mod:`benchmarks.tables`: docs/benchmarks.md's and docs/llm.md's tables, generated from
+  ``benchmarks/results/``.
 """

@@ -1,5 +1,5 @@
 """``python -m benchmarks COMMAND [options]`` (from the repository root): every measurement of
-docs/benchmarks.md, and the tables of that page from the committed results.
+docs/benchmarks.md, and the tables of that page and of docs/llm.md from the committed results.
 
 ``python -m benchmarks COMMAND --help`` lists a command's options with their defaults.
 """
@@ -23,15 +23,16 @@ COMMANDS = {
     "llm-groups": ("benchmarks.llm_groups", "verl's vectorized GRPO and RLOO against rollbuf.integrations.verl (GPU)"),
     "distributed": ("benchmarks.distributed", "rollbuf.distributed: the exchange against the local work, per rank"),
     "fetch-peers": ("benchmarks.competitors", "copy DIR/rl-triton-* and DIR/pufferlib-* into .peers/ (git-ignored)"),
-    "tables": ("benchmarks.tables", "write docs/benchmarks.md's tables from benchmarks/results/ (--check: compare)"),
+    "tables": ("benchmarks.tables", "write docs/benchmarks.md's and docs/llm.md's tables from benchmarks/results/ "
+                                   "(--check: compare)"),
 }
 
 
 def usage() -> str:
     width = max(map(len, COMMANDS))
     return "\n".join(["usage: python -m benchmarks COMMAND [options]   (from the repository root)", "",
-                      "Every measurement of docs/benchmarks.md, and the tables of that page from the committed "
-                      "results.", "", "commands:"]
+                      "Every measurement of docs/benchmarks.md, and the tables of that page and of docs/llm.md "
+                      "from the committed results.", "", "commands:"]
                      + [f"  {name:<{width}}  {what}" for name, (_, what) in COMMANDS.items()]
                      + ["", "python -m benchmarks COMMAND --help: the command's options and their defaults"])
 

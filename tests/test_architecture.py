@@ -158,6 +158,36 @@ def test_the_estimator_list_exists_once():
     assert not offenders, "estimator lists outside rollbuf/estimators.py: " + ", ".join(offenders)
 
 
+def _imported_modules(path: Path) -> set[str]:
+    """Every module a file imports (``import a.b``, ``from a.b import c``), at any depth of the file."""
+    tree = ast.parse(path.read_text(), str(path))
+    mods = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            mods |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            mods.add(node.module)
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) in (
+                "import_module", "__import__") and node.args and isinstance(node.args[0], ast.Constant):
+            mods.add(str(node.args[0].value))
+    return mods
+
+
+def test_the_oracles_do_not_import_rollbuf(tmp_path):
+    """The float64 oracles the benchmark gate and the tests check rollbuf against
+    (``benchmarks/oracles.py``) restate each recursion on their own: they import nothing of rollbuf,
+    so a fault in rollbuf cannot reach its own reference. The check finds each import form."""
+    oracles = ROOT / "benchmarks" / "oracles.py"
+    assert oracles.exists()
+    found = sorted(m for m in _imported_modules(oracles) if m == "rollbuf" or m.startswith("rollbuf."))
+    assert not found, f"benchmarks/oracles.py imports {found}"
+    probe = tmp_path / "probe.py"
+    for line in ("import rollbuf", "from rollbuf.boundary import x", "def f():\n    import rollbuf.kernels",
+                 "importlib.import_module('rollbuf.functional')"):
+        probe.write_text(line + "\n")
+        assert any(m.startswith("rollbuf") for m in _imported_modules(probe)), line
+
+
 def test_the_family_folders_import_without_triton_or_numba():
     """A family's package (its row, its analytic adjoint) imports, and the torch backend runs with
     gradients, where neither Triton nor numba can be imported: the row reaches its kernel and its CPU

@@ -558,12 +558,7 @@ def test_cpu_bench_smoke(tmp_path):
     implementation it can run, rollbuf's numba backend among them, passes the float64 gate and is
     timed; the CSV and the markdown table are written."""
     import csv
-    import sys
-    from pathlib import Path
 
-    root = str(Path(__file__).resolve().parents[1])
-    if root not in sys.path:
-        sys.path.insert(0, root)
     from benchmarks.__main__ import main as benchmarks_main
     from benchmarks.competitors import CPU_GAE
 
