@@ -2,7 +2,7 @@
 
 The kernel tests run the kernel under Triton's interpreter on CPU machines, which accepts some
 code the GPU compiler rejects; this compiles the specialisation matrix of
-:mod:`rollbuf.kernels.aot` to a cubin with the ``ptxas`` shipped in Triton's wheel (no GPU, no
+:mod:`tools.aot` to a cubin with the ``ptxas`` shipped in Triton's wheel (no GPU, no
 driver), in a subprocess without ``TRITON_INTERPRET``. By default a covering slice of the matrix
 (every family in every pass, every mode and every variant option at least once); the whole matrix
 with ``-m exhaustive`` (tests/conftest.py).
@@ -13,18 +13,21 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from covering import covering
 
+ROOT = Path(__file__).resolve().parents[1]  # python -m tools.aot runs from the repository root
+
 
 def covering_variants() -> list[str]:
-    """Names of a covering slice of :func:`rollbuf.kernels.aot.variants`: each variant described by
+    """Names of a covering slice of :func:`tools.aot.variants`: each variant described by
     its kernel (``gae``, ``vtrace``, ..., ``resolve``), mode (the pass, tile and options of
     ``aot.MODES``), option (the name's last part: dtype, strides, window end, ...) and kernel with
     pass; every value of each at least once."""
-    from rollbuf.kernels.aot import MODES, variants
+    from tools.aot import MODES, variants
 
     cases = {}
     for v in variants():
@@ -37,15 +40,15 @@ def covering_variants() -> list[str]:
 
 
 def test_a_covering_slice_of_the_kernel_variants_compiles_for_sm90():
-    from rollbuf.kernels.aot import MODES, variants
+    from tools.aot import MODES, variants
 
     names = covering_variants()
     vs = [v for v in variants() if v["name"] in names]
     assert {v["family"] for v in vs if "family" in v} == {v["family"] for v in variants() if "family" in v}
     assert {v["mode"] for v in vs if "mode" in v} >= set(MODES)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    res = subprocess.run([sys.executable, "-m", "rollbuf.kernels.aot", "--arch", "90", "--jobs", "2",
-                          "--names", ",".join(names)], capture_output=True, text=True, env=env, timeout=900)
+    res = subprocess.run([sys.executable, "-m", "tools.aot", "--arch", "90", "--jobs", "2",
+                          "--names", ",".join(names)], capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
     assert f"{len(vs)} of {len(vs)} variants compiled for sm_90" in res.stdout
 
@@ -53,10 +56,10 @@ def test_a_covering_slice_of_the_kernel_variants_compiles_for_sm90():
 @pytest.mark.exhaustive
 def test_every_kernel_variant_compiles_for_sm90():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    res = subprocess.run([sys.executable, "-m", "rollbuf.kernels.aot", "--arch", "90", "--jobs", "2"],
-                         capture_output=True, text=True, env=env, timeout=900)
+    res = subprocess.run([sys.executable, "-m", "tools.aot", "--arch", "90", "--jobs", "2"],
+                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
-    from rollbuf.kernels.aot import variants
+    from tools.aot import variants
 
     assert f"{len(variants())} of {len(variants())} variants compiled for sm_90" in res.stdout
 
@@ -66,8 +69,8 @@ def test_ptx_counts_of_a_flipped_chunk():
     JIT's alignment assumptions): flipping removes the reverse scan's cross-warp shuffles and, with
     descending offsets, the vector loads."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    res = subprocess.run([sys.executable, "-m", "rollbuf.kernels.aot", "--counts", "--only", "row512"],
-                         capture_output=True, text=True, env=env, timeout=300)
+    res = subprocess.run([sys.executable, "-m", "tools.aot", "--counts", "--only", "row512"],
+                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
     counts = {}
     for line in res.stdout.splitlines():
@@ -85,8 +88,8 @@ def test_machine_code_drops_the_scans_dead_components():
     fewer shuffles than the PTX. With the carry applied after the scan, as before the fold, both
     counts were 172 for this variant."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    res = subprocess.run([sys.executable, "-m", "rollbuf.kernels.aot", "--counts", "--only", "gae/whole/fp32-nomask"],
-                         capture_output=True, text=True, env=env, timeout=300)
+    res = subprocess.run([sys.executable, "-m", "tools.aot", "--counts", "--only", "gae/whole/fp32-nomask"],
+                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
     _, name, *kv = res.stdout.split()
     c = {k: int(v) for k, v in (x.split("=") for x in kv)}

@@ -15,7 +15,8 @@ CPU loop, its analytic adjoint and its row of the kernel table.
   :mod:`~rollbuf.kernels.loop` (the numba side: the one loop over a row's steps);
 * :mod:`~rollbuf.kernels.host`: the strategy table, the :class:`Launch` built once per call
   signature (layout, strategy, grid, constexprs) and cached under it, launched by keyword through
-  Triton's JIT call, and :func:`run`; :mod:`~rollbuf.kernels.aot`, the ahead-of-time compile matrix.
+  Triton's JIT call, and :func:`run` (the ahead-of-time compile matrix, a developer tool, is
+  ``tools/aot.py`` at the repository root).
 * :mod:`~rollbuf.kernels.group_stats`: the group statistics of :func:`rollbuf.groups.group_stats`
   (and verl's GRPO and vectorized RLOO fused), one launch over ``[B]`` scores; apart from the scans.
 

@@ -1,6 +1,6 @@
 """Compile the family kernels ahead of time for a GPU target, on any machine (no GPU needed).
 
-    python -m rollbuf.kernels.aot [--arch 90] [--jobs 2] [--only NAME] [--names N1,N2,...] [--counts]
+    python -m tools.aot [--arch 90] [--jobs 2] [--only NAME] [--names N1,N2,...] [--counts]
 
 Triton lowers a kernel to PTX and assembles it with the ``ptxas`` shipped in its wheel, without a
 driver. This compiles a matrix of the kernels' specialisations (every family — the TD(λ) adjoint of
@@ -346,7 +346,7 @@ def compile_one(v: dict, arch: int = 90) -> tuple[str, float, str]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m rollbuf.kernels.aot", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m tools.aot", description=__doc__.splitlines()[0])
     ap.add_argument("--arch", type=int, default=90, help="compute capability (90: H100/H200)")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--only", default=None, help="substring of the variant names to compile")
