@@ -50,7 +50,7 @@ SOURCES = {
     "memory": ["memory_c5d166c.csv"],
     "cpu": ["cpu_bab67cc.csv"],
     "first-call": ["cpu_bab67cc.csv"],
-    "gpu-tests": ["gpu_tests_befa8b8.log", "gpu_tests_133e67e.log"],
+    "gpu-tests": ["gpu_tests_befa8b8.log", "gpu_tests_4830d95.log"],
 }
 
 
