@@ -76,7 +76,7 @@ def _host_layout(inv: np.ndarray, counts: np.ndarray) -> np.ndarray:
     """``[3, B]``: the samples group by group (a stable sort of the ranks ``inv``: each group's in
     ascending sample order), and per sample its group's start in that order and its size; int32
     (int64 from 2^31 samples on). NumPy only, no Python loop; up to 2^16 groups the ranks are sorted
-    as uint16, which NumPy's stable sort takes by radix sort (wider ranks: NumPy's stable sort for them)."""
+    as uint16, which NumPy's stable sort takes by radix sort (wider ranks: timsort)."""
     b = inv.size
     out = np.empty((3, b), dtype=np.int32 if b < 2**31 else np.int64)
     out[0] = np.argsort(inv.astype(np.uint16) if counts.size <= 2**16 else inv, kind="stable")
