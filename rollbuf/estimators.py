@@ -144,7 +144,17 @@ class Field:
     read: bool = True
 
 
-_FIELD_NAMES: dict[int, tuple] = {}  # id(entry) -> (entry, Estimator.field_names), computed once per entry
+#: The keyword arguments every estimator function takes besides its fields and parameters (a
+#: forward estimator also takes ``initial``).
+CALL_OPTIONS = ("backend", "carry", "return_carry", "out_dtype", "window_end")
+
+
+def _argument_names(e) -> frozenset:
+    """Every keyword argument name a call of the estimator ``e`` accepts."""
+    names = {*(f.name for f in e.fields), *(p.name for p in e.params), *e.fixed, *CALL_OPTIONS}
+    if e.direction == "forward":
+        names.add("initial")
+    return frozenset(names)
 
 
 @attrs.frozen
@@ -174,17 +184,16 @@ class Estimator:
     coefficients: Callable | None = None
     outputs_from_state: Callable | None = None
     window_end_carry: Callable | None = None
+    # derived from the above when the entry is made (attrs.evolve makes them anew)
+    field_names: tuple[str, ...] = attrs.field(
+        init=False, eq=False, repr=False,
+        default=attrs.Factory(lambda e: tuple(f.name for f in e.fields), takes_self=True))
+    argument_names: frozenset[str] = attrs.field(
+        init=False, eq=False, repr=False, default=attrs.Factory(_argument_names, takes_self=True))
 
     @property
     def function_name(self) -> str:
         return self.function or self.name
-
-    @property
-    def field_names(self) -> tuple[str, ...]:
-        hit = _FIELD_NAMES.get(id(self))
-        if hit is None or hit[0] is not self:  # keyed by the entry itself: a re-registered name recomputes
-            hit = _FIELD_NAMES[id(self)] = (self, tuple(f.name for f in self.fields))
-        return hit[1]
 
     def field(self, name: str) -> Field | None:
         for f in self.fields:

@@ -93,34 +93,23 @@ def _estimate(name, kw: dict, run):
     return result(p, outs, cout)
 
 
-_OPTIONS = ("backend", "carry", "return_carry", "out_dtype", "window_end")
-
-
 def _problem(name, kw: dict):
     """The validated :class:`Problem` of one call of the registry estimator ``name`` and its
     concrete backend (``kw`` as :func:`_estimate` takes it)."""
     est = estimators.get(name)
     get = kw.get
+    for key, v in est.fixed.items():
+        if key in kw and kw[key] != v:
+            raise ValueError(f"estimator {name!r} has {key}={v!r}")
+    if not kw.keys() <= est.argument_names:  # any argument not recognised is an error
+        raise TypeError(f"{est.function_name}() got unexpected keyword arguments "
+                        f"{sorted(kw.keys() - est.argument_names)}")
     fields = {f.name: get(f.name) for f in est.fields}
     params = {prm.name: kw[prm.name] for prm in est.params if prm.name in kw}
-    n = sum(name in kw for name in fields) + len(params)  # the arguments recognised: any other is an error
-    for key in _OPTIONS:
-        n += key in kw
-    for key, v in est.fixed.items():
-        if key in kw:
-            n += 1
-            if kw[key] != v:
-                raise ValueError(f"estimator {name!r} has {key}={v!r}")
     carry = get("carry")
     forward = est.direction == "forward"
     if forward and "initial" in kw:
         carry = kw["initial"]
-        n += 1
-    if n != len(kw):
-        known = {*est.field_names, *(prm.name for prm in est.params), *est.fixed, *_OPTIONS}
-        if forward:
-            known.add("initial")
-        raise TypeError(f"{est.function_name}() got unexpected keyword arguments {sorted(set(kw) - known)}")
     return_carry = get("return_carry", False)
     if return_carry is not False:
         validation.check_bool("return_carry", return_carry)

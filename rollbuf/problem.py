@@ -52,6 +52,12 @@ class Family(str, enum.Enum):
 
 
 
+# the field that fixes [N, T], per family (a generic estimator's: its first field); module constants,
+# since reading an enum member off its class costs a Python-level lookup on Python 3.11
+_MAIN_FIELD = ((Family.TD_LAMBDA, "rewards"), (Family.VTRACE, "rewards"), (Family.RETRACE, "rewards"),
+               (Family.FORWARD, "x"), (Family.AFFINE, "alpha"), (Family.TD_LAMBDA_ADJOINT, "grad_returns"))
+
+
 class Problem(NamedTuple):
     """Immutable (a named tuple, which ``torch.compile`` traces through); :meth:`evolve` returns a
     copy with some fields replaced."""
@@ -92,16 +98,12 @@ class Problem(NamedTuple):
         (adjoint), the estimator's first field (generic), else ``rewards``."""
         # comparisons (a tuple is searched by ==), not a dict keyed by Family: Dynamo (torch 2.11)
         # cannot hash an enum whose __hash__ is overridden, and torch.compile traces this property
-        f = self.family
-        if f in (Family.TD_LAMBDA, Family.VTRACE, Family.RETRACE):
-            name = "rewards"
-        elif f == Family.FORWARD:
-            name = "x"
-        elif f == Family.AFFINE:
-            name = "alpha"
-        elif f == Family.TD_LAMBDA_ADJOINT:
-            name = "grad_returns"
-        else:  # generic: its first field
+        f, name = self.family, None
+        for fam, field in _MAIN_FIELD:
+            if f == fam:
+                name = field
+                break
+        if name is None:  # generic: its first field
             name = self.estimator.fields[0].name
         x = self.fields[name]
         if x is None:

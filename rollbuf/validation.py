@@ -384,7 +384,7 @@ def _validate(est: Estimator, fields: Mapping, params: Mapping, *, carry, return
             carry = carry.reshape(math.prod(B), *carry.shape[nb:])
     compute, out = c.dtypes(out_dtype, carry)
     kw = est.problem_params(prm)
-    generic = est.family == Family.GENERIC
+    generic = est.family == _GENERIC
     problem_kw = {k: v for k, v in kw.items() if k in _PROBLEM_PARAMS}
     problem_kw.setdefault("window_end", window_end)
     if generic:
@@ -402,6 +402,7 @@ _PROBLEM_PARAMS = frozenset(Problem._fields) - {
     "family", "outputs", "fields", "carry", "want_carry", "compute_dtype", "out_dtype", "batch_shape",
     "feature_shape", "estimator", "params", "reverse"}
 _STEP_KINDS = ("float", "flag")
+_GENERIC = Family.GENERIC  # (an enum member read off its class costs a Python-level lookup on 3.11)
 _FLOAT_SET, _FLAG_SET = frozenset(FLOATS), frozenset(FLAGS)
 _Tensor = torch.Tensor
 

@@ -35,6 +35,7 @@ __all__ = ["BACKENDS", "resolve", "run", "triton_available", "numba_available"]
 BACKENDS = ("auto", "triton", "torch", "reference", "numba")
 
 
+_GENERIC = Family.GENERIC  # (an enum member read off its class costs a Python-level lookup on 3.11)
 _TRITON = importlib.util.find_spec("triton") is not None  # found once, without importing it
 _NUMBA = importlib.util.find_spec("numba") is not None
 
@@ -83,7 +84,7 @@ def run(p: Problem, backend: str):
     if backend == "reference":
         return reference.run(p)
     if backend == "numba":
-        if autograd.needs_grad(p) or torch.compiler.is_compiling() or p.family == Family.GENERIC:
+        if autograd.needs_grad(p) or torch.compiler.is_compiling() or p.family == _GENERIC:
             return torch_backend.run(p)
         return _module("compiled_cpu").run(p)  # numba's import costs ~0.5 s: on the first CPU call
     raise ValueError(f"no backend {backend!r}; resolve() it first")

@@ -172,6 +172,9 @@ def _time_major(x):
 
 
 _FLAG_NAMES = ("terminated", "truncated", "mask")
+# the families this module tells apart, as module constants (an enum member read off its class costs
+# a Python-level lookup on Python 3.11, and a call reads several)
+_TD_LAMBDA, _FORWARD, _AFFINE, _ADJOINT = Family.TD_LAMBDA, Family.FORWARD, Family.AFFINE, Family.TD_LAMBDA_ADJOINT
 
 
 class _Args(NamedTuple):
@@ -192,10 +195,10 @@ def _rows(p: Problem, row: Row, main: torch.Tensor, cin, npdt, keep: list) -> _A
     N, T, dt, f = main.shape[0], main.shape[1], p.compute_dtype, p.fields
     nj = _time_major(main)  # the rows are the lanes j, time outermost
     data = tuple([_field(main, dt, nj, keep)] + [_field(f.get(n), dt, nj, keep) for n in row.step_data])
-    bounds = [_field(f.get(n), None, nj, keep) for n in _FLAG_NAMES]
+    bounds = [None if (x := f.get(n)) is None else _field(x, None, nj, keep) for n in _FLAG_NAMES]
     n_out = row.step_outputs
     if n_out is None:  # TD(λ): the returns always (G is its first output); the adjoint: as asked
-        n_out = (2 if "advantages" in p.outputs else 1) if p.family == Family.TD_LAMBDA else len(p.outputs)
+        n_out = (2 if "advantages" in p.outputs else 1) if p.family == _TD_LAMBDA else len(p.outputs)
     res, outs = _outputs(n_out, N, T, npdt, nj)
     return _Args(nj, nj, 1 if nj else N, N if nj else 1, data, bounds, _field(cin, dt, nj, keep, False), res, outs)
 
@@ -233,23 +236,25 @@ def _window_end(p: Problem, row: Row, nj: bool, keep: list):
 def _empty(p: Problem):
     """No step to run: empty outputs; the carry passes through the affine scan and the adjoint."""
     N, T, dt, od = p.main.shape[0], p.main.shape[1], p.compute_dtype, p.out_dtype
-    if p.family not in (Family.AFFINE, Family.TD_LAMBDA_ADJOINT):
+    if p.family not in (_AFFINE, _ADJOINT):
         return torch_backend.run(p)
     c = torch.zeros(N, dtype=dt) if p.carry is None else p.carry.to(dt)
-    if p.family == Family.AFFINE:
+    if p.family == _AFFINE:
         return (torch.empty((N, T), dtype=od), c), None
     return tuple(torch.zeros((N, T), dtype=od) for _ in p.outputs), c
 
 
-def _results(p: Problem, res: list, carry: torch.Tensor, shape):
+def _results(p: Problem, res: list, carry: torch.Tensor | None, shape):
     """The loop's outputs in ``p.outputs`` order and ``p.out_dtype``, and the carry, as ``run`` returns them."""
-    if p.family == Family.TD_LAMBDA:
+    fam = p.family
+    if fam == _TD_LAMBDA:
         res = [res[1] if o == "advantages" else res[0] for o in p.outputs]
     if p.out_dtype is not p.compute_dtype:
         res = [o.to(p.out_dtype) for o in res]
-    if p.family == Family.FORWARD:
+    if fam == _FORWARD:
+        assert carry is not None  # the forward families' final: always made
         return (res[0].reshape(shape), carry.reshape(shape[0], *shape[2:])), None
-    if p.family == Family.AFFINE:
+    if fam == _AFFINE:
         return (res[0], carry), None
     return tuple(res), carry
 
@@ -260,7 +265,8 @@ def run(p: Problem):
     Returns ``(outputs, carry)`` like the torch backend: per-step outputs ``[N, T]`` (``[N, T, *F]``
     for the forward estimators) in ``p.out_dtype``, 0 at masked steps; ``carry`` in
     ``p.compute_dtype``: the state at the window's first step (``[N]``, ``[N, 2]`` for V-trace) for
-    the backward families, ``W_T`` for ``lambda_adjoint``, ``None`` for ``trace`` and ``affine``
+    the backward families when ``p.want_carry`` (else ``None``, as on the triton backend), ``W_T``
+    for ``lambda_adjoint``, ``None`` for ``trace`` and ``affine``
     (whose outputs end with ``final``). In the lanes order the outputs are ``[N, T]`` views of
     time-major tensors.
     """
@@ -268,19 +274,21 @@ def run(p: Problem):
     npdt = _NUMPY.get(dt)
     if npdt is None:
         raise TypeError(f"the compiled CPU backend accumulates in float32 or float64, got {dt}")
-    row = FAMILIES.get(p.family)
+    fam = p.family
+    row = FAMILIES.get(fam)
     if row is None or row.step is None:
-        raise ValueError(f"unknown family {p.family!r}")
+        raise ValueError(f"unknown family {fam!r}")
     main = p.main
-    if main.device.type != "cpu":
+    if not main.is_cpu:
         raise ValueError(f"the compiled CPU backend runs on CPU tensors, got {main.device}")
     shape = main.shape
-    N, T, Fn = shape[0], shape[1], math.prod(shape[2:])  # Fn: the forward estimators' features
+    N, T = shape[0], shape[1]
+    Fn = math.prod(shape[2:]) if fam == _FORWARD else 1  # the forward estimators' features
     if N == 0 or T == 0 or Fn == 0:
         return _empty(p)
     keep: list = []
     cin = p.carry
-    if p.family == Family.FORWARD:
+    if fam == _FORWARD:
         main = (main if main.dtype is dt else main.to(dt)).reshape(N, T, Fn)  # a view unless they cannot merge
         keep.append(main)
         if Fn == 1:  # one feature: rows as for the other families
@@ -288,8 +296,9 @@ def run(p: Problem):
             cin = None if cin is None else cin.reshape(N)
     a = _rows(p, row, main, cin, npdt, keep) if Fn == 1 else _features(p, main, cin, npdt, keep)
     end_boot, bv = _window_end(p, row, a.nj, keep)
-    carry, cout = _carry_out(N * Fn, row.state, npdt, a.nj, a.J)
+    # the carry out: the forward families' and the affine scan's final, the adjoint's W_T; else asked for
+    carry, cout = _carry_out(N * Fn, row.state, npdt, a.nj, a.J) if p.want_carry or not row.backward else (None, None)
     prm = (_ZERO[dt], end_boot, tuple([float(getattr(p, n)) for n in row.scalars]))
-    driver = _DRIVERS[p.family, bool(p.reverse) if p.family == Family.AFFINE else row.backward]
+    driver = _DRIVERS[fam, bool(p.reverse) if fam == _AFFINE else row.backward]
     _launch(driver, a.G, a.J, T, a.lanes, ((tuple([*a.bounds, bv]), a.data), a.outs, a.cin, cout, prm))
     return _results(p, a.res, carry, shape)

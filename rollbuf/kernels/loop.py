@@ -33,7 +33,8 @@ and, the time step being negative in a backward scan, gives up on vectorising.
 
 **Arguments.** A field or carry in is ``(address, stride_g, stride_j, stride_t)`` (``None`` when
 absent: its loads are compiled out; a stride ``None`` is a 0 the compiler knows: flags shared by the
-features); outputs ``(arrays, strides)``, the carry out ``(array, stride_g, stride_j, stride_k)``.
+features); outputs ``(arrays, strides)``, the carry out ``(array, stride_g, stride_j, stride_k)``
+(``None`` when the call returns no carry).
 The driver takes ``rows`` ``(g0, g1, j0, j1, T)``, ``fields`` ``((terminated, truncated, mask,
 bootstrap_values), data)``, the outputs, the carry in and out, ``prm`` ``(zero, end_boot, family
 parameters)`` and ``lanes``; no compiled function takes more than eight arguments.
@@ -221,7 +222,10 @@ def _enter(cin, bounds, prm, g, j, T):
 
 
 def _leave(cout, g, j, z0, z1, zero):
-    """The state at the row's near end into the carry out ``(address, stride_g, stride_j, stride_k)``."""
+    """The state at the row's near end into the carry out ``(address, stride_g, stride_j, stride_k)``
+    (``None``: the call returns no carry, and nothing is stored)."""
+    if cout is None:
+        return
     i = g * cout[1] + j * cout[2]
     _store(cout[0], i, z0, zero)
     if NS == 2:
