@@ -40,7 +40,7 @@ SOURCES = {
     "beyond": ["peers_p0_00a2400.csv", "peers_p1_00a2400.csv"],
     "pufferlib": ["peers_p0_00a2400.csv", "peers_p1_00a2400.csv", "peers_puff16_4fa49f4.csv"],
     "naive": ["kernels_h200_7bce722.csv"],
-    "host": ["host_path_ee36fa8.csv"],
+    "host": ["host_path_810f2c5.csv"],
     "scoreboard": None,  # _scoreboard_csvs()
     "bandwidth": None,
     "long": None,
@@ -48,8 +48,8 @@ SOURCES = {
     "llm-groups": ["llm_groups_gpu_ee36fa8.csv"],
     "backward": ["backward_gpu_29d23ce.csv"],
     "memory": ["memory_c5d166c.csv"],
-    "cpu": ["cpu_bab67cc.csv"],
-    "first-call": ["cpu_bab67cc.csv"],
+    "cpu": ["cpu_810f2c5.csv"],
+    "first-call": ["cpu_810f2c5.csv"],
     "gpu-tests": ["gpu_tests_befa8b8.log", "gpu_tests_4830d95.log"],
 }
 
