@@ -144,14 +144,14 @@ class Field:
     read: bool = True
 
 
-#: The keyword arguments every estimator function takes besides its fields and parameters (a
-#: forward estimator also takes ``initial``).
-CALL_OPTIONS = ("backend", "carry", "return_carry", "out_dtype", "window_end")
+# the keyword arguments every estimator function takes besides its fields and parameters (a
+# forward estimator also takes ``initial``)
+_CALL_OPTIONS = ("backend", "carry", "return_carry", "out_dtype", "window_end")
 
 
 def _argument_names(e) -> frozenset:
     """Every keyword argument name a call of the estimator ``e`` accepts."""
-    names = {*(f.name for f in e.fields), *(p.name for p in e.params), *e.fixed, *CALL_OPTIONS}
+    names = {*(f.name for f in e.fields), *(p.name for p in e.params), *e.fixed, *_CALL_OPTIONS}
     if e.direction == "forward":
         names.add("initial")
     return frozenset(names)
@@ -178,7 +178,9 @@ class Estimator:
     reference: Callable[[Mapping, Problem], tuple]
     docs: EstimatorSpec | None = None
     function: str | None = None  # the rollbuf.functional function (default: name)
-    fixed: Mapping[str, Any] = attrs.field(factory=dict)  # keyword arguments implied by this entry
+    # keyword arguments implied by this entry (an entry is not changed once made: attrs.evolve makes
+    # a changed copy, and recomputes the names derived below)
+    fixed: Mapping[str, Any] = attrs.field(factory=dict)
     problem_params: Callable[[Mapping], Mapping] = attrs.field(default=dict)
     chains: bool = True  # takes carry= / return_carry= (backward) or initial= (forward)
     coefficients: Callable | None = None

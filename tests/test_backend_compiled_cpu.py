@@ -398,6 +398,26 @@ def test_carry_out_equals_the_torch_backend(name, mix, window_end):
         torch.testing.assert_close(x, y, rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("name", BACKWARD)
+@pytest.mark.parametrize("order", ["rows", "lanes"])
+def test_no_carry_out_unless_asked(name, order, monkeypatch):
+    """A backward estimator's carry out is made and stored only when the call asks for it
+    (``return_carry=True``), as on the triton backend: without it the backend returns no carry, and
+    the outputs are bit for bit those of the call that asks, in both loop orders."""
+    f = _rollout(37, 29, "term+trunc", seed=11, name=name, dtype=torch.float64)
+    if order == "lanes":  # time-major buffers with enough rows: time outermost
+        f = {k: _time_major_view(v) for k, v in f.items()}
+    seen = []
+    real = compiled_cpu.run
+    monkeypatch.setattr(compiled_cpu, "run", lambda p: seen.append(real(p)) or seen[-1])
+    plain = _tuple(run_estimator(name, f, backend=BE, **PARAMS[name]))
+    asked, carry = run_estimator(name, f, backend=BE, return_carry=True, **PARAMS[name])
+    assert len(seen) == 2 and seen[0][1] is None and seen[1][1] is carry is not None
+    for a, b in zip(plain, _tuple(asked), strict=True):
+        assert torch.equal(a, b)
+    assert_matches_reference(name, plain, f, **PARAMS[name])
+
+
 @pytest.mark.parametrize("shape", [(0, 5), (3, 0), (0, 0), (2, 0, 4), (2, 3, 0)],
                          ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("name", NAMES)
