@@ -67,6 +67,8 @@ def compute_gdpo_outcome_advantage(token_level_rewards, response_mask, index, ep
     if not keys or any(k not in non_tensor_batch for k in keys):
         raise ValueError(f"config.gdpo_reward_keys ({keys}) must name keys of non_tensor_batch")
     dev = response_mask.device
+    if not isinstance(index, torch.Tensor):  # the uids ranked once: each key's call then groups the int ranks
+        index = groups.group_ids(index)[0].numpy()
     a = sum((1.0 if weights is None else float(weights[k])) * groups.outcome_advantages(
         torch.as_tensor(np.asarray(non_tensor_batch[key], dtype=np.float32), device=dev), index, None,
         epsilon=epsilon, norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo) for k, key in enumerate(keys))
