@@ -384,6 +384,12 @@ def register(estimator: Estimator) -> Estimator:
         raise ValueError(f"estimator {estimator.name!r}: a Family.GENERIC entry needs a coefficients function")
     if estimator.direction not in ("backward", "forward"):
         raise ValueError(f"estimator {estimator.name!r}: direction must be 'backward' or 'forward'")
+    names = [*(f.name for f in estimator.fields), *(p.name for p in estimator.params), *estimator.fixed,
+             *_CALL_OPTIONS, *(("initial",) if estimator.direction == "forward" else ())]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:  # one keyword argument of the estimator's function would mean two things
+        raise ValueError(f"estimator {estimator.name!r}: the names {twice} are used twice among its fields, "
+                         f"parameters, fixed keywords and the call options {_CALL_OPTIONS}")
     REGISTRY[estimator.name] = estimator
     return estimator
 

@@ -12,6 +12,7 @@ through the same code.
 
 from __future__ import annotations
 
+import attrs
 import pytest
 import torch
 
@@ -124,5 +125,12 @@ def test_the_testing_kit_sees_a_registered_estimator(toy):
 def test_registry_refuses_duplicates_and_builtin_removal(toy):
     with pytest.raises(ValueError, match="already registered"):
         estimators.register(toy)
+    gamma = estimators.Param("gamma", estimators.unit_interval)
+    for fields, params in [((Field("rewards"), Field("rewards")), ()),  # a field twice
+                           ((Field("rewards"), Field("carry")), ()),  # a field named like a call option
+                           ((Field("rewards"), Field("gamma")), (gamma,))]:  # a field named like a parameter
+        with pytest.raises(ValueError, match="used twice"):
+            estimators.register(attrs.evolve(toy, name=NAME + "_2", fields=fields, params=params))
+    assert NAME + "_2" not in estimators.REGISTRY
     with pytest.raises(ValueError, match="built-in"):
         estimators.unregister("gae")
