@@ -149,12 +149,11 @@ class Field:
 _CALL_OPTIONS = ("backend", "carry", "return_carry", "out_dtype", "window_end")
 
 
-def _argument_names(e) -> frozenset:
-    """Every keyword argument name a call of the estimator ``e`` accepts."""
-    names = {*(f.name for f in e.fields), *(p.name for p in e.params), *e.fixed, *_CALL_OPTIONS}
-    if e.direction == "forward":
-        names.add("initial")
-    return frozenset(names)
+def _argument_list(e) -> list[str]:
+    """The keyword argument names a call of the estimator ``e`` accepts, one per field, parameter,
+    fixed keyword and call option (a name given twice is an entry :func:`register` refuses)."""
+    return [*(f.name for f in e.fields), *(p.name for p in e.params), *e.fixed, *_CALL_OPTIONS,
+            *(("initial",) if e.direction == "forward" else ())]
 
 
 @attrs.frozen
@@ -191,7 +190,8 @@ class Estimator:
         init=False, eq=False, repr=False,
         default=attrs.Factory(lambda e: tuple(f.name for f in e.fields), takes_self=True))
     argument_names: frozenset[str] = attrs.field(
-        init=False, eq=False, repr=False, default=attrs.Factory(_argument_names, takes_self=True))
+        init=False, eq=False, repr=False,
+        default=attrs.Factory(lambda e: frozenset(_argument_list(e)), takes_self=True))
 
     @property
     def function_name(self) -> str:
@@ -384,8 +384,7 @@ def register(estimator: Estimator) -> Estimator:
         raise ValueError(f"estimator {estimator.name!r}: a Family.GENERIC entry needs a coefficients function")
     if estimator.direction not in ("backward", "forward"):
         raise ValueError(f"estimator {estimator.name!r}: direction must be 'backward' or 'forward'")
-    names = [*(f.name for f in estimator.fields), *(p.name for p in estimator.params), *estimator.fixed,
-             *_CALL_OPTIONS, *(("initial",) if estimator.direction == "forward" else ())]
+    names = _argument_list(estimator)
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:  # one keyword argument of the estimator's function would mean two things
         raise ValueError(f"estimator {estimator.name!r}: the names {twice} are used twice among its fields, "

@@ -266,9 +266,8 @@ def run(p: Problem):
     for the forward estimators) in ``p.out_dtype``, 0 at masked steps; ``carry`` in
     ``p.compute_dtype``: the state at the window's first step (``[N]``, ``[N, 2]`` for V-trace) for
     the backward families when ``p.want_carry`` (else ``None``, as on the triton backend; an empty
-    window may return one all the same), ``W_T``
-    for ``lambda_adjoint``, ``None`` for ``trace`` and ``affine``
-    (whose outputs end with ``final``). In the lanes order the outputs are ``[N, T]`` views of
+    window may return one all the same), ``W_T`` for ``lambda_adjoint``, ``None`` for ``trace`` and
+    ``affine`` (whose outputs end with ``final``). In the lanes order the outputs are ``[N, T]`` views of
     time-major tensors.
     """
     dt = p.compute_dtype
