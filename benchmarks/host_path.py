@@ -24,8 +24,9 @@ Parts (every time in µs; CSV ``DIR/host_path.csv``, a short table printed last)
   of it, timed with CUDA events, per copy).
 * ``split`` (CUDA only): at 128 × 128, 4096 × 128 and 8192 × 1024, an eager ``functional.advantages``
   call beside its Triton launch alone (the kernel's JIT call with the arguments one call passes),
-  the call with that launch replaced by nothing (rollbuf's own host code), and rl-triton's
-  ``compute_gae`` beside its kernel's launch alone; and a 1000-iteration Python loop (the host's speed).
+  the call with that launch replaced by nothing (rollbuf's own host code), the least a call that
+  checks its inputs could cost (:func:`floor_call`), and rl-triton's ``compute_gae`` beside its
+  kernel's launch alone; and a 1000-iteration Python loop (the host's speed).
 * ``replay``: a graph of one ``functional.advantages`` call at 4096 × 128 and a graph of one
   1-element torch kernel, replayed back to back (wall per replay), and the eager call beside them.
 
@@ -351,6 +352,7 @@ def split_part(rows, device, most, rl_triton, backend="auto"):
                 f["rewards"], f["values"], tf, None, out, f["last"], T, f["rewards"].stride(0), gamma=0.99,
                 lambda_=0.95, BLOCK_SIZE=bs, num_warps=rl_triton_warps(bs), num_stages=2 if bs >= 2048 else 1,
                 HAS_TRUNCATIONS=False, HAS_BOOTSTRAP=True)
+        timed["  a minimal checked call (the floor)"] = floor_call(kw)
         for name, fn in timed.items():
             fn()
             wall, h = back_to_back(fn, device, most)
@@ -362,6 +364,56 @@ def split_part(rows, device, most, rl_triton, backend="auto"):
             host.Kernel.__call__ = launch
         rows.append(dict(part="split", call="  functional.advantages, launch replaced by nothing", n=N, t=T,
                          calls=most, wall_us=wall, host_us=h))
+
+
+def floor_call(kw):
+    """The least an eager call that checks its inputs and keeps one signature cache could cost: each
+    tensor's type, dtype, shape and device checked, γ and λ range-checked, the launch of ``kw``'s
+    call found in a dict under a tuple of the tensors' dtypes, shapes, strides and alignment, the
+    output allocated and the same keyword launch (the package's cached launch of that call, found
+    once here). No estimator, boundary rule or backend choice is looked at: a bound, not a design."""
+    from rollbuf import estimators, validation
+    from rollbuf.kernels import host
+
+    names = ("rewards", "values", "terminated", "bootstrap_values")
+    floats, flags = (torch.float16, torch.bfloat16, torch.float32, torch.float64), (torch.bool, torch.uint8)
+    cache: dict = {}
+
+    def key(tensors):
+        k = []
+        for name, x in zip(names, tensors):
+            if type(x) is not torch.Tensor:
+                raise TypeError(f"{name} must be a tensor")
+            if x.dtype not in (flags if name == "terminated" else floats):
+                raise TypeError(f"{name} has dtype {x.dtype}")
+            k += (x.dtype, x.shape, x.stride(), x.device, x.data_ptr() % 16 == 0)
+        return tuple(k)
+
+    tensors = tuple(kw[n] for n in names)
+    launch = host.launch_for(validation.prepare(estimators.get("advantages"), dict(zip(names, tensors)),
+                                                dict(gamma=0.99, lam=0.95)))
+    if launch.conv or len(launch.passes) != 1 or not launch.column:
+        raise ValueError("the floor call runs a launch that reads its fields as they are, in one pass")
+    cache[key(tensors)] = launch
+    (kernel,) = launch.passes
+    slots = launch.slot_names
+
+    def call(gamma=0.99, lam=0.95, r=tensors[0], v=tensors[1], d=tensors[2], last=tensors[3]):
+        if not (0.0 <= gamma <= 1.0 and 0.0 <= lam <= 1.0):
+            raise ValueError("gamma and lam must be in [0, 1]")
+        shape = r.shape
+        if v.shape != shape or d.shape != shape or last.shape != shape[:-1]:
+            raise ValueError("shapes differ")
+        hit = cache[key((r, v, d, last))]
+        given = {"rewards": r, "values": v, "terminated": d}
+        out = torch.empty_like(r)
+        arguments = dict(hit.fixed, fields=tuple(None if n is None else given.get(n) for n in slots), p_ci=last,
+                         p_co=None, p_ws=None, gamma=gamma, lam=lam)
+        arguments[hit.out_params[0]] = out
+        kernel(hit.grid, arguments, hit.dev_index)
+        return out
+
+    return call
 
 
 def rl_triton_warps(block):

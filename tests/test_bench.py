@@ -19,6 +19,7 @@ from benchmarks import suite  # noqa: E402
 from benchmarks.__main__ import main as runner  # noqa: E402
 from benchmarks.cases import GRIDS, Case  # noqa: E402
 from benchmarks.suite import compare, run_cases, scoreboard  # noqa: E402
+from rollbuf import backends  # noqa: E402
 
 
 def _csv_rows(path) -> list[dict]:
@@ -844,3 +845,27 @@ def test_tables_check_finds_a_stale_page_and_rewrites_it(tmp_path, capsys):
     stale.write_text(text[:a] + text[b:])
     assert runner(["tables", "--check", "--doc", str(stale)]) == 1
     assert "memory" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not backends.triton_available(), reason="needs triton (its interpreter on the CPU)")
+def test_host_path_floor_call_computes_the_advantages():
+    """The host-path benchmark's floor call (the least a checked call could cost) runs the package's
+    cached launch on its own arguments: it must compute what the call computes, and refuse a bad γ."""
+    import importlib.util
+
+    from rollbuf import functional as F
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "host_path.py"
+    spec = importlib.util.spec_from_file_location("host_path", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    g = torch.Generator().manual_seed(3)
+    N, T = 37, 13
+    kw = dict(rewards=torch.randn(N, T, generator=g), values=torch.randn(N, T, generator=g),
+              terminated=torch.rand(N, T, generator=g) < 0.1, bootstrap_values=torch.randn(N, generator=g),
+              backend="triton")
+    want = F.advantages(0.99, 0.95, **dict(kw, backend="reference"))
+    call = mod.floor_call(kw)
+    torch.testing.assert_close(call(), want.float(), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="gamma"):
+        call(gamma=1.5)
