@@ -21,6 +21,9 @@ from benchmarks.cases import GRIDS, Case  # noqa: E402
 from benchmarks.suite import compare, run_cases, scoreboard  # noqa: E402
 from rollbuf import backends  # noqa: E402
 
+# the Triton kernels' tests run compiled on a CUDA machine, on CPU tensors under the interpreter elsewhere
+TRITON_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
 
 def _csv_rows(path) -> list[dict]:
     with open(path, newline="") as fh:
@@ -781,7 +784,7 @@ def test_the_naive_kernel_passes_the_gate_and_refuses_what_it_does_not_compute()
     cs = [Case("gae", 5, 40, mix="term-only"), Case("advantages", 3, 17, mix="term-only"),
           Case("gae", 4, 16, mix="term+trunc"), Case("vtrace", 4, 16, mix="term-only"),
           Case("advantages", 1, C.NAIVE_MAX_T + 1, mix="term-only")]
-    rows = run_cases(cs, ["naive-triton"], "cpu", reps=1)
+    rows = run_cases(cs, ["naive-triton"], TRITON_DEVICE, reps=1)
     status = {(r["estimator"], r["t"], r["mix"]): r["status"] for r in rows}
     assert status == {("gae", 40, "term-only"): "ok", ("advantages", 17, "term-only"): "ok",
                       ("gae", 16, "term+trunc"): "unsupported", ("vtrace", 16, "term-only"): "unsupported",
@@ -815,7 +818,7 @@ def test_the_host_time_calls_pass_the_gate():
     from benchmarks import host_time, oracles
     from benchmarks.cases import PARAMS
 
-    f = suite.make_fields(Case("gae", 6, 40, mix="term-only"), "cpu")
+    f = suite.make_fields(Case("gae", 6, 40, mix="term-only"), TRITON_DEVICE)
     calls = host_time.calls(f)
     assert {"F.gae", "F.advantages", "Rollout.gae (adv+ret)", "Rollout.advantages (adv)",
             "naive kernel (adv), Triton's launcher"} <= set(calls)
@@ -862,8 +865,8 @@ def test_host_path_floor_call_computes_the_advantages():
     g = torch.Generator().manual_seed(3)
     N, T = 37, 13
     kw = dict(rewards=torch.randn(N, T, generator=g), values=torch.randn(N, T, generator=g),
-              terminated=torch.rand(N, T, generator=g) < 0.1, bootstrap_values=torch.randn(N, generator=g),
-              backend="triton")
+              terminated=torch.rand(N, T, generator=g) < 0.1, bootstrap_values=torch.randn(N, generator=g))
+    kw = {k: v.to(TRITON_DEVICE) for k, v in kw.items()} | {"backend": "triton"}
     want = F.advantages(0.99, 0.95, **dict(kw, backend="reference"))
     call = mod.floor_call(kw)
     torch.testing.assert_close(call(), want.float(), rtol=1e-5, atol=1e-5)
