@@ -50,7 +50,7 @@ SOURCES = {
     "memory": ["memory_c5d166c.csv"],
     "cpu": ["cpu_810f2c5.csv"],
     "first-call": ["cpu_810f2c5.csv"],
-    "gpu-tests": ["gpu_tests_befa8b8.log", "gpu_tests_4830d95.log"],
+    "gpu-tests": ["gpu_tests_befa8b8.log", "gpu_tests_276840a.log"],
 }
 
 
