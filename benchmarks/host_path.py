@@ -367,36 +367,43 @@ def split_part(rows, device, most, rl_triton, backend="auto"):
 
 
 def floor_call(kw):
-    """The least an eager call that checks its inputs and keeps one signature cache could cost: each
-    tensor's type, dtype, shape and device checked, γ and λ range-checked, the launch of ``kw``'s
-    call found in a dict under a tuple of the tensors' dtypes, shapes, strides and alignment, the
-    output allocated and the same keyword launch (the package's cached launch of that call, found
-    once here). No estimator, boundary rule or backend choice is looked at: a bound, not a design."""
+    """The least an eager call of this design could cost: it checks its inputs, keeps one signature
+    cache and launches this kernel by keyword. Each tensor's type, dtype, shape and device is checked,
+    γ and λ range-checked, the launch of ``kw``'s call found in a dict under a tuple of the tensors'
+    dtypes, shapes and strides, the output allocated, and the same keyword launch made (the package's
+    cached launch of that call, found once here). No estimator, boundary rule or backend choice is
+    looked at: a bound, not a design."""
     from rollbuf import estimators, validation
     from rollbuf.kernels import host
 
     names = ("rewards", "values", "terminated", "bootstrap_values")
     floats, flags = (torch.float16, torch.bfloat16, torch.float32, torch.float64), (torch.bool, torch.uint8)
+    T_ = torch.Tensor
     cache: dict = {}
 
-    def key(tensors):
-        k = []
-        for name, x in zip(names, tensors):
-            if type(x) is not torch.Tensor:
-                raise TypeError(f"{name} must be a tensor")
-            if x.dtype not in (flags if name == "terminated" else floats):
-                raise TypeError(f"{name} has dtype {x.dtype}")
-            k += (x.dtype, x.shape, x.stride(), x.device, x.data_ptr() % 16 == 0)
-        return tuple(k)
+    def key(r, v, d, last):
+        if type(r) is not T_ or type(v) is not T_ or type(d) is not T_ or type(last) is not T_:
+            raise TypeError("rewards, values, terminated and bootstrap_values must be tensors")
+        if r.dtype not in floats or v.dtype not in floats or last.dtype not in floats or d.dtype not in flags:
+            raise TypeError("a field has the wrong dtype")
+        dev = r.device
+        if v.device != dev or d.device != dev or last.device != dev:
+            raise ValueError("the fields are on different devices")
+        return (r.dtype, r.shape, r.stride(), v.dtype, v.stride(), d.dtype, d.stride(), last.dtype, last.stride())
 
     tensors = tuple(kw[n] for n in names)
     launch = host.launch_for(validation.prepare(estimators.get("advantages"), dict(zip(names, tensors)),
                                                 dict(gamma=0.99, lam=0.95)))
-    if launch.conv or len(launch.passes) != 1 or not launch.column:
-        raise ValueError("the floor call runs a launch that reads its fields as they are, in one pass")
-    cache[key(tensors)] = launch
+    if (launch.conv or len(launch.passes) != 1 or not launch.column or launch.scratch_len or launch.want_carry
+            or len(launch.out_params) != 1 or launch.out_dtype != tensors[0].dtype):
+        raise ValueError("the floor call runs a launch that reads its fields as they are, in one pass, "
+                         "with no scratch and no carry out, its one output in the rewards' dtype")
+    cache[key(*tensors)] = launch
     (kernel,) = launch.passes
     slots = launch.slot_names
+    if slots[:3] != names[:3] or any(n is not None and kw.get(n) is not None for n in slots[3:]):
+        raise ValueError(f"the floor call passes rewards, values and terminated alone, not {slots}")
+    rest = (None,) * (len(slots) - 3)  # the fields this call does not pass (truncated, mask)
 
     def call(gamma=0.99, lam=0.95, r=tensors[0], v=tensors[1], d=tensors[2], last=tensors[3]):
         if not (0.0 <= gamma <= 1.0 and 0.0 <= lam <= 1.0):
@@ -404,11 +411,9 @@ def floor_call(kw):
         shape = r.shape
         if v.shape != shape or d.shape != shape or last.shape != shape[:-1]:
             raise ValueError("shapes differ")
-        hit = cache[key((r, v, d, last))]
-        given = {"rewards": r, "values": v, "terminated": d}
+        hit = cache[key(r, v, d, last)]
         out = torch.empty_like(r)
-        arguments = dict(hit.fixed, fields=tuple(None if n is None else given.get(n) for n in slots), p_ci=last,
-                         p_co=None, p_ws=None, gamma=gamma, lam=lam)
+        arguments = dict(hit.fixed, fields=(r, v, d, *rest), p_ci=last, p_co=None, p_ws=None, gamma=gamma, lam=lam)
         arguments[hit.out_params[0]] = out
         kernel(hit.grid, arguments, hit.dev_index)
         return out
