@@ -40,7 +40,7 @@ SOURCES = {
     "beyond": ["peers_p0_00a2400.csv", "peers_p1_00a2400.csv"],
     "pufferlib": ["peers_p0_00a2400.csv", "peers_p1_00a2400.csv", "peers_puff16_4fa49f4.csv"],
     "naive": ["kernels_h200_7bce722.csv"],
-    "host": ["host_path_f4894a1.csv"],
+    "host": ["host_path_fb5a526.csv"],
     "scoreboard": None,  # _scoreboard_csvs()
     "bandwidth": None,
     "long": None,
