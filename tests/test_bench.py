@@ -852,23 +852,19 @@ def test_tables_check_finds_a_stale_page_and_rewrites_it(tmp_path, capsys):
 
 @pytest.mark.skipif(not backends.triton_available(), reason="needs triton (its interpreter on the CPU)")
 def test_host_path_floor_call_computes_the_advantages():
-    """The host-path benchmark's floor call (the least a checked call could cost) runs the package's
-    cached launch on its own arguments: it must compute what the call computes, and refuse a bad γ."""
-    import importlib.util
-
+    """The host-path benchmark's floor call (the floor of this design: checks, a cached launch, the
+    launch) runs the package's cached launch on its own arguments: it must compute what the call
+    computes, and refuse a bad γ."""
+    from benchmarks.host_path import floor_call
     from rollbuf import functional as F
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "host_path.py"
-    spec = importlib.util.spec_from_file_location("host_path", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
     g = torch.Generator().manual_seed(3)
     N, T = 37, 13
     kw = dict(rewards=torch.randn(N, T, generator=g), values=torch.randn(N, T, generator=g),
               terminated=torch.rand(N, T, generator=g) < 0.1, bootstrap_values=torch.randn(N, generator=g))
     kw = {k: v.to(TRITON_DEVICE) for k, v in kw.items()} | {"backend": "triton"}
     want = F.advantages(0.99, 0.95, **dict(kw, backend="reference"))
-    call = mod.floor_call(kw)
+    call = floor_call(kw)
     torch.testing.assert_close(call(), want.float(), rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="gamma"):
         call(gamma=1.5)
