@@ -445,7 +445,7 @@ def _naive_prepare(name, f, params):
     if key not in _NAIVE_BEST:  # its best tiling per shape (untimed: part of the preparation)
         configs = naive_configs(T)
         if r.is_cuda and len(configs) > 1:
-            from benchmarks.suite import graph_time
+            from benchmarks.clocks import graph_time
 
             _NAIVE_BEST[key] = min(configs, key=lambda c: graph_time([launch(*c)])[0])
         else:

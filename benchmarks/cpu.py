@@ -226,18 +226,28 @@ def run_grid(shapes, impls, budget_s, max_call_s, log=print):
     return rows
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Each option's default after its help, none shown for a required option or where there is none
+    to show (a default of None or False: the help says what happens)."""
+
+    def _get_help_string(self, action):
+        if action.required or action.default in (None, False, argparse.SUPPRESS):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m benchmarks cpu", description=__doc__.split("\n")[0],
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("--out", required=True, help="directory for cpu.csv and cpu.md (created if missing)")
+                                 formatter_class=_HelpFormatter)
+    ap.add_argument("--out", required=True, help="directory for cpu.csv and cpu.md (created if missing); required")
     ap.add_argument("--quick", action="store_true", help="four small shapes, short budgets")
     ap.add_argument("--shapes", default=None, help="NxT,NxT,... instead of the grid")
     ap.add_argument("--impls", default=",".join(CPU_GAE), help="comma-separated subset")
     ap.add_argument("--budget-s", type=float, default=None,
-                    help="timing budget per case in seconds (1.0; with --quick 0.1)")
+                    help="timing budget per case in seconds (default: 1.0; with --quick 0.1)")
     ap.add_argument("--max-call-s", type=float, default=20.0, help="skip a call predicted to take longer")
     ap.add_argument("--no-first-call", action="store_true", help="skip the first-call processes")
-    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's own)")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)

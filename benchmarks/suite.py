@@ -10,10 +10,10 @@ fp32 on the same inputs (the bf16 values, exactly converted) and must pass the f
 so that a semantic error cannot hide behind bf16 rounding.
 
 **The clocks.** *Device time*: one CUDA graph of one call per input set, the sets rotated past the
-L2, replayed (:func:`graph_time`). *Full call*: the wall time per call of calls made back to back,
-one sync per batch, the competitors of a case timed together with their batches interleaved
-(:func:`wall_times`): the host's cost per call or the device's, whichever is longer. A ratio always
-divides one clock by the same clock.
+L2, replayed (:func:`benchmarks.clocks.graph_time`, imported here). *Full call*: the wall time per
+call of calls made back to back, one sync per batch, the competitors of a case timed together with
+their batches interleaved (:func:`wall_times`): the host's cost per call or the device's, whichever
+is longer. A ratio always divides one clock by the same clock.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import torch
 
 from benchmarks import oracles
 from benchmarks.cases import MIXES, PARAMS, Case, row_key
+from benchmarks.clocks import graph_time
 from benchmarks.competitors import COMPETITORS, Unsupported, bind
 from rollbuf.estimators import REGISTRY
 from rollbuf.testing import make_rollout, window_end_index
@@ -274,33 +275,6 @@ def time_cuda(fns, graph=True):
     taken)."""
     call = wall_time(fns, torch.cuda.synchronize)
     return (call, *_device_time(fns, graph, call))
-
-
-def graph_time(fns, reps=10):
-    """(device s per call, spread): one CUDA graph of one call per rotated input set, replayed
-    ``reps`` times in each of 6 timed batches (median; spread = relative gap of the halves)."""
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):  # warm-up (compilation, allocations) outside the capture
-        for fn in fns:
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    with torch.cuda.graph(g):
-        for fn in fns:
-            fn()
-    g.replay()
-    times = []
-    for _ in range(6):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        for _ in range(reps):
-            g.replay()
-        e1.record()
-        torch.cuda.synchronize()
-        times.append(e0.elapsed_time(e1) * 1e-3 / (reps * len(fns)))
-    dev = statistics.median(times)
-    return dev, abs(statistics.median(times[:3]) - statistics.median(times[3:])) / dev
 
 
 def run_cases(cases: Iterable[Case], competitors: Iterable[str], device: str, *, copy_bw: float | None = None,
