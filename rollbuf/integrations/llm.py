@@ -3,9 +3,10 @@
 A row is one trajectory of up to ``T`` tokens: ``response_mask`` marks the model-generated tokens
 (1) against tool/observation/padding tokens (0); ``token_level_rewards`` holds per-token rewards
 (KL penalties plus a final score) and ``values`` the critic's per-token values. Every function here
-is a thin layer over :mod:`rollbuf.functional`: one call of a fused estimator (the Triton kernels on
-CUDA tensors, the vectorised ``torch`` scan on the CPU; ``backend=`` as in rollbuf.functional), with
-no Python loop over tokens, rows or sequences.
+is a thin layer over :mod:`rollbuf.functional`: one call of a fused estimator (``backend="auto"``:
+the Triton kernels on CUDA tensors, the compiled ``numba`` loops on CPU tensors, the vectorised
+``torch`` scan where numba is absent or the inputs require grad; ``backend=`` as in
+rollbuf.functional), with no Python loop over tokens, rows or sequences.
 
 Semantics ("as if deleted", docs/semantics.md): tokens with ``response_mask = 0`` are skipped — the
 successor of a model token is the next model token, across any tool span — and their rewards and
