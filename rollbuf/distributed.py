@@ -182,6 +182,7 @@ def _backward_carry(p: Problem, g, rank, column):
     fields = p.fields
     if p.main.shape[1]:  # (an empty shard reads no bootstrap value)
         bv = fields["bootstrap_values"]
+        assert bv is not None  # `column`: the call gave a [*B] bootstrap_values
         fields = dict(fields, bootstrap_values=torch.where(interior[:, rank].unsqueeze(-1), nan.to(bv.dtype), bv))
     lift = (N, *([1] * (mine.dim() - 1)))
     local = p.evolve(carry=torch.where(later.view(lift), nan, mine), fields=fields)
@@ -192,6 +193,8 @@ def _reads_shard_end(p: Problem):
     """``[N]`` bool: this shard's last live step is truncated, not terminated, and so reads
     ``bootstrap_values`` there."""
     t = windows.bootstrap_read(p.fields.get("terminated"), p.fields.get("truncated"), p.fields.get("mask"))
+    if t is None:
+        raise ValueError("a [*B] bootstrap_values column is read at truncations: truncated must be given")
     if t.shape[-1] == 0:  # an empty shard: no step
         return torch.zeros(t.shape[:-1], dtype=torch.bool, device=t.device)
     j = windows.window_end_index(p.fields.get("mask"), t.shape, t.device)
@@ -218,7 +221,8 @@ def _distributed(fn):
     params = list(sig.parameters.values())
     extra = inspect.Parameter("group", inspect.Parameter.KEYWORD_ONLY, default=None)
     at = len(params) - (params[-1].kind == inspect.Parameter.VAR_KEYWORD)
-    wrapper.__signature__ = sig.replace(parameters=params[:at] + [extra] + params[at:])
+    # set through __dict__: typeshed's type of a functools.wraps wrapper has no __signature__
+    wrapper.__dict__["__signature__"] = sig.replace(parameters=params[:at] + [extra] + params[at:])
     wrapper.__doc__ = (
         f"Time-sharded :func:`rollbuf.functional.{fn.__name__}`: this rank's slice of the result on "
         "rows whose time is sharded across ``group`` (rank order = time order); see "

@@ -125,9 +125,17 @@ class Adjoint:
         for name, x in zip(names, saved, strict=True):
             if name != "carry":
                 self.f[name] = x
-        main = self.f["x" if p.family == Family.FORWARD else "rewards"]
+        main = self.field("x" if p.family == Family.FORWARD else "rewards")
         self.N, self.T, self.dev = main.shape[0], main.shape[1], main.device
         self.m = p.flag("mask")
+
+    def field(self, name: str) -> torch.Tensor:
+        """Field ``name`` (the saved tensor where there is one); one the family reads is never
+        absent once the call is validated."""
+        x = self.f[name]
+        if x is None:
+            raise ValueError(f"the {self.p.family} adjoint reads {name!r}, which the call does not give")
+        return x
 
     def scan(self, alpha, beta, reverse, initial):
         """An affine scan (no autograd node) on the fused kernel or the torch scan."""
@@ -145,7 +153,7 @@ class Adjoint:
         return (x if self.m is None else x & self.m).to(self.dt)
 
     def load(self, name):
-        return self.zero(self.f[name].detach().to(self.dt))
+        return self.zero(self.field(name).detach().to(self.dt))
 
     def window(self):
         """``(B_t, the state past the window)`` of the detached call (``torch_backend``'s)."""
@@ -179,7 +187,7 @@ class Adjoint:
             out["carry"] = w_end
         if "bootstrap_values" not in want:
             return
-        bv = self.f["bootstrap_values"]
+        bv = self.field("bootstrap_values")  # in `want`: saved, so given
         dt, T = self.dt, self.T
         read = None if p.no_bootstrap else windows.bootstrap_read(p.fields.get("terminated"),
                                                                    p.fields.get("truncated"), self.m)

@@ -18,9 +18,10 @@ def run(p: Problem):
             "for the torch and triton backends (chain the windows, or run the whole row)"
         )
     if p.family == Family.AFFINE:
-        f = p.fields
-        y = loops.affine_scan(f["alpha"], f["beta"], p.reverse, p.carry)
-        final = (y[..., 0] if p.reverse else y[..., -1]) if y.shape[-1] else p.carry.to(y.dtype)
+        f, init = p.fields, p.carry
+        assert init is not None  # an affine problem always carries y outside the row (0 by default)
+        y = loops.affine_scan(f["alpha"], f["beta"], p.reverse, init)
+        final = (y[..., 0] if p.reverse else y[..., -1]) if y.shape[-1] else init.to(y.dtype)
         return (y, final), None
     outs = p.estimator.reference(p.fields, p)
     return (tuple(outs) if isinstance(outs, tuple) else (outs,)), None

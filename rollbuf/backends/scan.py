@@ -28,9 +28,9 @@ def _shift_compose(elems, compose, off, reverse):
     """One doubling pass: element t becomes elem_t ∘ elem_{t±off} (the farther one applied first)."""
     if reverse:  # backward: y_t = α_t + β_t·y_{t+1}; t composes with t+off (inner)
         head = compose(*[e[..., :-off] for e in elems], *[e[..., off:] for e in elems])
-        return tuple(torch.cat([h, e[..., -off:]], dim=-1) for h, e in zip(head, elems))
+        return tuple(torch.cat([h, e[..., -off:]], dim=-1) for h, e in zip(head, elems, strict=True))
     head = compose(*[e[..., off:] for e in elems], *[e[..., :-off] for e in elems])
-    return tuple(torch.cat([e[..., :off], h], dim=-1) for h, e in zip(head, elems))
+    return tuple(torch.cat([e[..., :off], h], dim=-1) for h, e in zip(head, elems, strict=True))
 
 
 def doubling_scan(elems, compose, reverse):
@@ -63,10 +63,9 @@ def blocked_scan(elems, compose, identity, reverse):
     pad = nb * BLOCK - T
     lead = elems[0].shape[:-1]
     blocks = []
-    for e, i in zip(elems, identity):
-        if pad:
-            e = torch.cat([e, e.new_full((*lead, pad), i)], dim=-1)  # identity past the row
-        blocks.append(e.reshape(*lead, nb, BLOCK).movedim(-1, 0).contiguous())  # [BLOCK, *lead, nb]
+    for e, i in zip(elems, identity, strict=True):
+        row = torch.cat([e, e.new_full((*lead, pad), i)], dim=-1) if pad else e  # identity past the row
+        blocks.append(row.reshape(*lead, nb, BLOCK).movedim(-1, 0).contiguous())  # [BLOCK, *lead, nb]
     # 1. within blocks, in scan order
     order = range(BLOCK - 1, -1, -1) if reverse else range(BLOCK)
     state = None
@@ -74,16 +73,16 @@ def blocked_scan(elems, compose, identity, reverse):
     for j in order:
         step = tuple(b[j] for b in blocks)
         state = step if state is None else compose(*step, *state)
-        for out, s_ in zip(local, state):
+        for out, s_ in zip(local, state, strict=True):
             out[j] = s_
     # 2. across blocks: aggregate of each block = its local map at the block's first step in scan order
     edge = 0 if reverse else BLOCK - 1
     agg = doubling_scan(tuple(x[edge] for x in local), compose, reverse)  # [*lead, nb]
-    ident = [torch.full_like(a[..., :1], i) for a, i in zip(agg, identity)]
+    ident = [torch.full_like(a[..., :1], i) for a, i in zip(agg, identity, strict=True)]
     if reverse:  # carry map of block c: everything after it
-        carry = tuple(torch.cat([a[..., 1:], i_], dim=-1) for a, i_ in zip(agg, ident))
+        carry = tuple(torch.cat([a[..., 1:], i_], dim=-1) for a, i_ in zip(agg, ident, strict=True))
     else:
-        carry = tuple(torch.cat([i_, a[..., :-1]], dim=-1) for a, i_ in zip(agg, ident))
+        carry = tuple(torch.cat([i_, a[..., :-1]], dim=-1) for a, i_ in zip(agg, ident, strict=True))
     # 3. every step composed with its block's carry map
     full = compose(*local, *[c.unsqueeze(0) for c in carry])
     return tuple(f.movedim(0, -1).reshape(*lead, nb * BLOCK)[..., :T] for f in full)
@@ -100,13 +99,13 @@ def compose_all(elems, compose, identity, reverse):
     while elems[0].shape[-1] > 1:
         if elems[0].shape[-1] % 2:  # identity past the row's end: applied innermost / outermost
             elems = tuple(torch.cat([e, e.new_full((*e.shape[:-1], 1), i)], dim=-1)
-                          for e, i in zip(elems, identity))
+                          for e, i in zip(elems, identity, strict=True))
         even = [e[..., 0::2] for e in elems]
         odd = [e[..., 1::2] for e in elems]
         # backward: step t is applied after step t+1 (t outer); forward: t+1 outer
         elems = compose(*even, *odd) if reverse else compose(*odd, *even)
     if elems[0].shape[-1] == 0:
-        return tuple(e.new_full(e.shape[:-1], i) for e, i in zip(elems, identity))
+        return tuple(e.new_full(e.shape[:-1], i) for e, i in zip(elems, identity, strict=True))
     return tuple(e[..., 0] for e in elems)
 
 

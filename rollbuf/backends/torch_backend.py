@@ -15,6 +15,7 @@ applies the mask identity, scans, and applies the epilogue.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
@@ -70,7 +71,7 @@ def steps(p: Problem):
     """
     L = _Loader(p)
     dt, m = L.dt, L.m
-    env = {"m": m}
+    env: dict[str, Any] = {"m": m}
     if p.family == Family.FORWARD:
         x = L.load("x").movedim(1, -1)  # [N, T, *F] -> [N, *F, T]
         lift = (x.shape[0],) + (1,) * (x.dim() - 2) + (x.shape[-1],)  # flags [N, T] -> [N, 1.., T]
@@ -119,7 +120,7 @@ def steps(p: Problem):
             elems = [torch.as_tensor(e, dtype=dt, device=r.device) for e in elems]
             elems = torch.broadcast_tensors(*elems)
             if m is not None:
-                elems = tuple(torch.where(m, e, i) for e, i in zip(elems, _PAIR_IDENTITY))
+                elems = tuple(torch.where(m, e, i) for e, i in zip(elems, _PAIR_IDENTITY, strict=True))
             return tuple(elems), C.compose_pair, _PAIR_IDENTITY, True, env
     alpha, beta = torch.broadcast_tensors(*elems)
     if m is not None:
@@ -160,8 +161,11 @@ def run(p: Problem, fused: bool = False):
     forward family returns ``final`` as its last output and no carry."""
     dt = p.compute_dtype
     if p.family == Family.AFFINE:  # the public primitive: α and β given as data
-        init = p.carry.to(dt)
-        y = affine_scan(p.fields["alpha"].to(dt), p.fields["beta"].to(dt), p.reverse, init, fused)
+        alpha, beta, initial = p.fields["alpha"], p.fields["beta"], p.carry
+        # an affine problem is built with all three (functional.affine_scan: initial 0 by default)
+        assert alpha is not None and beta is not None and initial is not None
+        init = initial.to(dt)
+        y = affine_scan(alpha.to(dt), beta.to(dt), p.reverse, init, fused)
         final = (y[..., 0] if p.reverse else y[..., -1]) if y.shape[-1] else init
         return (y, final), None
     if p.family == Family.TD_LAMBDA_ADJOINT:
@@ -187,13 +191,13 @@ def run(p: Problem, fused: bool = False):
     carry = end_carry(p, dt)
 
     if p.family == Family.TD_LAMBDA:
-        z_next, z0 = _scalar_scan(*elems, carry, fused)
+        z_next, z0 = _scalar_scan(elems[0], elems[1], carry, fused)
         g = C.lambda_out(r, k, tr, boot, p.gamma, z_next)
         named = {"returns": g, "advantages": g - v}
         return _masked(tuple(named[o] for o in p.outputs), m), z0
 
     if p.family == Family.RETRACE:
-        z_next, z0 = _scalar_scan(*elems, carry, fused)
+        z_next, z0 = _scalar_scan(elems[0], elems[1], carry, fused)
         return _masked((C.lambda_out(r, k, tr, boot, p.gamma, z_next),), m), z0
 
     # VTRACE. The pair maps (u, V) -> (a + p·u + q·V, w + s·V) are upper triangular: V never reads u.
@@ -252,7 +256,9 @@ def read_bootstrap(p: Problem, dt):
     """``B_t``: bootstrap values where a step reads them in its local term (:func:`rollbuf.windows.
     bootstrap_read`), 0 elsewhere, so that nothing unread (not even a NaN) reaches the arithmetic."""
     bv = p.fields.get("bootstrap_values")
-    r = p.fields["rewards"]
+    r = p.fields.get("rewards")
+    if r is None:
+        raise ValueError(f"the {p.family} family reads rewards, which the problem does not give")
     if bv is None or p.no_bootstrap:
         return torch.zeros((), dtype=dt, device=r.device)
     read = windows.bootstrap_read(p.fields.get("terminated"), p.fields.get("truncated"), p.fields.get("mask"))
@@ -266,7 +272,9 @@ def read_bootstrap(p: Problem, dt):
 
 def end_carry(p: Problem, dt):
     """The scan state past the window (:func:`rollbuf.windows.window_end_carry`)."""
-    r = p.fields["rewards"]
+    r = p.fields.get("rewards")
+    if r is None:
+        raise ValueError(f"the {p.family} family reads rewards, which the problem does not give")
     return windows.window_end_carry(
         carry=p.carry, window_end=p.window_end, no_bootstrap=p.no_bootstrap,
         bootstrap_values=p.fields.get("bootstrap_values"), terminated=p.fields.get("terminated"),

@@ -1,14 +1,13 @@
 """The fused kernel as a PyTorch custom op, for ``torch.compile`` and CUDA graphs.
 
-The eager path launches the kernel directly (a custom op's dispatcher costs tens of µs per call);
-under ``torch.compile`` the call goes through ``rollbuf::scan`` instead, which Dynamo treats as one
-opaque node with a fake (meta) implementation for shapes, so a training step that calls
-``rollout.gae()`` compiles with ``fullgraph=True`` and no graph break.
+The eager path launches the kernel directly, not through the op (docs/kernel-choices.md, "The
+custom op, under torch.compile only"); under ``torch.compile`` the call goes through
+``rollbuf::scan``, which Dynamo treats as one opaque node with a fake (meta) implementation for
+shapes, so a training step that calls ``rollout.gae()`` compiles with ``fullgraph=True`` and no
+graph break.
 """
 
 from __future__ import annotations
-
-from typing import Optional
 
 import torch
 
@@ -21,11 +20,11 @@ _FIELDS = ("rewards", "values", "terminated", "truncated", "bootstrap_values", "
 
 @torch.library.custom_op("rollbuf::scan", mutates_args=())
 def scan(
-    rewards: Optional[torch.Tensor], values: Optional[torch.Tensor],
-    terminated: Optional[torch.Tensor], truncated: Optional[torch.Tensor],
-    bootstrap_values: Optional[torch.Tensor], mask: Optional[torch.Tensor],
-    log_probs: Optional[torch.Tensor], target_log_probs: Optional[torch.Tensor],
-    q_values: Optional[torch.Tensor], x: Optional[torch.Tensor], carry: Optional[torch.Tensor],
+    rewards: torch.Tensor | None, values: torch.Tensor | None,
+    terminated: torch.Tensor | None, truncated: torch.Tensor | None,
+    bootstrap_values: torch.Tensor | None, mask: torch.Tensor | None,
+    log_probs: torch.Tensor | None, target_log_probs: torch.Tensor | None,
+    q_values: torch.Tensor | None, x: torch.Tensor | None, carry: torch.Tensor | None,
     family: str, outputs: str, gamma: float, lam: float, rho_bar: float, c_bar: float,
     pg_rho_bar: float, decay: float, window_end: str, no_bootstrap: bool, want_carry: bool,
     compute_dtype: torch.dtype, out_dtype: torch.dtype, feature_shape: list[int], reverse: bool,
@@ -33,7 +32,7 @@ def scan(
     from rollbuf import kernels
 
     fields = dict(zip(_FIELDS, (rewards, values, terminated, truncated, bootstrap_values, mask,
-                                log_probs, target_log_probs, q_values, x)))
+                                log_probs, target_log_probs, q_values, x), strict=True))
     p = Problem(family=Family(family), outputs=tuple(outputs.split(",")), fields=fields, gamma=gamma, lam=lam,
                 rho_bar=rho_bar, c_bar=c_bar, pg_rho_bar=pg_rho_bar, decay=decay,
                 window_end=window_end, no_bootstrap=no_bootstrap, carry=carry,
