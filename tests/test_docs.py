@@ -366,6 +366,119 @@ def test_readme_install_commands_and_ci_agree():
     assert test_line in ci, ".ci/run must run exactly the README's test command"
 
 
+# ------------------------------------------------------------------------- README, the front door
+
+_CPU_TORCH = re.compile(r"^command -v nvidia-smi >/dev/null \|\| pip install (torch==\S+) "
+                        r"--index-url https://download\.pytorch\.org/whl/cpu$", re.M)
+
+
+def _bash_blocks(text: str) -> list[str]:
+    return re.findall(r"^```bash\n(.*?)^```", text, re.S | re.M)
+
+
+def test_readme_is_a_front_door():
+    """At most 150 lines; the two fresh-machine commands (the main job, the tests) on its first
+    screen, each in a block that installs PyTorch's CPU build first where there is no NVIDIA GPU
+    (the same torch as the install after it), so that copying a block never pulls the CUDA build
+    onto a CPU-only machine."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    lines = readme.splitlines()
+    assert len(lines) <= 150, f"README.md has {len(lines)} lines (at most 150)"
+    first_screen = "\n".join(lines[:40])
+    assert re.search(r'^pip install torch==\S+ triton==\S+ -e "\.\[examples\]" && python examples/ppo_cartpole\.py$',
+                     first_screen, re.M), "the main job's command must be within the README's first 40 lines"
+    assert re.search(r'^pip install torch==\S+ triton==\S+ -e "\.\[test\]" .*python -m pytest tests -q$',
+                     first_screen, re.M), "the test command must be within the README's first 40 lines"
+    installs = [b for b in _bash_blocks(readme) if re.search(r"^pip install torch==\S+ triton==", b, re.M)]
+    assert len(installs) == 2, installs
+    for block in installs:
+        cpu = _CPU_TORCH.search(block)
+        assert cpu, f"this block does not install the CPU build of torch first:\n{block}"
+        install = re.search(r"^pip install (torch==\S+) triton==", block, re.M)
+        assert cpu.start() < install.start() and cpu.group(1) == install.group(1), block
+
+
+def test_readme_lists_every_doc_page():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    linked = {(ROOT / t).resolve() for t in re.findall(r"\]\(([^)#\s]+\.md)(?:#[^)]*)?\)", readme)}
+    missing = [_page_id(p) for p in sorted(DOCS.rglob("*.md")) if p.resolve() not in linked]
+    assert not missing, f"README.md's Docs list does not link {missing}"
+
+
+def test_semantics_contents_lists_every_section(semantics):
+    """The contents list at the top of docs/semantics.md links every ``## `` section, in order."""
+    body = re.sub(r"^```.*?^```", "", semantics, flags=re.S | re.M)
+    sections = re.findall(r"^## (.+)$", body, re.M)
+    listed = re.findall(r"^(\d+)\. \[([^\]]+)\]\(#([^)]+)\)$", semantics, re.M)
+    assert [f"{n}. {title}" for n, title, _ in listed] == sections
+    assert [anchor for _, _, anchor in listed] == [_slug(title) for title in sections]
+
+
+_RESULTS = ROOT / "benchmarks" / "results"
+
+
+def _test_log(name: str) -> dict:
+    """The ``key: value`` lines of a committed test-run log (``cpu_tests_<commit>.log``)."""
+    text = (_RESULTS / name).read_text(encoding="utf-8")
+    return dict(re.findall(r"^([a-z][\w ./-]*?): (.+)$", text, re.M))
+
+
+def test_test_run_figures_are_the_committed_logs():
+    """Every figure the README or docs/benchmarks.md states about a run of the test suite is read
+    from a committed log of benchmarks/results/ that the page names: each "N passed" is in the
+    pytest summary of such a log, and a CPU run's log (``cpu_tests_<commit>.log``) is quoted as it
+    is written (its commit, pytest's summary line, the wall time of the whole command)."""
+    for page in (ROOT / "README.md", DOCS / "benchmarks.md"):
+        text = page.read_text(encoding="utf-8")
+        named = sorted(set(re.findall(r"\b((?:cpu|gpu)_tests_\w+\.log)\b", text)))
+        summaries = []
+        for name in named:
+            assert (_RESULTS / name).is_file(), f"{_page_id(page)} names {name}, which is not committed"
+            log = (_RESULTS / name).read_text(encoding="utf-8")
+            summaries += re.findall(r"^(?:pytest: )?=* ?(\d+ passed.*?) ?=*$", log, re.M)
+        for quoted in re.findall(r"\b(\d+) passed\b", text):
+            assert any(re.match(rf"{quoted} passed\b", s) for s in summaries), (
+                f"{_page_id(page)} states {quoted} passed, which no log it names holds")
+        for name in (n for n in named if n.startswith("cpu_tests_")):
+            fields = _test_log(name)
+            for key in ("commit", "pytest", "wall"):
+                assert f"`{fields[key]}`" in text, f"{_page_id(page)} must quote {name}'s {key}: `{fields[key]}`"
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert not re.search(r"\b\d+ (?:minutes?|seconds?)\b|\b\d+:\d\d\b", readme), (
+        "the README states a test run's duration: quote it from its log in docs/benchmarks.md")
+    cpu_logs = sorted(_RESULTS.glob("cpu_tests_*.log"))
+    assert cpu_logs and any(p.name in (DOCS / "benchmarks.md").read_text(encoding="utf-8") for p in cpu_logs)
+
+
+def test_performance_cpu_figures_are_the_cpu_table():
+    """docs/howto/performance.md's CPU section restates figures of docs/benchmarks.md's CPU table
+    (generated from the result file both pages name) and no others."""
+    perf = (DOCS / "howto" / "performance.md").read_text(encoding="utf-8")
+    section = perf[perf.index("## The CPU"):].split("\n## ")[0]
+    bench = (DOCS / "benchmarks.md").read_text(encoding="utf-8")
+    table = _between(bench, "<!-- table:cpu -->", "<!-- /table:cpu -->")
+    (csv,) = re.findall(r"`(cpu_\w+\.csv)`", table.splitlines()[0])
+    assert f"benchmarks/results/{csv}" in section, f"performance.md's CPU section must name {csv}"
+    cells = {c.strip() for row in table.splitlines() if row.startswith("| ") for c in row.split("|")}
+    figures = re.findall(r"(\d+(?:\.\d+)?) ms\b", section)
+    assert figures, "performance.md's CPU section states no figure: the test would check nothing"
+    for figure in figures:
+        assert figure in cells, f"performance.md's CPU figure {figure} ms is not in docs/benchmarks.md's CPU table"
+    shapes = re.findall(r"at (\d+) of the grid's (\d+) shapes", section)
+    for got, of in shapes:
+        assert f"at {got} of {of}" in table, f"the CPU table does not say {got} of {of}"
+
+
+def test_benchmark_cpu_help_shows_no_empty_default(capsys):
+    """``python -m benchmarks cpu --help``: a required option and one without a default show none."""
+    from benchmarks import cpu
+
+    with pytest.raises(SystemExit):
+        cpu.main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(default: None)" not in text and "--out OUT directory" in text
+
+
 # Pages whose Python blocks are still fragments that do not run on their own; each entry is an
 # expected failure (strict: it fails once the page runs, so that the entry gets removed).
 _NOT_YET_RUNNABLE: dict = {}  # page -> why its blocks cannot run yet (strict xfail); none today
