@@ -18,7 +18,6 @@ coefficients elementwise in torch, the scan on the backend's affine scan (the fu
 
 from __future__ import annotations
 
-import math
 import numbers
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
@@ -92,15 +91,15 @@ def _real(name, v):
 
 def unit_interval(name: str, v) -> float:
     """A real number in ``[0, 1]`` (γ, λ)."""
-    x = _real(name, v)
-    if math.isnan(x) or not 0.0 <= x <= 1.0:
+    x = v if type(v) is float else _real(name, v)
+    if not 0.0 <= x <= 1.0:  # (NaN included)
         raise ValueError(f"{name} must lie in [0, 1], got {v}")
     return x
 
 
 def positive(name: str, v) -> float:
     """A real number ``> 0`` (clipping thresholds ρ̄, c̄)."""
-    x = _real(name, v)
+    x = v if type(v) is float else _real(name, v)
     if not x > 0.0:
         raise ValueError(f"{name} must be > 0, got {v}")
     return x

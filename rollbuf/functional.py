@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from rollbuf import backends, estimators, validation
+from rollbuf import backends, plans, validation
 from rollbuf.estimators import GAEResult, SumsResult, TracesResult, VTraceResult
 from rollbuf.problem import Family, Problem
 
@@ -61,91 +61,31 @@ def estimate(name, *, backend="auto", carry=None, return_carry=False, out_dtype=
     ``run`` is the backend seam (:func:`rollbuf.backends.run` by default; :mod:`rollbuf.distributed`
     passes its carry exchange).
 
-    Every call is validated (:func:`rollbuf.validation.prepare`: shapes, dtypes, devices and
-    numbers, never the data) and dispatched; on the ``triton`` backend the kernel launch of the
-    call's signature is cached (:func:`rollbuf.kernels.launch_for`). No call synchronises the host
-    with the device (:class:`rollbuf.check_finite` does, by design).
+    Every call is checked: the first call of a layout (its tensors' dtypes, shapes, strides and
+    devices, its options) by :func:`rollbuf.validation.prepare`, which makes the layout's plan; later
+    calls of the layout by the plan's key and the per-call checks of every scalar parameter
+    (:class:`rollbuf.plans.Call`). No call synchronises the host with the device
+    (:class:`rollbuf.check_finite` does, by design).
     """
     kwargs.update(backend=backend, carry=carry, return_carry=return_carry, out_dtype=out_dtype,
                   window_end=window_end)
-    return _estimate(name, kwargs, run)
+    c = plans.call_of(name)
+    return c(kwargs) if run is None else c.checked(kwargs, run)
 
 
 def call(function: str, arguments: dict, run=None):
     """Call the public estimator function ``function`` (``"gae"``, ``"discounted_returns"``, ...)
     with its arguments by name (as ``inspect.signature(...).bind`` gives them), through the backend
-    seam ``run``: the wrappers below are this call; :mod:`rollbuf.distributed` calls it with its
-    carry exchange as ``run``. ``arguments`` is not modified."""
+    seam ``run`` (:mod:`rollbuf.distributed` passes its carry exchange; ``None``: the plan of the
+    call's layout). ``arguments`` is not modified."""
     name, kw = _arguments(function, arguments)
-    return _estimate(name, kw, run)
-
-
-def _estimate(name, kw: dict, run):
-    """One call of the registry estimator ``name``: ``kw`` holds every argument by name (fields,
-    parameters and the keywords of :func:`estimate`; not modified)."""
-    p, be = _problem(name, kw)
-    if run is None:  # a sharded call's T = 0 shard is not the window end (rollbuf.distributed)
-        if p.want_carry:
-            _check_empty_window(p)
-        outs, cout = backends.run(p, be)
-    else:
-        outs, cout = run(p, be)
-    return result(p, outs, cout)
-
-
-def _problem(name, kw: dict):
-    """The validated :class:`Problem` of one call of the registry estimator ``name`` and its
-    concrete backend (``kw`` as :func:`_estimate` takes it)."""
-    est = estimators.get(name)
-    get = kw.get
-    for key, v in est.fixed.items():
-        if key in kw and kw[key] != v:
-            raise ValueError(f"estimator {name!r} has {key}={v!r}")
-    if not kw.keys() <= est.argument_names:  # any argument not recognised is an error
-        raise TypeError(f"{est.function_name}() got unexpected keyword arguments "
-                        f"{sorted(kw.keys() - est.argument_names)}")
-    fields = {f.name: get(f.name) for f in est.fields}
-    params = {prm.name: kw[prm.name] for prm in est.params if prm.name in kw}
-    carry = get("carry")
-    forward = est.direction == "forward"
-    if forward and "initial" in kw:
-        carry = kw["initial"]
-    return_carry = get("return_carry", False)
-    if return_carry is not False:
-        validation.check_bool("return_carry", return_carry)
-        if return_carry and forward:
-            raise TypeError(f"{est.function_name}() returns its carry as `final`; it takes no return_carry")
-    p = validation.prepare(est, fields, params, carry=carry, return_carry=return_carry,
-                           out_dtype=get("out_dtype"), window_end=get("window_end", "bootstrap"))
-    return p, backends.resolve(get("backend", "auto"), p.main.device)
-
-
-_WINDOW_END_FAMILIES = (Family.TD_LAMBDA, Family.RETRACE, Family.VTRACE)  # their carry holds V(s_T)
-
-
-def _check_empty_window(p: Problem) -> None:
-    """Refuse the carry of a ``T = 0`` window that bootstraps from ``bootstrap_values`` of shape
-    ``[*B, 0]``: the carry of an empty window is its window-end value V(s_T) itself (chaining an
-    empty window changes nothing), and a ``[*B, 0]`` tensor has no column to hold it. Returning 0
-    there would make the window before it bootstrap from 0."""
-    if not p.want_carry or p.carry is not None or p.window_end != "bootstrap" or p.no_bootstrap:
-        return
-    if p.family not in _WINDOW_END_FAMILIES or p.num_steps:
-        return
-    bv = p.fields.get("bootstrap_values")
-    if bv is not None and bv.dim() == 2:
-        B = p.batch_shape
-        raise ValueError(
-            f"bootstrap_values of shape {(*B, 0)} has no column for V(s_T), which is the whole carry "
-            f"of an empty (T = 0) window: pass the [*B] column bootstrap_values=V(s_T) (shape "
-            f"{tuple(B)}) for an empty window, window_end='terminal' if it ends in a terminal state, "
-            "or carry= to chain it"
-        )
+    c = plans.call_of(name)
+    return c(kw) if run is None else c.checked(kw, run)
 
 
 def _arguments(function: str, arguments: dict):
-    """The registry estimator and its arguments (as :func:`_estimate` takes them) of a public
-    function's call; ``arguments`` is not modified (a changed copy is returned where it changes)."""
+    """The registry estimator and its arguments of a public function's call; ``arguments`` is not
+    modified (a changed copy is returned where it changes)."""
     if function == "discounted_returns":
         kw = dict(arguments)
         bootstrap = validation.check_bool("bootstrap", kw.pop("bootstrap", True))
@@ -167,13 +107,14 @@ def _arguments(function: str, arguments: dict):
     return function, arguments
 
 
-def result(p: Problem, outs, carry):
-    """The public result of a problem's flat backend outputs: the estimator's result type (or its
-    one tensor), with ``(result, carry)`` when ``return_carry=True``."""
-    outs, carry = validation.finish(p, outs, carry)
-    est = p.estimator
-    res = est.result(*outs) if est.result is not None else outs[0]
-    return (res, carry) if p.want_carry else res
+# the built-in estimators' calls, made at import: the functions below call them directly
+GAE = plans.call_of("gae")
+ADVANTAGES = plans.call_of("advantages")
+LAMBDA_RETURNS = plans.call_of("lambda_returns")
+DISCOUNTED_RETURNS = plans.call_of("discounted_returns")
+VTRACE = plans.call_of("vtrace")
+RETRACE = plans.call_of("retrace")
+ELIGIBILITY_TRACES = plans.call_of("eligibility_traces")
 
 
 def gae(gamma, lam, *, rewards, values, terminated=None, truncated=None, bootstrap_values=None,
@@ -187,7 +128,7 @@ def gae(gamma, lam, *, rewards, values, terminated=None, truncated=None, bootstr
 
     Returns :class:`GAEResult` ``(advantages, returns)``; outputs are 0 at masked steps.
     """
-    return call("gae", dict(gamma=gamma, lam=lam, rewards=rewards, values=values, terminated=terminated,
+    return GAE(dict(gamma=gamma, lam=lam, rewards=rewards, values=values, terminated=terminated,
                     truncated=truncated, bootstrap_values=bootstrap_values, mask=mask, window_end=window_end,
                     carry=carry, return_carry=return_carry, out_dtype=out_dtype, backend=backend))
 
@@ -195,7 +136,9 @@ def gae(gamma, lam, *, rewards, values, terminated=None, truncated=None, bootstr
 def advantages(gamma, lam, **kwargs):
     """The default advantage estimator: GAE advantages (see :func:`gae`, same keyword arguments);
     only the advantages are computed and written."""
-    return call("advantages", dict(kwargs, gamma=gamma, lam=lam))
+    kwargs["gamma"] = gamma
+    kwargs["lam"] = lam
+    return ADVANTAGES(kwargs)
 
 
 def lambda_returns(gamma, lam, *, rewards, values, terminated=None, truncated=None,
@@ -205,7 +148,7 @@ def lambda_returns(gamma, lam, *, rewards, values, terminated=None, truncated=No
 
     ``G_t = r_t + γ(1−k_t)[(1 − λ(1−d_t))V'_t + λ(1−d_t)G_{t+1}]``. Equals GAE advantages + values.
     """
-    return call("lambda_returns", dict(gamma=gamma, lam=lam, rewards=rewards, values=values,
+    return LAMBDA_RETURNS(dict(gamma=gamma, lam=lam, rewards=rewards, values=values,
                     terminated=terminated, truncated=truncated, bootstrap_values=bootstrap_values, mask=mask,
                     window_end=window_end, carry=carry, return_carry=return_carry, out_dtype=out_dtype,
                     backend=backend))
@@ -221,10 +164,15 @@ def discounted_returns(gamma, *, rewards, values=None, terminated=None, truncate
     ``bootstrap=False`` (Monte Carlo): ``G_t = r_t + γ(1−d_t)G_{t+1}``, ``G`` past the window is 0,
     truncations cut without bootstrap; neither ``values`` nor ``bootstrap_values`` is needed.
     """
+    if bootstrap is True:
+        return DISCOUNTED_RETURNS(dict(gamma=gamma, rewards=rewards, values=values, terminated=terminated,
+                                       truncated=truncated, bootstrap_values=bootstrap_values, mask=mask,
+                                       window_end=window_end, carry=carry, return_carry=return_carry,
+                                       out_dtype=out_dtype, backend=backend))
     return call("discounted_returns", dict(gamma=gamma, rewards=rewards, values=values, terminated=terminated,
-                    truncated=truncated, bootstrap_values=bootstrap_values, mask=mask, bootstrap=bootstrap,
-                    window_end=window_end, carry=carry, return_carry=return_carry, out_dtype=out_dtype,
-                    backend=backend))
+                truncated=truncated, bootstrap_values=bootstrap_values, mask=mask, bootstrap=bootstrap,
+                window_end=window_end, carry=carry, return_carry=return_carry, out_dtype=out_dtype,
+                backend=backend))
 
 
 def vtrace(target_log_probs, gamma, rho_bar=1.0, c_bar=1.0, pg_rho_bar=None, lam=1.0, *, rewards,
@@ -240,7 +188,7 @@ def vtrace(target_log_probs, gamma, rho_bar=1.0, c_bar=1.0, pg_rho_bar=None, lam
 
     Returns :class:`VTraceResult` ``(vs, pg_advantages)``.
     """
-    return call("vtrace", dict(target_log_probs=target_log_probs, gamma=gamma, rho_bar=rho_bar, c_bar=c_bar,
+    return VTRACE(dict(target_log_probs=target_log_probs, gamma=gamma, rho_bar=rho_bar, c_bar=c_bar,
                     pg_rho_bar=pg_rho_bar, lam=lam, rewards=rewards, values=values, log_probs=log_probs,
                     terminated=terminated, truncated=truncated, bootstrap_values=bootstrap_values, mask=mask,
                     window_end=window_end, carry=carry, return_carry=return_carry, out_dtype=out_dtype,
@@ -256,7 +204,7 @@ def retrace(q_values, target_log_probs, gamma, lam=1.0, c_bar=1.0, *, rewards, v
     ``c_t = λ·min(c̄, π/μ)``, ``q_t = Q(s_t, a_t)`` (``q_values``) and ``values`` = ``E_{a~π}Q(s_t, a)``.
     Note the trace of the *next* step, ``c_{t+1}``, as in the paper and rlax.
     """
-    return call("retrace", dict(q_values=q_values, target_log_probs=target_log_probs, gamma=gamma, lam=lam,
+    return RETRACE(dict(q_values=q_values, target_log_probs=target_log_probs, gamma=gamma, lam=lam,
                     c_bar=c_bar, rewards=rewards, values=values, log_probs=log_probs, terminated=terminated,
                     truncated=truncated, bootstrap_values=bootstrap_values, mask=mask, window_end=window_end,
                     carry=carry, return_carry=return_carry, out_dtype=out_dtype, backend=backend))
@@ -270,7 +218,7 @@ def eligibility_traces(x, gamma, lam, initial=None, *, terminated=None, truncate
     ``[*B, T, *F]`` (e.g. per-parameter gradients); flags are ``[*B, T]``. ``final`` is
     ``(1−d_{T−1})·e_{T−1}``: pass it as the next window's ``initial``.
     """
-    return call("eligibility_traces", dict(x=x, gamma=gamma, lam=lam, initial=initial, terminated=terminated,
+    return ELIGIBILITY_TRACES(dict(x=x, gamma=gamma, lam=lam, initial=initial, terminated=terminated,
                     truncated=truncated, mask=mask, out_dtype=out_dtype, backend=backend))
 
 

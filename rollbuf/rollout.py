@@ -203,15 +203,6 @@ class Rollout:
                 f"NaN): record it with {_WRITTEN_BY[name]}, or assign it"
             )
 
-    def _needs(self, method, args, *names, end=True):
-        """:meth:`_require` for an estimator call: ``names``, and bootstrap_values where the window
-        end bootstraps (``window_end='bootstrap'``, no ``carry=``; ``end=False``: never)."""
-        if not self.__dict__.get("_pending"):
-            return
-        if end and args.get("window_end", "bootstrap") == "bootstrap" and args.get("carry") is None:
-            names = (*names, "bootstrap_values")
-        self._require(method, names)
-
     def record(self, t, **step):
         """Write step ``t`` of every env: ``record(t, rewards=r, values=v, terminated=te, ...)``.
 
@@ -292,80 +283,119 @@ class Rollout:
     # -- estimators -----------------------------------------------------------------------------
     # Each method is the functional call on the rollout's fields as they are now (read through the
     # public tensorclass API on every call: writes in place, assigned fields and new storage are all
-    # seen), after the host-side check that no field it reads was left unwritten (:meth:`_needs`).
+    # seen), after the host-side check that no field it reads was left unwritten (:meth:`_check`).
+
+    def _field_tensors(self) -> dict:
+        """The rollout's fields by name, as they are now (absent ones missing)."""
+        if torch.compiler.is_compiling():  # Dynamo traces the fields one by one
+            return {name: getattr(self, name) for name in _STEP_FIELDS}
+        return dict(self.items())
 
     def estimator_fields(self):
         """The fields the TD(λ)-family methods pass to :mod:`rollbuf.functional`, by name: the tensors
         themselves (no copy), absent ones ``None``; ``F.gae(0.99, 0.95, **ro.estimator_fields())``
         is ``ro.gae(0.99, 0.95)`` without the unwritten-field check."""
-        d = self.to_dict()
+        d = self._field_tensors()
         return {name: d.get(name) for name in _OWN}
 
-    def _estimate(self, function, args: dict, fields: dict | None = None):
-        """``functional.<function>(**args, **fields)`` (``fields``: the rollout's own by default)."""
-        if _OWN_SET.isdisjoint(args):  # (a field given twice: the functional call raises the TypeError)
-            self._reads(function, args)
-        return getattr(F, function)(**args, **(fields or self.estimator_fields()))
+    def _check(self, method, d: dict, names, args=None):
+        """Raise a ValueError naming the first of ``names`` (and ``bootstrap_values``, where ``args``
+        make the window end bootstrap: ``window_end='bootstrap'``, no ``carry=``) that ``method`` would
+        read unwritten (:meth:`_require`); ``d``: the fields, as :meth:`_field_tensors` gives them."""
+        pending = self.__dict__.get("_pending")
+        if not pending:
+            return
+        if args is not None and args.get("window_end", "bootstrap") == "bootstrap" and args.get("carry") is None:
+            names = (*names, "bootstrap_values")
+        for name in names:
+            hit = pending.get(name)
+            if hit is not None and d.get(name) is hit[0]:  # still the placeholder tensor: was it written?
+                self._require(method, (name,))
 
-    def _reads(self, function, args):
-        """The unwritten-field check (:meth:`_needs`) of a TD(λ)-family call."""
-        if function == "discounted_returns":  # values is not read; Monte Carlo reads no bootstrap
-            self._needs(function, args, "rewards", end=args.get("bootstrap", True) is not False)
+    def _run(self, call, method, args: dict, names=("rewards", "values")):
+        """``call`` (an estimator of :mod:`rollbuf.plans`) on ``args`` and the rollout's own fields."""
+        d = self._field_tensors()
+        if _OWN_SET.isdisjoint(args):  # (a field given twice: the call raises the TypeError)
+            self._check(method, d, names, args)
         else:
-            self._needs(function, args, "rewards", "values")
+            raise TypeError(f"Rollout.{method}() got multiple values for the rollout's own field(s) "
+                            f"{sorted(_OWN_SET & args.keys())} as arguments")
+        for name in _OWN:
+            args[name] = d.get(name)
+        return call(args)
 
     def gae(self, gamma, lam, **kw):
         """GAE advantages and returns: :func:`rollbuf.functional.gae`."""
-        return self._estimate("gae", dict(kw, gamma=gamma, lam=lam))
+        kw["gamma"] = gamma
+        kw["lam"] = lam
+        return self._run(F.GAE, "gae", kw)
 
     def advantages(self, gamma, lam, **kw):
         """The default advantage estimator (GAE): :func:`rollbuf.functional.advantages`."""
-        return self._estimate("advantages", dict(kw, gamma=gamma, lam=lam))
+        kw["gamma"] = gamma
+        kw["lam"] = lam
+        return self._run(F.ADVANTAGES, "advantages", kw)
 
     def lambda_returns(self, gamma, lam, **kw):
         """TD(λ) returns: :func:`rollbuf.functional.lambda_returns`."""
-        return self._estimate("lambda_returns", dict(kw, gamma=gamma, lam=lam))
+        kw["gamma"] = gamma
+        kw["lam"] = lam
+        return self._run(F.LAMBDA_RETURNS, "lambda_returns", kw)
 
     def discounted_returns(self, gamma, bootstrap=True, **kw):
         """Discounted returns: :func:`rollbuf.functional.discounted_returns`."""
-        f = self.estimator_fields()
-        if not bootstrap:
-            f["bootstrap_values"] = None
-        return self._estimate("discounted_returns", dict(kw, gamma=gamma, bootstrap=bootstrap), f)
+        kw["gamma"] = gamma
+        if bootstrap is True:
+            return self._run(F.DISCOUNTED_RETURNS, "discounted_returns", kw, ("rewards",))
+        d = self._field_tensors()
+        if not _OWN_SET.isdisjoint(kw):
+            raise TypeError(f"Rollout.discounted_returns() got multiple values for the rollout's own field(s) "
+                            f"{sorted(_OWN_SET & kw.keys())} as arguments")
+        if bootstrap is not False:
+            return F.discounted_returns(bootstrap=bootstrap, **kw, **{n: d.get(n) for n in _OWN})
+        self._check("discounted_returns", d, ("rewards",))  # Monte Carlo reads no bootstrap value
+        f = {n: d.get(n) for n in _OWN}
+        f["bootstrap_values"] = None
+        return F.discounted_returns(bootstrap=False, **kw, **f)
 
     def vtrace(self, target_log_probs, gamma, rho_bar=1.0, c_bar=1.0, pg_rho_bar=None, lam=1.0, **kw):
         """V-trace: :func:`rollbuf.functional.vtrace` (``log_probs`` is the behaviour policy)."""
-        self._needs("vtrace", kw, "rewards", "values", "log_probs")
-        return F.vtrace(target_log_probs, gamma, rho_bar, c_bar, pg_rho_bar, lam, **self._policy_fields(), **kw)
+        kw.update(target_log_probs=target_log_probs, gamma=gamma, rho_bar=rho_bar, c_bar=c_bar,
+                  pg_rho_bar=pg_rho_bar, lam=lam)
+        return self._policy(F.VTRACE, "vtrace", kw)
 
     def retrace(self, q_values, target_log_probs, gamma, lam=1.0, c_bar=1.0, **kw):
         """Retrace(λ): :func:`rollbuf.functional.retrace` (``values`` = E_π Q(s_t, ·))."""
-        self._needs("retrace", kw, "rewards", "values", "log_probs")
-        return F.retrace(q_values, target_log_probs, gamma, lam, c_bar, **self._policy_fields(), **kw)
+        kw.update(q_values=q_values, target_log_probs=target_log_probs, gamma=gamma, lam=lam, c_bar=c_bar)
+        return self._policy(F.RETRACE, "retrace", kw)
+
+    def _policy(self, call, method, kw):
+        """An off-policy estimator on the own fields and the behaviour policy's ``log_probs`` (a
+        ValueError naming it when absent)."""
+        d = self._field_tensors()
+        self._check(method, d, ("rewards", "values", "log_probs"), kw)
+        if d.get("log_probs") is None:
+            raise ValueError("log_probs (the behaviour policy's log-probabilities) is required by this estimator")
+        if not _OWN_SET.isdisjoint(kw) or "log_probs" in kw:
+            raise TypeError(f"Rollout.{method}() got multiple values for the rollout's own field(s) "
+                            f"{sorted((_OWN_SET | {'log_probs'}) & kw.keys())} as arguments")
+        for name in (*_OWN, "log_probs"):
+            kw[name] = d.get(name)
+        return call(kw)
 
     def eligibility_traces(self, x, gamma, lam, initial=None, **kw):
         """Eligibility traces of ``x`` ``[*B, T, *F]``: :func:`rollbuf.functional.eligibility_traces`."""
-        d = self.to_dict()
+        d = self._field_tensors()
         return F.eligibility_traces(x, gamma, lam, initial, terminated=d.get("terminated"),
                                     truncated=d.get("truncated"), mask=d.get("mask"), **kw)
 
     def episodic_sums(self, x=None, initial=None, **kw):
         """Running within-episode sums (default: of rewards): :func:`rollbuf.functional.episodic_sums`."""
+        d = self._field_tensors()
         if x is None:
-            self._require("episodic_sums", ("rewards",))
-        d = self.to_dict()
+            self._check("episodic_sums", d, ("rewards",))
         return F.episodic_sums(d.get("rewards") if x is None else x, initial, terminated=d.get("terminated"),
                                truncated=d.get("truncated"), mask=d.get("mask"), **kw)
-
-    def _policy_fields(self):
-        """The own fields and the behaviour policy's ``log_probs`` (a ValueError naming it when absent)."""
-        d = self.to_dict()
-        lp = d.get("log_probs")
-        if lp is None:
-            raise ValueError("log_probs (the behaviour policy's log-probabilities) is required by this estimator")
-        f = {name: d.get(name) for name in _OWN}
-        f["log_probs"] = lp
-        return f
 
     # -- TorchRL interop ------------------------------------------------------------------------
     # Not named from_tensordict/to_tensordict: those are tensorclass's own API (the decorator
@@ -415,7 +445,7 @@ class Rollout:
             bv = torch.where(boundary, bv, inside.to(bv.dtype))
             bv = torch.where((self.terminated != 0) | ~mask, torch.zeros_like(bv), bv)
         truncated = torch.zeros_like(self.terminated, dtype=torch.bool) if self.truncated is None else self.truncated
-        td = C.torchrl_from_fields(self.rewards, self.values, self.terminated, truncated,
+        td = C.torchrl_from_field_tensors(self.rewards, self.values, self.terminated, truncated,
                                    bv, self.log_probs, log_prob_key=log_prob_key)
         if self.mask is not None:
             td.set(mask_key, C.as_flags(self.mask, "mask"))

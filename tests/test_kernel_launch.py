@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import rollbuf.kernels as K
+from rollbuf import cache
 from rollbuf import functional as F
 from rollbuf.problem import Family, Problem
 from test_kernels import DEV, assert_ref, call, make
@@ -70,7 +71,7 @@ def test_a_cached_launch_runs_on_the_current_contents():
     fresh = K.run(_gae_problem(new, ("advantages", "returns"), want_carry=True))
     for a, b in zip(again[0] + (again[1],), fresh[0] + (fresh[1],)):
         assert torch.equal(a, b)
-    assert K.launch_for(p) is launch and K.LAUNCHES[K.signature(p, ())] is launch
+    assert K.launch_for(p) is launch and cache.PLANS["launch", K.signature(p, ())] is launch
 
 
 class _Jit:

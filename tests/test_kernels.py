@@ -18,6 +18,7 @@ import torch
 
 import rollbuf.kernels as K
 import rollbuf.kernels.host as H
+from rollbuf import cache
 from rollbuf import functional as F
 from rollbuf.problem import Family
 
@@ -593,8 +594,9 @@ def test_more_than_2_31_elements():
 
 
 def test_launch_cache_bookkeeping(monkeypatch):
-    """A launch is built once per signature and reused: a misaligned input, another dtype or another
-    shape is another signature, so another launch; a full cache starts over; forced choices are part
+    """A launch is built once per layout and reused: another dtype or another shape is another key, so
+    another plan and launch (a misaligned input is not: Triton specialises on alignment); a full cache
+    starts over; forced choices are part
     of the key; every result equals the reference, and every kernel pass is launched on each call."""
     from rollbuf.kernels import host as H
 
@@ -613,7 +615,7 @@ def test_launch_cache_bookkeeping(monkeypatch):
 
     monkeypatch.setattr(H, "Launch", Counting)
     monkeypatch.setattr(H.Kernel, "__call__", counting)
-    monkeypatch.setattr(H, "LAUNCHES", {})
+    cache.clear()
     f = make(3, 37, "term+trunc+mask", seed=9)
     ref = call("gae", f, "reference")
 
@@ -628,16 +630,16 @@ def test_launch_cache_bookkeeping(monkeypatch):
 
     check(f, 1)  # built, remembered
     check(f, 0)  # hit
-    check(dict(f, rewards=offset(f["rewards"])), 1)  # alignment differs: miss
+    # alignment is not in the key: the plan's launch runs it (Triton specialises on alignment itself)
     check(dict(f, rewards=offset(f["rewards"])), 0)
     check(dict(f, terminated=f["terminated"].to(torch.uint8)), 1)  # dtype differs: miss
     check(f, 0)
-    assert len(H.LAUNCHES) == 3
-    monkeypatch.setattr(H, "LAUNCHES_MAX", 3)
-    check(dict(f, values=offset(f["values"])), 1)  # a fourth key: the cache starts over
-    assert len(H.LAUNCHES) == 1
+    assert len(cache.PLANS) == 4  # two plans, and the launch each was made with
+    monkeypatch.setattr(cache, "MAX", 4)
+    check(dict(f, values=f["values"].double()), 1)  # a new layout past the bound: the cache starts over
+    assert len(cache.PLANS) == 2
     check(f, 1)  # built anew
-    monkeypatch.setattr(H, "LAUNCHES_MAX", 4096)
+    monkeypatch.setattr(cache, "MAX", 4096)
     with K.forced(split=True, presolve=True):  # three passes: two family launches and the resolve kernel
         check(f, 1, 3)
         check(f, 0, 3)
@@ -693,13 +695,13 @@ def test_direct_launch_respecializes():
             tol = 2e-2 if kind == "bf16" else 2e-5
             got = call(name, f, "triton")
             assert_ref(got, call(name, f, "reference"), tol)
-            saved = dict(H.LAUNCHES)
-            H.LAUNCHES.clear()
+            saved = dict(cache.PLANS)
+            cache.clear()
             try:
                 jit = call(name, f, "triton")  # a new launch: through Triton's JIT
             finally:
-                H.LAUNCHES.clear()
-                H.LAUNCHES.update(saved)
+                cache.clear()
+                cache.PLANS.update(saved)
             for a, b in zip(got, jit):
                 assert torch.equal(a, b), (name, kind)
 

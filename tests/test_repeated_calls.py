@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import rollbuf.kernels as K
-from rollbuf import estimators, validation
+from rollbuf import estimators, plans, validation
 from rollbuf import functional as F
 from rollbuf.testing import assert_matches_reference, estimator_call, make_rollout
 
@@ -39,7 +39,7 @@ def _fresh(seed, **kw):
 
 
 def _launches():
-    return set(map(id, K.LAUNCHES.values()))
+    return set(map(id, plans.launches()))
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -154,7 +154,7 @@ def test_the_cache_holds_no_tensor_of_a_call():
             f["bootstrap_values"] = f["bootstrap_values"][:, -1].clone()
         refs = [weakref.ref(t) for t in f.values() if isinstance(t, torch.Tensor)]
         out = estimator_call("gae", f, backend="triton", gamma=0.97, lam=0.9)()
-        assert K.LAUNCHES
+        assert plans.launches()
         del f, out
         gc.collect()
         assert all(r() is None for r in refs), "the launch cache holds a caller's tensor"
@@ -200,10 +200,10 @@ def test_other_forced_choices_build_their_own_launch():
     f["bootstrap_values"] = f["bootstrap_values"][:, -1].clone()
     call = estimator_call("advantages", f, backend="triton", gamma=0.97, lam=0.9)
     call()
-    plain = {la for la in K.LAUNCHES.values() if la.force == (("poison", True),)}
+    plain = {la for la in plans.launches() if la.force == (("poison", True),)}
     with K.forced(split=True, block_t=8, poison=True):
         out = call()
-    forced = [la for la in K.LAUNCHES.values() if dict(la.force).get("split") and la.family == "lambda"
+    forced = [la for la in plans.launches() if dict(la.force).get("split") and la.family == "lambda"
               and la.N == 3 and la.T == 37]
     assert forced and forced[0] not in plain and forced[0].strategy.split
     assert_matches_reference("advantages", out, f, gamma=0.97, lam=0.9)

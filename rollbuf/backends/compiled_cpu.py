@@ -93,53 +93,46 @@ def pool(workers: int):
         return _POOL["pool"]
 
 
-def _field(x, dt, nj, keep, per_step=True):
-    """``x`` ``[N, T]`` (or ``[N]``, ``[N, K]``: a column along time, a carry's components) as
-    ``(address, stride_g, stride_j, stride_t)``, its rows ``j`` (``nj``) or ``g``; converted to the
-    accumulation dtype ``dt`` where it is in another (``dt`` None: a flag, converted to bool where it
-    is neither bool nor uint8); ``None`` for an absent field. In the lanes order a per-step field
-    that is not time-major (a flag made ``[N, T]`` next to ``[T, N]`` buffers, a field broadcast over
-    the rows) is copied to time-major first: a transposing copy costs less than the loop over the
-    lanes when it cannot be vectorised."""
-    if x is None:
-        return None
-    if dt is None:
-        if x.dtype is not torch.bool and x.dtype is not torch.uint8:
-            x = x != 0
-            keep.append(x)
-    elif x.dtype is not dt:
-        x = x.to(dt)
-        keep.append(x)
+def _strides(x, nj, per_step=True):
+    """``(stride_g, stride_j, stride_t)`` of ``x`` ``[N, T]`` (or ``[N]``, ``[N, K]``) as the loop reads it,
+    its rows ``j`` (``nj``) or ``g``; ``None`` where the lanes order must copy it to time-major first (a
+    per-step field that is not time-major: a flag made ``[N, T]`` next to ``[T, N]`` buffers, a field
+    broadcast over the rows; a transposing copy costs less than a loop over lanes that cannot be
+    vectorised)."""
     s = x.stride()
     if nj and per_step and s[0] != 1 and len(s) > 1 and x.shape[1] > 1:
+        return None
+    st = s[1] if len(s) > 1 else 0
+    return (0, s[0], st) if nj else (s[0], 0, st)
+
+
+def _direct(x, dt) -> bool:
+    """Whether the loop reads ``x`` as it is: in the accumulation dtype ``dt`` (``dt`` None: a flag,
+    read as bool or uint8 bytes)."""
+    if dt is None:
+        return x.dtype is torch.bool or x.dtype is torch.uint8
+    return x.dtype is dt
+
+
+def _field(x, dt, nj, keep, per_step=True):
+    """``x`` as ``(address, stride_g, stride_j, stride_t)`` (:func:`_strides`); converted to the
+    accumulation dtype ``dt`` where it is in another (``dt`` None: a flag, converted to bool where it is
+    neither bool nor uint8), copied to time-major where the lanes order needs it (the copies are kept
+    alive in ``keep``); ``None`` for an absent field."""
+    if x is None:
+        return None
+    if not _direct(x, dt):
+        x = (x != 0) if dt is None else x.to(dt)
+        keep.append(x)
+    s = _strides(x, nj, per_step)
+    if s is None:
         src = (x.view(torch.uint8) if x.dtype is torch.bool else x).numpy()  # a flag: its bytes
         dst = np.empty(src.shape[::-1], src.dtype)
         _transpose(src, dst)  # on this thread (torch's copy would wake its thread pool)
         x = torch.from_numpy(dst).mT
         keep.append(x)
-        s = x.stride()
-    st = s[1] if len(s) > 1 else 0
-    return (x.data_ptr(), 0, s[0], st) if nj else (x.data_ptr(), s[0], 0, st)
-
-
-def _outputs(n, N, T, npdt, nj):
-    """``n`` (1 or 2) outputs ``[N, T]`` in the accumulation dtype, and what the driver writes them
-    through: views of ``[T, N]`` arrays when the rows are the lanes ``j`` (written in memory order)."""
-    if nj:
-        o = torch.from_numpy(np.empty((T, N), npdt).T)
-        res = [o] if n == 1 else [o, torch.from_numpy(np.empty((T, N), npdt).T)]
-        strides = (0, 1, N)
-    else:
-        o = torch.from_numpy(np.empty((N, T), npdt))
-        res = [o] if n == 1 else [o, torch.from_numpy(np.empty((N, T), npdt))]
-        strides = (T, 0, 1)
-    return res, ((o.data_ptr(),) if n == 1 else (o.data_ptr(), res[1].data_ptr()), strides)
-
-
-def _carry_out(N, k, npdt, nj, J=1):
-    """The carry out ``[N]`` (``[N, k]`` for ``k`` > 1, ``N = G·J``), and its address and strides."""
-    c = torch.from_numpy(np.empty((N,) if k == 1 else (N, k), npdt))
-    return c, ((c.data_ptr(), 0, k, 1) if nj else (c.data_ptr(), k * J, k, 1))
+        s = _strides(x, nj, per_step)
+    return (x.data_ptr(), *s)
 
 
 def _launch(driver, G, J, T, lanes, args):
@@ -178,34 +171,110 @@ _TD_LAMBDA, _FORWARD, _AFFINE, _ADJOINT = Family.TD_LAMBDA, Family.FORWARD, Fami
 
 
 class _Args(NamedTuple):
-    """One call as the loop reads it (see :func:`rollbuf.kernels.loop._drive`)."""
-    nj: bool  # the rows are the lanes j (time outermost)
+    """The forward estimators' features as the loop reads them (see :func:`rollbuf.kernels.loop._drive`)."""
     lanes: bool  # the lanes order
     G: int  # rows g
     J: int  # lanes j of each
-    data: tuple  # the main input and the step's data fields
+    data: tuple  # the main input
     bounds: list  # terminated, truncated, mask
     cin: tuple | None  # the carry in
-    res: list  # the outputs, as returned
-    outs: tuple  # their addresses and strides
+    res: list  # the output, as returned
+    outs: tuple  # its address and strides
 
 
-def _rows(p: Problem, row: Row, main: torch.Tensor, cin, npdt, keep: list) -> _Args:
-    """One feature: the rows of ``[N, T]``, in the lanes order when ``main`` is time-major."""
-    N, T, dt, f = main.shape[0], main.shape[1], p.compute_dtype, p.fields
-    nj = _time_major(main)  # the rows are the lanes j, time outermost
-    data = tuple([_field(main, dt, nj, keep)] + [_field(f.get(n), dt, nj, keep) for n in row.step_data])
-    bounds = [None if (x := f.get(n)) is None else _field(x, None, nj, keep) for n in _FLAG_NAMES]
-    n_out = row.step_outputs
-    if n_out is None:  # TD(λ): the returns always (G is its first output); the adjoint: as asked
-        n_out = (2 if "advantages" in p.outputs else 1) if p.family == _TD_LAMBDA else len(p.outputs)
-    res, outs = _outputs(n_out, N, T, npdt, nj)
-    return _Args(nj, nj, 1 if nj else N, N if nj else 1, data, bounds, _field(cin, dt, nj, keep, False), res, outs)
+class Plan:
+    """One layout of ``[N, T]`` rows on the compiled loops: everything but the tensors' addresses,
+    decided once from a validated problem (:class:`rollbuf.plans.Call` keeps it under the call's layout;
+    :func:`run` makes one per call).
+
+    ``plan.run(get, carry, scalars)`` runs it: ``get(name)`` gives the call's tensors by field name (those
+    the problem had; it must have the layout the plan was made for), ``carry`` the carry in and
+    ``scalars`` the family's parameters (``Row.scalars``) as floats. Returns what :func:`run` returns.
+    A field in the accumulation dtype and the loop's layout is read in place (``direct``); any other is
+    converted on each call (:func:`_field`)."""
+
+    __slots__ = ("N", "T", "nj", "G", "J", "npdt", "data", "bounds", "cin", "n_out", "pick", "cast",
+                 "out_dtype", "end_boot", "zero", "driver", "carry_shape", "forward", "direct")
+
+    def __init__(self, p: Problem):
+        row = FAMILIES[p.family]
+        dt, main, f = p.compute_dtype, p.main, p.fields
+        N, T = main.shape[0], main.shape[1]
+        self.N, self.T, self.npdt, self.zero = N, T, _NUMPY[dt], _ZERO[dt]
+        self.nj = nj = _time_major(main)  # the rows are the lanes j, time outermost
+        self.G, self.J = (1, N) if nj else (N, 1)
+
+        def slot(name, kind_dt, per_step=True):  # (name, dtype, per_step, strides: None unless read in place)
+            x = p.carry if name == "carry" else f.get(name)
+            if x is None:
+                return None
+            return name, kind_dt, per_step, _strides(x, nj, per_step) if _direct(x, kind_dt) else None
+
+        names = (next(n for n, x in f.items() if x is main), *row.step_data)
+        self.data = tuple(slot(n, dt) for n in names)
+        bv = None
+        self.end_boot = False
+        if row.backward:
+            # the window end reads V(s_T) unless a carry is given or it is terminal
+            self.end_boot = p.carry is None and p.window_end != "terminal" and not p.no_bootstrap
+            if self.end_boot and f.get("bootstrap_values") is None:
+                raise ValueError("bootstrap_values is required: the window end bootstraps from V(s_T)")
+            bv = None if p.no_bootstrap else slot("bootstrap_values", dt)
+        self.bounds = (*(slot(n, None) for n in _FLAG_NAMES), bv)
+        self.cin = slot("carry", dt, False)
+        n_out = row.step_outputs
+        if n_out is None:  # TD(λ): the returns always (G is its first output); the adjoint: as asked
+            n_out = (2 if "advantages" in p.outputs else 1) if p.family == _TD_LAMBDA else len(p.outputs)
+        self.n_out = n_out
+        # TD(λ)'s loop writes (G, A): each asked-for output's index among them
+        self.pick = tuple(1 if o == "advantages" else 0 for o in p.outputs) if p.family == _TD_LAMBDA else None
+        self.out_dtype = p.out_dtype
+        self.cast = p.out_dtype is not dt
+        self.forward = p.family in (_FORWARD, _AFFINE)  # the carry out is their last output, final
+        # the carry out: the forward families' and the affine scan's final, the adjoint's W_T; else asked for
+        shape: tuple[int, ...] | None = (N,) if row.state == 1 else (N, row.state)
+        self.carry_shape = shape if p.want_carry or not row.backward else None
+        self.driver = _DRIVERS[p.family, bool(p.reverse) if p.family == _AFFINE else row.backward]
+        self.direct = all(s is None or s[3] is not None for s in (*self.data, *self.bounds, self.cin))
+
+    def run(self, get, carry, scalars: tuple):
+        keep: list = []
+        nj = self.nj
+        data = tuple([None if s is None else (get(s[0]).data_ptr(), *s[3]) if s[3] is not None
+                      else _field(get(s[0]), s[1], nj, keep, s[2]) for s in self.data])
+        bounds = tuple([None if s is None else (get(s[0]).data_ptr(), *s[3]) if s[3] is not None
+                        else _field(get(s[0]), s[1], nj, keep, s[2]) for s in self.bounds])
+        s = self.cin
+        cin = None if s is None else (carry.data_ptr(), *s[3]) if s[3] is not None else _field(carry, s[1], nj, keep,
+                                                                                                False)
+        N, T, npdt = self.N, self.T, self.npdt
+        if nj:  # written in memory order: [N, T] views of [T, N] arrays
+            res = [torch.from_numpy(np.empty((T, N), npdt).T) for _ in range(self.n_out)]
+            outs = (tuple([o.data_ptr() for o in res]), (0, 1, N))
+        else:
+            res = [torch.from_numpy(np.empty((N, T), npdt)) for _ in range(self.n_out)]
+            outs = (tuple([o.data_ptr() for o in res]), (T, 0, 1))
+        co = cout = None
+        if self.carry_shape is not None:
+            co = torch.from_numpy(np.empty(self.carry_shape, npdt))
+            k = 1 if len(self.carry_shape) == 1 else self.carry_shape[1]
+            cout = (co.data_ptr(), 0, k, 1) if nj else (co.data_ptr(), k, k, 1)
+        args = ((bounds, data), outs, cin, cout, (self.zero, self.end_boot, scalars))
+        if N * T >= PARALLEL_MIN_ELEMENTS:
+            _launch(self.driver, self.G, self.J, T, nj, args)
+        else:
+            self.driver((0, self.G, 0, self.J, T), *args, True if nj else None)
+        if self.pick is not None:
+            res = [res[i] for i in self.pick]
+        if self.cast:
+            res = [o.to(self.out_dtype) for o in res]
+        if self.forward:  # (y, final): final is an output
+            return (*res, co), None
+        return tuple(res), co
 
 
-def _features(p: Problem, main: torch.Tensor, cin, npdt, keep: list) -> _Args:
-    """The forward estimators' features ``[N, T, F]``: the features of row g are its lanes j, time
-    outermost where they are nearer than steps."""
+def _feature_args(p: Problem, main: torch.Tensor, cin, npdt, keep: list) -> _Args:
+    """The loop's arguments for the features ``[N, T, F]`` of ``main``."""
     N, T, Fn = main.shape
     dt, s = p.compute_dtype, main.stride()
     data = ((main.data_ptr(), s[0], s[2], s[1]),)
@@ -217,20 +286,7 @@ def _features(p: Problem, main: torch.Tensor, cin, npdt, keep: list) -> _Args:
         keep.append(cin)
         cin = (cin.data_ptr(), cin.stride(0), cin.stride(1), 0)
     out = torch.from_numpy(np.empty((N, T, Fn), npdt))
-    return _Args(False, s[2] < s[1], N, Fn, data, bounds, cin, [out], ((out.data_ptr(),), (T * Fn, 1, Fn)))
-
-
-def _window_end(p: Problem, row: Row, nj: bool, keep: list):
-    """``(end_boot, bootstrap_values)``: whether the window end reads ``V(s_T)``, and the field the loop
-    reads it from (``None``: no step reads one)."""
-    if not row.backward:
-        return False, None
-    bv = None if p.no_bootstrap else p.fields.get("bootstrap_values")
-    # the window end reads V(s_T) unless a carry is given or it is terminal
-    end_boot = p.carry is None and p.window_end != "terminal" and not p.no_bootstrap
-    if end_boot and bv is None:
-        raise ValueError("bootstrap_values is required: the window end bootstraps from V(s_T)")
-    return end_boot, _field(bv, p.compute_dtype, nj, keep)
+    return _Args(s[2] < s[1], N, Fn, data, bounds, cin, [out], ((out.data_ptr(),), (T * Fn, 1, Fn)))
 
 
 def _empty(p: Problem):
@@ -242,21 +298,6 @@ def _empty(p: Problem):
     if p.family == _AFFINE:
         return (torch.empty((N, T), dtype=od), c), None
     return tuple(torch.zeros((N, T), dtype=od) for _ in p.outputs), c
-
-
-def _results(p: Problem, res: list, carry: torch.Tensor | None, shape):
-    """The loop's outputs in ``p.outputs`` order and ``p.out_dtype``, and the carry, as ``run`` returns them."""
-    fam = p.family
-    if fam == _TD_LAMBDA:
-        res = [res[1] if o == "advantages" else res[0] for o in p.outputs]
-    if p.out_dtype is not p.compute_dtype:
-        res = [o.to(p.out_dtype) for o in res]
-    if fam == _FORWARD:
-        assert carry is not None  # the forward families' final: always made
-        return (res[0].reshape(shape), carry.reshape(shape[0], *shape[2:])), None
-    if fam == _AFFINE:
-        return (res[0], carry), None
-    return tuple(res), carry
 
 
 def run(p: Problem):
@@ -286,19 +327,36 @@ def run(p: Problem):
     Fn = math.prod(shape[2:]) if fam == _FORWARD else 1  # the forward estimators' features
     if N == 0 or T == 0 or Fn == 0:
         return _empty(p)
+    if fam != _FORWARD or main.dim() == 2:  # rows of [N, T]
+        return Plan(p).run(p.fields.get, p.carry, scalars(p, row))
+    return _features(p, row, Fn, npdt)
+
+
+def scalars(p: Problem, row: Row) -> tuple:
+    """The family's parameters of ``p`` (``Row.scalars``) as the loop takes them."""
+    return tuple([float(getattr(p, n)) for n in row.scalars])
+
+
+def _features(p: Problem, row: Row, Fn: int, npdt):
+    """The forward estimators' features ``[N, T, *F]``: the features of row g are its lanes j, time
+    outermost where they are nearer than steps."""
+    dt, shape = p.compute_dtype, p.main.shape
+    N, T = shape[0], shape[1]
     keep: list = []
+    main = p.main
+    main = (main if main.dtype is dt else main.to(dt)).reshape(N, T, Fn)  # a view unless they cannot merge
+    keep.append(main)
     cin = p.carry
-    if fam == _FORWARD:
-        main = (main if main.dtype is dt else main.to(dt)).reshape(N, T, Fn)  # a view unless they cannot merge
-        keep.append(main)
-        if Fn == 1:  # one feature: rows as for the other families
-            main = main[:, :, 0]
-            cin = None if cin is None else cin.reshape(N)
-    a = _rows(p, row, main, cin, npdt, keep) if Fn == 1 else _features(p, main, cin, npdt, keep)
-    end_boot, bv = _window_end(p, row, a.nj, keep)
-    # the carry out: the forward families' and the affine scan's final, the adjoint's W_T; else asked for
-    carry, cout = _carry_out(N * Fn, row.state, npdt, a.nj, a.J) if p.want_carry or not row.backward else (None, None)
-    prm = (_ZERO[dt], end_boot, tuple([float(getattr(p, n)) for n in row.scalars]))
-    driver = _DRIVERS[fam, bool(p.reverse) if fam == _AFFINE else row.backward]
-    _launch(driver, a.G, a.J, T, a.lanes, ((tuple([*a.bounds, bv]), a.data), a.outs, a.cin, cout, prm))
-    return _results(p, a.res, carry, shape)
+    if Fn == 1:  # one feature: rows as for the other families
+        a = Plan(p.evolve(fields=dict(p.fields, x=main[:, :, 0]), carry=None if cin is None else cin.reshape(N)))
+        (y, final), _ = a.run(lambda n: main[:, :, 0] if n == "x" else p.fields.get(n),
+                          None if cin is None else cin.reshape(N), scalars(p, row))
+        return (y.reshape(shape), final.reshape(N, *shape[2:])), None
+    fa = _feature_args(p, main, cin, npdt, keep)
+    co = torch.from_numpy(np.empty((N * Fn,), npdt))
+    cout = (co.data_ptr(), Fn, 1, 1)
+    prm = (_ZERO[dt], False, scalars(p, row))
+    _launch(_DRIVERS[p.family, False], fa.G, fa.J, T, fa.lanes, ((tuple([*fa.bounds, None]), fa.data), fa.outs,
+                                                                 fa.cin, cout, prm))
+    res = fa.res[0] if p.out_dtype is dt else fa.res[0].to(p.out_dtype)
+    return (res.reshape(shape), co.reshape(N, *shape[2:])), None

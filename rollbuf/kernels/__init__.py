@@ -14,7 +14,8 @@ CPU loop, its analytic adjoint and its row of the kernel table.
   chunk of it), :mod:`~rollbuf.kernels.resolve` (the middle pass of a split single row) and
   :mod:`~rollbuf.kernels.loop` (the numba side: the one loop over a row's steps);
 * :mod:`~rollbuf.kernels.host`: the strategy table, the :class:`Launch` built once per call
-  signature (layout, strategy, grid, constexprs) and cached under it, launched by keyword through
+  signature (layout, strategy, grid, constexprs) and kept in the one plan cache (:mod:`rollbuf.cache`),
+  launched by keyword through
   Triton's JIT call, and :func:`run` (the ahead-of-time compile matrix, a developer tool, is
   ``tools/aot.py`` at the repository root).
 * :mod:`~rollbuf.kernels.group_stats`: the group statistics of :func:`rollbuf.groups.group_stats`
@@ -26,8 +27,8 @@ the kernels from the same source the torch backend runs.
 
 from rollbuf.kernels.families import FAMILIES  # noqa: F401
 from rollbuf.kernels.host import (  # noqa: F401
+    FORCE,
     GATHER_MAX_T,
-    LAUNCHES,
     MAX_CHUNK,
     PRESOLVE_MAX_ROWS,
     TILE,

@@ -28,6 +28,7 @@ import threading
 import attrs
 import torch
 
+from rollbuf import cache
 from rollbuf.kernels.families import FAMILIES
 from rollbuf.kernels.row import LongRows, WholeRows
 from rollbuf.problem import Family, Problem
@@ -194,7 +195,8 @@ def device_sms(device: torch.device) -> int:
 
 # ---- explicit choices for tests and experiments --------------------------------------------------
 
-_FORCE: contextvars.ContextVar = contextvars.ContextVar("rollbuf_kernels_force", default=())
+#: the kernel choices in force (a sorted tuple of (name, value)); part of every plan's key
+FORCE: contextvars.ContextVar = contextvars.ContextVar("rollbuf_kernels_force", default=())
 _FORCE_KEYS = ("block_t", "split", "shift_load", "max_chunk", "block_n", "presolve", "num_warps",
                "resolve_block_r", "flip", "poison", "layout")
 
@@ -209,18 +211,18 @@ def forced(**choices):
     bad = set(choices) - set(_FORCE_KEYS)
     if bad:
         raise TypeError(f"unknown kernel choice(s): {sorted(bad)}; known: {_FORCE_KEYS}")
-    merged = dict(_FORCE.get())
+    merged = dict(FORCE.get())
     merged.update({k: v for k, v in choices.items()})
-    token = _FORCE.set(tuple(sorted((k, v) for k, v in merged.items() if v is not None)))
+    token = FORCE.set(tuple(sorted((k, v) for k, v in merged.items() if v is not None)))
     try:
         yield
     finally:
-        _FORCE.reset(token)
+        FORCE.reset(token)
 
 
 def forced_choices() -> dict:
     """The choices in force here (of the enclosing :func:`forced` blocks, merged)."""
-    return dict(_FORCE.get())
+    return dict(FORCE.get())
 
 
 # CARRY_IN and PASS values (rollbuf.kernels.core holds the same as constexprs)
@@ -401,7 +403,8 @@ class Launch:
         self.conv = tuple(conv)
         self.carry_in = carry_in
         # the field read in each slot of the kernel's fields tuple (the [N] column goes in as the carry)
-        self.slot_names = tuple(None if self.column and name == "bootstrap_values" else name for name in fam.fields)
+        self.slot_names = tuple(None if (self.column and name == "bootstrap_values") or name is None
+                                or f.get(name) is None else name for name in fam.fields)
         # a field laid out as the outputs are (dtype, shape, strides): they are allocated like it
         # (torch.empty_like costs about half of torch.empty with a shape, dtype and device)
         if tm:
@@ -509,6 +512,27 @@ class Launch:
             return (*outs, co), None
         return tuple(outs), co
 
+    def plannable(self, p: Problem) -> bool:
+        """Whether :meth:`run` serves the calls of this launch's signature with their tensors as they
+        are (nothing to empty, convert or make contiguous first)."""
+        if self.empty or self.conv:
+            return False
+        if self.carry_in == STATE:
+            return p.carry is not None and p.carry.is_contiguous()
+        return not self.column or p.fields["bootstrap_values"].is_contiguous()
+
+    def run(self, get, carry, scalars: tuple):
+        """Run on the tensors ``get(name)`` (and ``carry``) of a call with this launch's signature, whose
+        fields need no conversion (:meth:`plannable`); ``scalars``: the family's parameters in
+        ``Row.scalars`` order. Returns what ``launch(p)`` returns."""
+        fields = tuple([None if n is None else get(n) for n in self.slot_names])
+        ci = carry if self.carry_in == STATE else get("bootstrap_values") if self.column else None
+        arguments, outs, co, ws = self.prepare(fields, ci, dict(zip(self.scalars, scalars)))
+        self.launch(arguments, ws)
+        if self.forward_final:
+            return (*outs, co), None
+        return tuple(outs), co
+
     def inputs(self, p: Problem) -> tuple:
         """``(fields, carry in, scalars)`` of ``p`` as the kernel reads them (scalars by parameter name)."""
         if self.carry_in == STATE:
@@ -580,11 +604,7 @@ class Launch:
         return tuple(outs), (init if self.want_carry else None)
 
 
-# ---- the cache -----------------------------------------------------------------------------------
-
-LAUNCHES: dict = {}
-LAUNCHES_MAX = 4096  # exact shapes are in the key: varying shapes (LLM batches) must not grow it without bound
-
+# ---- the cache ------------------------------------------------------------------------------------
 
 _NAMES = {family: tuple(n for n in fam.fields if n is not None) for family, fam in FAMILIES.items()}
 
@@ -605,14 +625,12 @@ def signature(p: Problem, force: tuple = ()) -> tuple:
 
 
 def launch_for(p: Problem) -> Launch:
-    """The cached :class:`Launch` of ``p``'s signature (built, and so validated, once)."""
-    force = _FORCE.get()
-    key = signature(p, force)
-    hit = LAUNCHES.get(key)
+    """The :class:`Launch` of ``p``'s signature, kept in the one plan cache (:data:`rollbuf.cache.PLANS`,
+    under ``("launch", signature)``): built, and so validated, once."""
+    key = ("launch", signature(p, FORCE.get()))
+    hit = cache.PLANS.get(key)
     if hit is None:
-        if len(LAUNCHES) >= LAUNCHES_MAX:
-            LAUNCHES.clear()
-        hit = LAUNCHES[key] = Launch(p, force)
+        hit = cache.remember(key, Launch(p, FORCE.get()))
     return hit
 
 
