@@ -86,6 +86,11 @@ _WRITTEN_BY = {
 _STEP_FIELDS = ("rewards", "values", "terminated", "truncated", "log_probs", "bootstrap_values", "mask")
 _OWN = ("rewards", "values", "terminated", "truncated", "bootstrap_values", "mask")  # what estimator_fields() passes
 _OWN_SET = frozenset(_OWN)
+_FLAG_FIELDS = frozenset(("terminated", "truncated", "mask"))
+_FLAG_DTYPES = (torch.bool, torch.uint8)
+# entries of a rollout's placeholders that are not fields: the window was closed by bootstrap(), and
+# recorded again since
+_CLOSED, _REOPENED = "(closed)", "(reopened)"
 
 
 _ROLLOUT_DOC = """A window of ``[*B, T]`` steps (``B`` = envs, or envs × agents; time is the last dim).
@@ -149,6 +154,10 @@ class Rollout:
         if dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
             raise TypeError(f"dtype must be a floating-point dtype, got {dtype}")
         shape = (*B, horizon)
+        try:
+            torch.empty(0, device=device)
+        except (RuntimeError, AssertionError, TypeError) as e:  # e.g. "cuda" without CUDA: torch's bare assertion
+            raise ValueError(f"Rollout.empty: device={device!r} cannot hold tensors here ({e})") from None
 
         def nan():
             return torch.full(shape, float("nan"), dtype=dtype, device=device)
@@ -225,6 +234,11 @@ class Rollout:
             if col is None:
                 raise ValueError(f"{name} was not allocated for this rollout; construct it with that field")
             value = _real_tensor(f"{name} at step {t}", value, col.device)
+            if name in _FLAG_FIELDS and not (value.dtype in _FLAG_DTYPES or value.is_floating_point()):
+                raise TypeError(
+                    f"{name} at step {t} must be a bool, uint8 or floating-point flag (nonzero = set, as "
+                    f"every estimator reads a flag), got dtype {value.dtype}; pass a bool array"
+                )
             if tuple(value.shape) != tuple(col.shape[:-1]):
                 raise ValueError(f"{name} at step {t} must have shape {tuple(col.shape[:-1])}, got {tuple(value.shape)}")
             # a recorded bootstrap value (V(s'_t) after a truncation) does not close the window:
@@ -235,7 +249,14 @@ class Rollout:
                 self.__dict__["_pending"][name] = _stamp(col)
             elif name in _WRITTEN_BY:
                 self._unwritten(name, col)  # drops it from the placeholders (written in place now)
+        if step and self._closed_once():  # a new window recorded over a closed one: closed again by bootstrap()
+            self.__dict__["_pending"][_REOPENED] = True
         return self
+
+    def _closed_once(self) -> bool:
+        """Whether :meth:`bootstrap` closed this rollout's window (and it was not reopened since)."""
+        pending = self.__dict__.get("_pending")
+        return pending is not None and pending.get(_CLOSED) is True and _REOPENED not in pending
 
     def bootstrap(self, last_values):
         """Close the window: ``V(s_T)``, the value of the state after the last step, ``[*B]`` (a
@@ -276,8 +297,12 @@ class Rollout:
     def _closed(self):
         """Mark the window closed (bootstrap_values written for the window end); returns ``self``."""
         pending = self.__dict__.get("_pending")
-        if pending is not None:
-            pending.pop("bootstrap_values", None)
+        if pending is None:
+            pending = _Placeholders()
+            object.__setattr__(self, "_pending", pending)
+        pending.pop("bootstrap_values", None)
+        pending.pop(_REOPENED, None)
+        pending[_CLOSED] = True
         return self
 
     # -- estimators -----------------------------------------------------------------------------
@@ -311,6 +336,13 @@ class Rollout:
             hit = pending.get(name)
             if hit is not None and d.get(name) is hit[0]:  # still the placeholder tensor: was it written?
                 self._require(method, (name,))
+            if name == "bootstrap_values" and _REOPENED in pending:
+                raise ValueError(
+                    f"Rollout.{method} reads bootstrap_values at the window end (V(s_T)), but the window was "
+                    "recorded again since Rollout.bootstrap closed it: call Rollout.bootstrap(last_values) "
+                    "for the new window (to keep the old V(s_T), pass it again), or pass window_end='terminal' "
+                    "or carry="
+                )
 
     def _run(self, call, method, args: dict, names=("rewards", "values")):
         """``call`` (an estimator of :mod:`rollbuf.plans`) on ``args`` and the rollout's own fields."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -561,6 +562,7 @@ def test_a_field_never_recorded_is_named_with_the_call_that_writes_it(name):
     with pytest.raises(ValueError, match=r"rewards.*record\(t, rewards=\.\.\.\)"):
         call(ro, backend="torch")
     ro.record(0, rewards=torch.ones(3))  # one step is enough to count as written (a missed step is NaN)
+    ro.bootstrap(torch.zeros(3))  # recorded since the window was closed: closed again
     if reads_values:
         with pytest.raises(ValueError, match=r"values.*record\(t, values=\.\.\.\)"):
             call(ro, backend="torch")
@@ -664,3 +666,45 @@ def test_bootstrap_takes_numpy_arrays_as_record_does():
     one = Rollout.empty((), 3)  # no batch dims: V(s_T) is a 0-d array or a NumPy scalar
     one.bootstrap(np.float32(5.0))
     assert one.bootstrap_values[-1].item() == 5.0
+
+
+def test_a_window_recorded_again_must_be_closed_again():
+    """A second window recorded over a closed one does not reuse the first window's V(s_T): an estimator
+    that reads the window end refuses it until bootstrap() closes the new window (passing the old
+    value again is the explicit way to keep it); one that does not read it runs."""
+    ro = Rollout.empty(2, 3)
+    for t in range(3):
+        ro.record(t, rewards=torch.ones(2), values=torch.zeros(2), terminated=torch.zeros(2, dtype=torch.bool))
+    ro.bootstrap(torch.full((2,), 5.0))
+    first = ro.gae(0.9, 0.8, backend="torch")
+    ro.record(0, rewards=torch.full((2,), 2.0))
+    for method in (lambda: ro.gae(0.9, 0.8), lambda: ro.discounted_returns(0.9)):
+        with pytest.raises(ValueError, match=r"recorded again since Rollout\.bootstrap closed it"):
+            method()
+    ro.gae(0.9, 0.8, window_end="terminal")  # the window end is not read
+    ro.discounted_returns(0.9, bootstrap=False)
+    ro.bootstrap(torch.full((2,), 5.0))
+    again = ro.gae(0.9, 0.8, backend="torch")
+    assert torch.allclose(again.advantages[:, 1:], first.advantages[:, 1:])
+    assert not torch.allclose(again.advantages[:, 0], first.advantages[:, 0])
+
+
+def test_record_takes_flags_by_the_estimators_rule():
+    """Flags are bool, uint8 or floating point (nonzero = set), as every estimator reads them; an
+    int64 flag is refused naming the field, as the estimators refuse it."""
+    ro = Rollout.empty(2, 3)
+    with pytest.raises(TypeError, match="terminated at step 0 must be a bool, uint8 or floating-point"):
+        ro.record(0, terminated=torch.tensor([0, 2]))
+    with pytest.raises(TypeError, match="truncated"):
+        ro.record(0, truncated=[0, 1])
+    with pytest.raises(TypeError, match="terminated"):
+        F.gae(0.9, 0.8, rewards=torch.zeros(2, 3), values=torch.zeros(2, 3),
+              terminated=torch.zeros(2, 3, dtype=torch.int64), window_end="terminal")
+    ro.record(1, terminated=torch.tensor([0.0, 0.5]), truncated=np.array([True, False]))
+    assert ro.terminated[:, 1].tolist() == [False, True] and ro.truncated[:, 1].tolist() == [True, False]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_empty_on_a_device_that_is_not_there_names_it():
+    with pytest.raises(ValueError, match=r"Rollout\.empty: device='cuda'"):
+        Rollout.empty(2, 3, device="cuda")
