@@ -477,7 +477,7 @@ class Rollout:
             bv = torch.where(boundary, bv, inside.to(bv.dtype))
             bv = torch.where((self.terminated != 0) | ~mask, torch.zeros_like(bv), bv)
         truncated = torch.zeros_like(self.terminated, dtype=torch.bool) if self.truncated is None else self.truncated
-        td = C.torchrl_from_field_tensors(self.rewards, self.values, self.terminated, truncated,
+        td = C.torchrl_from_fields(self.rewards, self.values, self.terminated, truncated,
                                    bv, self.log_probs, log_prob_key=log_prob_key)
         if self.mask is not None:
             td.set(mask_key, C.as_flags(self.mask, "mask"))

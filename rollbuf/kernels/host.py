@@ -1,10 +1,9 @@
 """Host side of the kernels: the strategy table, the launch and its cache.
 
 A :class:`Launch` is everything about a call that does not change while its tensors' shapes,
-strides, dtypes, alignment and device stay the same: the family's kernel, the call's layout (which
-fields must be made to match it), the strategy, the grid and the constexprs. Launches are cached
-under a cheap signature of the call (:func:`signature`, :data:`LAUNCHES`: the one signature cache of
-the package). Each run launches the family's kernel through Triton's public JIT call with keyword
+strides, dtypes and device stay the same: the family's kernel, the call's layout (which fields must
+be made to match it), the strategy, the grid and the constexprs. Launches are kept in the one plan
+cache (:data:`rollbuf.cache.PLANS`) under a cheap signature of the call (:func:`signature`). Each run launches the family's kernel through Triton's public JIT call with keyword
 arguments, ``kernel[grid](fields=..., p_adv=..., R=..., gamma=..., CARRY_IN=..., num_warps=...)``:
 the names are the kernel's parameter names (checked against its signature when the launch is
 built), so no argument order is written down outside the kernel itself.
@@ -610,9 +609,10 @@ _NAMES = {family: tuple(n for n in fam.fields if n is not None) for family, fam 
 
 
 def signature(p: Problem, force: tuple = ()) -> tuple:
-    """What a :class:`Launch` depends on: family, outputs, every field's dtype, shape, strides and
-    16-byte alignment, the carry's, the device, the dtypes and the flags of the call; not the scalar
-    parameters (they are arguments of every launch)."""
+    """What a :class:`Launch` depends on: family, outputs, every field's dtype, shape and strides, the
+    carry's, the device, the dtypes and the flags of the call; not the scalar parameters (they are
+    arguments of every launch), nor the tensors' alignment (the launch goes through Triton's JIT,
+    which specialises on it by itself)."""
     f = p.fields
     key = [p.family, p.outputs, p.main.device, p.compute_dtype, p.out_dtype, p.window_end, p.no_bootstrap,
            p.want_carry, p.reverse, p.feature_shape, force]
@@ -620,7 +620,7 @@ def signature(p: Problem, force: tuple = ()) -> tuple:
         if t is None:
             key.append(None)
         else:
-            key += (t.dtype, t.shape, t.stride(), t.data_ptr() % 16 == 0)
+            key += (t.dtype, t.shape, t.stride())
     return tuple(key)
 
 
