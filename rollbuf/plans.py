@@ -43,6 +43,7 @@ _WINDOW_END_FAMILIES = (Family.TD_LAMBDA, Family.RETRACE, Family.VTRACE)  # thei
 _FLAT_FAMILIES = (Family.TD_LAMBDA, Family.RETRACE, Family.VTRACE, Family.FORWARD)  # planned
 _FORWARD = Family.FORWARD
 _is_grad_enabled = torch.is_grad_enabled
+_Tensor = torch.Tensor
 _REGISTRY = estimators.REGISTRY
 
 
@@ -77,7 +78,12 @@ class Call:
         try:
             for name in self.key_names:
                 x = get(name)
-                key.append(None if x is None else (type(x), x.dtype, x.shape, x.stride(), x.device, x.requires_grad))
+                if x is None:
+                    key.append(None)
+                elif type(x) is _Tensor:  # a plain tensor (a subclass, or anything else: the checked path)
+                    key += (x.dtype, x.shape, x.stride(), x.device, x.requires_grad)
+                else:
+                    return self.checked(kw)
             key_t = tuple(key)
             plan = cache.PLANS.get(key_t)
         except (AttributeError, TypeError):  # not a tensor, an unhashable option: the checked path names it

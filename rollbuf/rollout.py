@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import operator
 import sys
+from collections.abc import ItemsView
+from typing import TYPE_CHECKING
 
 import torch
 from tensordict import tensorclass
@@ -11,6 +13,7 @@ from tensordict import tensorclass
 from rollbuf import functional as F
 from rollbuf import windows
 from rollbuf.boundary import conventions as C
+
 
 def _index(v) -> int | None:
     """``v`` as an int: a Python int, a NumPy integer or a 0-d integer tensor; ``None`` for anything
@@ -120,6 +123,16 @@ class Rollout:
     bootstrap_values: torch.Tensor | None = None
     mask: torch.Tensor | None = None
 
+    if TYPE_CHECKING:  # what @tensorclass adds at runtime, as a type checker should see it
+        batch_size: torch.Size
+
+        def __init__(self, *, rewards: torch.Tensor, values: torch.Tensor, terminated: torch.Tensor,
+                     truncated: torch.Tensor | None = None, log_probs: torch.Tensor | None = None,
+                     bootstrap_values: torch.Tensor | None = None, mask: torch.Tensor | None = None,
+                     batch_size=None, device=None) -> None: ...
+
+        def items(self) -> ItemsView[str, torch.Tensor]: ...
+
     def __post_init__(self):
         # every construction path (direct, indexing, stacking, .to) ends here: the batch must be the
         # fields' own shape [*B, T], or every estimator would read a wrong T
@@ -185,7 +198,9 @@ class Rollout:
         closed with :meth:`bootstrap`). A rollout built from tensors (the constructor,
         :meth:`from_torchrl`, or indexing, ``.to``, stacking another rollout) has none."""
         pending = self.__dict__.get("_pending")
-        hit = None if pending is None else pending.get(name)
+        if pending is None:
+            return False
+        hit = pending.get(name)
         if hit is None:
             return False
         if (getattr(self, name) if current is None else current) is hit[0] and _stamp(hit[0]) == hit:
@@ -233,18 +248,19 @@ class Rollout:
             col = getattr(self, name)
             if col is None:
                 raise ValueError(f"{name} was not allocated for this rollout; construct it with that field")
-            value = _real_tensor(f"{name} at step {t}", value, col.device)
-            if name in _FLAG_FIELDS and not (value.dtype in _FLAG_DTYPES or value.is_floating_point()):
+            x = _real_tensor(f"{name} at step {t}", value, col.device)
+            if name in _FLAG_FIELDS and not (x.dtype in _FLAG_DTYPES or x.is_floating_point()):
                 raise TypeError(
                     f"{name} at step {t} must be a bool, uint8 or floating-point flag (nonzero = set, as "
-                    f"every estimator reads a flag), got dtype {value.dtype}; pass a bool array"
+                    f"every estimator reads a flag), got dtype {x.dtype}; pass a bool array"
                 )
-            if tuple(value.shape) != tuple(col.shape[:-1]):
-                raise ValueError(f"{name} at step {t} must have shape {tuple(col.shape[:-1])}, got {tuple(value.shape)}")
+            if tuple(x.shape) != tuple(col.shape[:-1]):
+                raise ValueError(f"{name} at step {t} must have shape {tuple(col.shape[:-1])}, "
+                                 f"got {tuple(x.shape)}")
             # a recorded bootstrap value (V(s'_t) after a truncation) does not close the window:
             # bootstrap_values stays unwritten for the window end until bootstrap()
             end_open = name == "bootstrap_values" and self._unwritten(name, col)
-            col[..., t] = value
+            col[..., t] = x
             if end_open:
                 self.__dict__["_pending"][name] = _stamp(col)
             elif name in _WRITTEN_BY:

@@ -42,7 +42,7 @@ WINDOW_ENDS = ("bootstrap", "terminal")
 _FINITE = {"on": os.environ.get("ROLLBUF_CHECK_FINITE", "") not in ("", "0")}
 
 
-class check_finite:  # noqa: N801 (used like a function)
+class check_finite:
     """Switch the non-finite input check on (or off): ``rollbuf.check_finite()`` for the rest of the
     process, ``with rollbuf.check_finite(): ...`` for a block (the previous setting comes back on
     exit); ``ROLLBUF_CHECK_FINITE=1`` in the environment switches it on at import. The switch is
@@ -76,9 +76,21 @@ def checking_finite() -> bool:
 def first_non_finite(p: Problem):
     """``(field, row, step, value)`` of the first non-finite value ``p`` reads (row and step in the
     flattened ``[N, T]``; step ``None`` for a per-row input), or ``None``. One device sync."""
-    f = p.fields
+    hit = _first_bad_field(p)
+    if hit is None and p.fields.get("bootstrap_values") is not None and not p.no_bootstrap:
+        hit = _first_bad_bootstrap(p)
+    if hit is None and p.carry is not None:
+        bad = ~torch.isfinite(p.carry).reshape(p.carry.shape[0], -1).any(-1, keepdim=True)
+        at = _first(bad)
+        if at is not None:
+            hit = ("initial" if p.family == Family.FORWARD else "carry"), at[0], None, float("nan")
+    return hit
+
+
+def _first_bad_field(p: Problem):
+    """:func:`first_non_finite` over the per-step float fields but ``bootstrap_values``."""
     m = p.flag("mask")
-    for name, x in f.items():
+    for name, x in p.fields.items():
         if x is None or not x.is_floating_point() or name in ("bootstrap_values",) or _is_flag(p, name):
             continue
         bad = ~torch.isfinite(x)
@@ -89,35 +101,36 @@ def first_non_finite(p: Problem):
         hit = _first(bad)
         if hit is not None:
             return name, hit[0], hit[1], float(x[hit[0], hit[1]].reshape(-1)[0])
-    bv = f.get("bootstrap_values")
-    if bv is not None and not p.no_bootstrap:
-        N, T = p.num_rows, p.num_steps
-        read = windows.bootstrap_read(f.get("terminated"), f.get("truncated"), f.get("mask"))
-        read = torch.zeros(N, T, dtype=torch.bool, device=bv.device) if read is None else read
-        end_read = p.carry is None and p.window_end == "bootstrap"
-        if bv.dim() == 2:
-            if end_read and T:
-                j = windows.window_end_index(f.get("mask"), (N, T), bv.device)
-                j = torch.where(j < 0, T - 1, j)
-                read = read.scatter(-1, j.unsqueeze(-1), True)
-            k = p.flag("terminated")
-            if k is not None:  # a terminated step reads no value; a flag at a masked step is ignored
-                m_ = p.flag("mask")
-                read = read & ~(k if m_ is None else k & m_)
-            hit = _first(read & ~torch.isfinite(bv))
-            if hit is not None:
-                return "bootstrap_values", hit[0], hit[1], float(bv[hit[0], hit[1]])
-        elif end_read or read.any():
-            k_end = windows.window_end_value(torch.ones(N, device=bv.device), f.get("terminated"),
-                                             f.get("mask"), (N, T)) == 0
-            hit = _first((~torch.isfinite(bv) & ~k_end).unsqueeze(-1))
-            if hit is not None:
-                return "bootstrap_values", hit[0], None, float(bv[hit[0]])
-    if p.carry is not None:
-        bad = ~torch.isfinite(p.carry).reshape(p.carry.shape[0], -1).any(-1, keepdim=True)
-        hit = _first(bad)
+    return None
+
+
+def _first_bad_bootstrap(p: Problem):
+    """:func:`first_non_finite` over the ``bootstrap_values`` the call reads (after truncations and at
+    the window end; never at a terminated or masked step)."""
+    f = p.fields
+    bv = f["bootstrap_values"]
+    assert bv is not None  # (first_non_finite calls this only when it is given)
+    N, T = p.num_rows, p.num_steps
+    read = windows.bootstrap_read(f.get("terminated"), f.get("truncated"), f.get("mask"))
+    read = torch.zeros(N, T, dtype=torch.bool, device=bv.device) if read is None else read
+    end_read = p.carry is None and p.window_end == "bootstrap"
+    if bv.dim() == 2:
+        if end_read and T:
+            j = windows.window_end_index(f.get("mask"), (N, T), bv.device)
+            j = torch.where(j < 0, T - 1, j)
+            read = read.scatter(-1, j.unsqueeze(-1), True)
+        k = p.flag("terminated")
+        if k is not None:  # a terminated step reads no value; a flag at a masked step is ignored
+            m = p.flag("mask")
+            read = read & ~(k if m is None else k & m)
+        hit = _first(read & ~torch.isfinite(bv))
+        return None if hit is None else ("bootstrap_values", hit[0], hit[1], float(bv[hit[0], hit[1]]))
+    if end_read or read.any():
+        k_end = windows.window_end_value(torch.ones(N, device=bv.device), f.get("terminated"),
+                                         f.get("mask"), (N, T)) == 0
+        hit = _first((~torch.isfinite(bv) & ~k_end).unsqueeze(-1))
         if hit is not None:
-            return ("initial" if p.family == Family.FORWARD else "carry"), hit[0], None, float("nan")
+            return "bootstrap_values", hit[0], None, float(bv[hit[0]])
     return None
 
 
@@ -355,33 +368,10 @@ def _validate(est: Estimator, fields: Mapping, params: Mapping, *, carry, return
     else:
         c = _backward_fields(est, fields, window_end, carry)
         feature_shape = ()
-    shape = c.shape
-    B, T = shape[:-1], shape[-1]
-    nb = len(B)
-    flat = c.fields
-    if nb != 1:  # [*B, T] -> [N, T] (a [B, T] call, the common one, is passed as it is)
-        N = math.prod(B)
-        for name, x in flat.items():
-            if x is None:
-                continue
-            if name == "x":
-                flat[name] = x.reshape(N, T, *x.shape[len(shape):])
-            elif name == "bootstrap_values" and x.dim() == nb:
-                flat[name] = x.reshape(N)
-            else:
-                flat[name] = x.reshape(N, T)
+    B = c.shape[:-1]
+    flat = _flat_fields(c)
     if carry is not None:
-        if est.direction == "forward":
-            carry_name, carry_shape = "initial", (*B, *feature_shape)
-        else:
-            carry_name, carry_shape = "carry", (*B, 2) if est.family == Family.VTRACE else B
-        check_tensor(carry_name, carry, FLOATS, "a floating-point tensor")
-        if tuple(carry.shape) != tuple(carry_shape):
-            raise ValueError(f"{carry_name} must have shape {tuple(carry_shape)}, got {tuple(carry.shape)}")
-        if carry.device != c.device:
-            raise ValueError(f"{carry_name} is on {carry.device} but the rollout is on {c.device}")
-        if nb != 1:
-            carry = carry.reshape(math.prod(B), *carry.shape[nb:])
+        carry = _flat_carry(est, carry, B, feature_shape, c.device)
     compute, out = c.dtypes(out_dtype, carry)
     kw = est.problem_params(prm)
     generic = est.family == _GENERIC
@@ -398,12 +388,48 @@ def _validate(est: Estimator, fields: Mapping, params: Mapping, *, carry, return
     )
 
 
+def _flat_fields(c: Fields) -> dict:
+    """The checked fields ``[*B, T]`` as ``[N, T]`` (a ``[B, T]`` call, the common one, as it is)."""
+    shape = c.shape
+    B, T = shape[:-1], shape[-1]
+    nb = len(B)
+    flat = c.fields
+    if nb == 1:
+        return flat
+    N = math.prod(B)
+    for name, x in flat.items():
+        if x is None:
+            continue
+        if name == "x":
+            flat[name] = x.reshape(N, T, *x.shape[len(shape):])
+        elif name == "bootstrap_values" and x.dim() == nb:
+            flat[name] = x.reshape(N)
+        else:
+            flat[name] = x.reshape(N, T)
+    return flat
+
+
+def _flat_carry(est: Estimator, carry, B, feature_shape, device):
+    """The checked ``carry`` (``initial`` of a forward estimator) ``[*B, ...]`` as ``[N, ...]``."""
+    if est.direction == "forward":
+        carry_name, carry_shape = "initial", (*B, *feature_shape)
+    else:
+        carry_name, carry_shape = "carry", (*B, 2) if est.family == Family.VTRACE else B
+    check_tensor(carry_name, carry, FLOATS, "a floating-point tensor")
+    if tuple(carry.shape) != tuple(carry_shape):
+        raise ValueError(f"{carry_name} must have shape {tuple(carry_shape)}, got {tuple(carry.shape)}")
+    if carry.device != device:
+        raise ValueError(f"{carry_name} is on {carry.device} but the rollout is on {device}")
+    return carry if len(B) == 1 else carry.reshape(math.prod(B), *carry.shape[len(B):])
+
+
 _PROBLEM_PARAMS = frozenset(Problem._fields) - {
     "family", "outputs", "fields", "carry", "want_carry", "compute_dtype", "out_dtype", "batch_shape",
     "feature_shape", "estimator", "params", "reverse"}
 _STEP_KINDS = ("float", "flag")
 _GENERIC = Family.GENERIC  # (an enum member read off its class costs a Python-level lookup on 3.11)
 _FLOAT_SET, _FLAG_SET = frozenset(FLOATS), frozenset(FLAGS)
+_PLAIN_DTYPES = {"float": _FLOAT_SET, "flag": _FLAG_SET}  # a per-step field's dtypes, by its kind
 _Tensor = torch.Tensor
 
 
@@ -446,16 +472,10 @@ def backward_plain(est: Estimator, fields: Mapping, window_end, carry) -> Fields
             continue
         if type(x) is not _Tensor or x.shape != shape or x.device != device:
             return None
-        if kind == "flag":
-            if x.dtype not in _FLAG_SET:
-                return None
-        elif kind == "float":
-            if x.dtype not in _FLOAT_SET:
-                return None
-            if f.read:
-                floats.append(x)
-        else:
+        if x.dtype not in _PLAIN_DTYPES.get(kind, ()):
             return None
+        if kind == "float" and f.read:
+            floats.append(x)
         out[name] = x if f.read else None
     if boot is not None and not _plain_bootstrap(boot, fields.get(boot.name), out, floats, (shape, device),
                                                  window_end == "bootstrap" and carry is None):
@@ -498,7 +518,7 @@ def backward_checked(est: Estimator, fields: Mapping, window_end, carry) -> Fiel
     named = [(f.name, tuple(x.shape)) for f in est.fields if f.kind in _STEP_KINDS
              for x in (fields.get(f.name),) if isinstance(x, torch.Tensor) and x.dim() >= 1]
     shape, have = _layout(named) if named else (tuple(main.shape), [first.name])
-    c = Fields(shape, fields.get(have[0]).device, ", ".join(have))
+    c = Fields(shape, fields[have[0]].device, ", ".join(have))
     boot = None
     for f in est.fields:
         x = fields.get(f.name)
@@ -528,8 +548,7 @@ def _forward_fields(est: Estimator, fields: Mapping):
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     check_tensor("x", x, FLOATS, "a floating-point tensor")
-    flags = [(f.name, fields.get(f.name)) for f in est.fields if f.kind == "flag"]
-    flags = [(n, f) for n, f in flags if f is not None]
+    flags = [(f.name, t) for f in est.fields if f.kind == "flag" for t in (fields.get(f.name),) if t is not None]
     if not flags:
         raise ValueError(
             f"{est.name} needs terminated, truncated or mask of shape [*B, T] to place x's time "
@@ -574,8 +593,8 @@ def finish(p: Problem, outs, carry):
     B = p.batch_shape
     flat = len(B) == 1  # [N, T] in, [N, T] out: no reshape (the common case, kept cheap)
     shaped = []
-    for name, o in zip(p.outputs, outs):
-        o = o if flat else o.reshape(tuple(B) + tuple(o.shape[1:]))
+    for name, out in zip(p.outputs, outs, strict=True):
+        o = out if flat else out.reshape(tuple(B) + tuple(out.shape[1:]))
         dt = p.compute_dtype if name == "final" else p.out_dtype
         shaped.append(o if o.dtype == dt else o.to(dt))
     if p.want_carry and carry is not None:

@@ -98,8 +98,8 @@ def variants() -> list[dict]:
     # the outputs asked for, carries out
     for outs in (("p_adv",), ("p_ret",)):
         for mode in ("tile", "lookback-reload"):
-            out.append(dict(name=f"gae/{mode}/fp32-only-{outs[0]}", family=Family.TD_LAMBDA, carry_in=END_STEP, absent=(),
-                            mode=mode, outs=outs, carry_out=True))
+            out.append(dict(name=f"gae/{mode}/fp32-only-{outs[0]}", family=Family.TD_LAMBDA, carry_in=END_STEP,
+                            absent=(), mode=mode, outs=outs, carry_out=True))
     out.append(dict(name="lambda_adjoint/tile/fp32-no-gv", family=Family.TD_LAMBDA_ADJOINT, carry_in=ZERO, absent=(),
                     mode="tile", outs=("p_gr",)))
     # integer arguments equal to 1 become compile-time constants (one step, one row)
@@ -118,8 +118,7 @@ def variants() -> list[dict]:
             out.append(dict(name=f"{name}/{mode}/fp32-nomask", family=family, carry_in=ci, mode=mode,
                             absent=(*absent, "mask"), carry_out=True))
     # rows of one chunk (no loop), every family
-    for name in fams:
-        family, ci, absent = fams[name]
+    for name, (family, ci, absent) in fams.items():
         for mode in ("single", "single-reload"):
             out.append(dict(name=f"{name}/{mode}/fp32", family=family, carry_in=ci, absent=absent, mode=mode))
     # one row of 512 steps per program, 4 warps, as the table runs GAE advantages at 128-2048 x 512 with
@@ -130,21 +129,21 @@ def variants() -> list[dict]:
                         cfg=Mode(4, False, 1, 512, 4, flip), outs=("p_adv",)))
     # rows held whole in one chunk with the window end's `[N]` column and no truncations or mask, as the
     # table runs advantages at 4096 steps and V-trace and Retrace at 2048 (docs/benchmarks.md, the fold)
-    for name, family, bt, warps, outs in (("gae", Family.TD_LAMBDA, 4096, 16, ("p_adv",)),
-                                          ("vtrace", Family.VTRACE, 2048, 16, None),
-                                          ("retrace", Family.RETRACE, 2048, 8, None)):
-        v = dict(name=f"{name}/row{bt}/fp32-{'adv-' if outs else ''}endcol", family=family, carry_in=END_COLUMN,
+    rows: tuple[tuple[str, Family, int, int, tuple[str, ...] | None], ...]
+    rows = (("gae", Family.TD_LAMBDA, 4096, 16, ("p_adv",)),
+            ("vtrace", Family.VTRACE, 2048, 16, None), ("retrace", Family.RETRACE, 2048, 8, None))
+    for name, family, bt, warps, row_outs in rows:
+        v = dict(name=f"{name}/row{bt}/fp32-{'adv-' if row_outs else ''}endcol", family=family, carry_in=END_COLUMN,
                  absent=("truncated", "bootstrap_values", "mask"), mode=f"row{bt}",
                  cfg=Mode(4, True, 1, bt, warps))
-        out.append(dict(v, outs=outs) if outs else v)
+        out.append(dict(v, outs=row_outs) if row_outs else v)
     # bf16 inputs, no flags, no mask
     for name in ("gae", "vtrace", "lambda_adjoint"):
         family, ci, absent = fams[name]
         out.append(dict(name=f"{name}/lookback-reload/bf16-noflags", family=family, carry_in=ci, mode="lookback-reload",
                         absent=(*absent, "terminated", "truncated", "mask"), dtype="bf16"))
     # float64 accumulation with 16-bit outputs (the stores cast through fp32), every family
-    for name in fams:
-        family, ci, absent = fams[name]
+    for name, (family, ci, absent) in fams.items():
         for mode, out_dt in (("single", "bf16"), ("lookback-gather", "bf16"), ("walk-reload", "fp16")):
             out.append(dict(name=f"{name}/{mode}/fp64-{out_dt}out", family=family, carry_in=ci, absent=absent,
                             mode=mode, dtype="fp64", acc="fp64", out_dtype=out_dt))
@@ -170,7 +169,8 @@ def _signature(v: dict):
     acc = v.get("acc", "fp32")  # the accumulation dtype: carries and scratch are held in it
     out_dt = v.get("out_dtype", "fp32")
     absent = set(v.get("absent", ()))
-    sig, cx = {}, {}
+    sig: dict[str, str | tuple[str, ...]] = {}
+    cx: dict[tuple[int, ...], object] = {}
     ftypes = []
     for i, name in enumerate(fam.fields):
         if name is None or name in absent:
@@ -228,7 +228,7 @@ def _signature(v: dict):
 def _aligned(sig: dict) -> dict:
     """Divisibility-by-16 attributes for every pointer and integer argument of ``sig`` (what the JIT
     assumes of aligned tensors and sizes)."""
-    attrs = {}
+    attrs: dict[tuple[int, ...], list] = {}
     for i, t in enumerate(sig.values()):
         if isinstance(t, tuple):
             attrs.update({(i, j): [["tt.divisibility", 16]] for j, tj in enumerate(t) if tj.startswith("*")})
@@ -269,7 +269,7 @@ def sass_counts(cubin: bytes) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        res = subprocess.run([tool, f.name], capture_output=True, text=True)
+        res = subprocess.run([tool, f.name], capture_output=True, text=True, check=False)
     if res.returncode != 0:
         return {}
     ins, text = [], False
@@ -351,7 +351,8 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--only", default=None, help="substring of the variant names to compile")
     ap.add_argument("--names", default=None, help="comma-separated variant names to compile (exact names)")
-    ap.add_argument("--counts", action="store_true", help="PTX and machine-code counts of the family variants, arguments aligned")
+    ap.add_argument("--counts", action="store_true",
+                    help="PTX and machine-code counts of the family variants, arguments aligned")
     args = ap.parse_args(argv)
     vs = [v for v in variants() if args.only is None or args.only in v["name"]]
     if args.names is not None:
@@ -363,10 +364,10 @@ def main(argv=None) -> int:
     if args.counts:
         vs = [v for v in vs if v.get("kernel") != "resolve"]
         with ProcessPoolExecutor(args.jobs) as ex:
-            results = list(ex.map(count_one, vs, [args.arch] * len(vs)))
-        for name, c, err in results:
+            counts = list(ex.map(count_one, vs, [args.arch] * len(vs)))
+        for name, c, err in counts:
             print(f"sm_{args.arch} {name:44s} " + (err or " ".join(f"{k}={val}" for k, val in c.items())))
-        return 1 if any(err for _, _, err in results) else 0
+        return 1 if any(err for _, _, err in counts) else 0
     with ProcessPoolExecutor(args.jobs) as ex:
         results = list(ex.map(compile_one, vs, [args.arch] * len(vs)))
     bad = 0

@@ -226,8 +226,9 @@ class Plan:
         if n_out is None:  # TD(λ): the returns always (G is its first output); the adjoint: as asked
             n_out = (2 if "advantages" in p.outputs else 1) if p.family == _TD_LAMBDA else len(p.outputs)
         self.n_out = n_out
-        # TD(λ)'s loop writes (G, A): each asked-for output's index among them
-        self.pick = tuple(1 if o == "advantages" else 0 for o in p.outputs) if p.family == _TD_LAMBDA else None
+        # TD(λ)'s loop writes (G, A): each asked-for output's index among them (None: all, in order)
+        pick = tuple(1 if o == "advantages" else 0 for o in p.outputs) if p.family == _TD_LAMBDA else None
+        self.pick = None if pick == tuple(range(n_out)) else pick
         self.out_dtype = p.out_dtype
         self.cast = p.out_dtype is not dt
         self.forward = p.family in (_FORWARD, _AFFINE)  # the carry out is their last output, final

@@ -3,8 +3,9 @@
 A :class:`Launch` is everything about a call that does not change while its tensors' shapes,
 strides, dtypes and device stay the same: the family's kernel, the call's layout (which fields must
 be made to match it), the strategy, the grid and the constexprs. Launches are kept in the one plan
-cache (:data:`rollbuf.cache.PLANS`) under a cheap signature of the call (:func:`signature`). Each run launches the family's kernel through Triton's public JIT call with keyword
-arguments, ``kernel[grid](fields=..., p_adv=..., R=..., gamma=..., CARRY_IN=..., num_warps=...)``:
+cache (:data:`rollbuf.cache.PLANS`) under a cheap signature of the call (:func:`signature`). Each
+run launches the family's kernel through Triton's public JIT call with keyword arguments,
+``kernel[grid](fields=..., p_adv=..., R=..., gamma=..., CARRY_IN=..., num_warps=...)``:
 the names are the kernel's parameter names (checked against its signature when the launch is
 built), so no argument order is written down outside the kernel itself.
 
@@ -123,7 +124,7 @@ def strategy(R: int, T: int, time_contiguous: bool = True, block_t: int | None =
 def flip_rule(st: Strategy, T: int, chunks: tuple) -> bool:
     """Whether a backward call of ``T`` steps with strategy ``st`` holds its chunks in reverse: one row
     per program in one chunk whose length is in ``chunks``."""
-    return st.block_n == 1 and not st.split and T <= st.block_t and st.block_t in chunks
+    return st.block_n == 1 and not st.split and st.block_t >= T and st.block_t in chunks
 
 
 def _table(R, T, time_contiguous, block_t, split, shift_load, max_chunk, block_n, presolve, sms, num_warps,
@@ -132,7 +133,7 @@ def _table(R, T, time_contiguous, block_t, split, shift_load, max_chunk, block_n
     mc = max_chunk or MAX_CHUNK
     if whole_rows and time_contiguous and block_t is None and split is None and block_n is None and presolve is None:
         bt = _pow2(T)
-        split_here = -(-T // min(bt, MAX_CHUNK)) > 1 and R < fill
+        split_here = -(-T // min(bt, MAX_CHUNK)) > 1 and fill > R
         if whole_rows.shortest <= T <= whole_rows.longest and (split_here or not whole_rows.only_split):
             return Strategy(1, bt, False, 1, num_warps or dict(whole_rows.warps)[bt],
                             bt > GATHER_MAX_T if shift_load is None else shift_load, resolve_block_r=resolve_block_r)
@@ -142,7 +143,7 @@ def _table(R, T, time_contiguous, block_t, split, shift_load, max_chunk, block_n
             return num_warps
         return max(1, min(8, elems // (WARP_ELEMS // 2 if bt <= 8 else WARP_ELEMS)))
 
-    if not time_contiguous and block_t is None and split is None and block_n is None and R // 16 < fill // 2:
+    if not time_contiguous and block_t is None and split is None and block_n is None and fill // 2 > R // 16:
         # time-major, too few rows to fill the GPU with 16-row tiles walking their rows: rows up to 128
         # steps one 16 x T tile each; longer rows split across programs in 32-row x 128-step tiles
         # chained by the look-back; both faster than the walking tiles (docs/kernel-choices.md, 'Time-major rows')
@@ -157,7 +158,7 @@ def _table(R, T, time_contiguous, block_t, split, shift_load, max_chunk, block_n
     chunks = -(-T // bt)
     sl = bt > GATHER_MAX_T if shift_load is None else shift_load
     if split is None:
-        split = chunks > 1 and R < fill
+        split = chunks > 1 and fill > R
     if split:
         bn = block_n or 1
         pre = R <= PRESOLVE_MAX_ROWS if presolve is None else presolve
@@ -265,7 +266,7 @@ def _same_layout(x: torch.Tensor, s_n: int, s_t: int, F: int) -> bool:
     contiguous copy where the feature dims cannot merge into one stride)."""
     N, T = x.shape[0], x.shape[1]
     dense = 1
-    for size, stride in zip(reversed(x.shape[2:]), reversed(x.stride()[2:])):
+    for size, stride in zip(reversed(x.shape[2:]), reversed(x.stride()[2:]), strict=True):
         if size != 1 and stride != dense:
             return False
         dense *= size
@@ -367,10 +368,10 @@ class Launch:
         self.s_n, self.s_t = s_n, s_t
         self.s_on, self.s_ot = (1, N) if tm else (T, 1)
         self.out_tm = tm
-        conv = []  # (slot, field name, how): made to match the call's layout before the launch
+        conv: list[tuple[int, str, str]] = []  # (slot, field name, how): made to match the call's layout
         for i, name in enumerate(fam.fields):
             t = None if name is None else f.get(name)
-            if t is None:
+            if name is None or t is None:
                 continue
             if name == "bootstrap_values" and t.dim() == 1:
                 continue  # the window-end column: read as the carry in (or expanded below)
@@ -412,9 +413,10 @@ class Launch:
             s = torch.empty((N, T, *feat), device="meta").stride()
         converted = {i for i, _, _ in conv}
         self.like = next((i for i, name in enumerate(fam.fields)
-                          if name is not None and i not in converted and f.get(name) is not None
-                          and f[name].dtype == self.out_dtype and tuple(f[name].shape) == (N, T, *feat)
-                          and f[name].stride() == s), None)
+                          if name is not None and i not in converted
+                          for t in (f.get(name),)
+                          if t is not None and t.dtype == self.out_dtype and tuple(t.shape) == (N, T, *feat)
+                          and t.stride() == s), None)
         # the kernel parameter each asked-for output is passed as; the kernel's other outputs get None
         self.out_params = ((fam.out_params[0],) if self.forward_final
                            else tuple(fam.out_params[fam.outputs.index(o)] for o in self.out_names))
@@ -465,7 +467,8 @@ class Launch:
         W = 7 if pair_maps else 3
         self.slot_values = W * st.block_n * self.grid if st.split else 0
         if not st.split:  # whole rows: one chunk each (no loop) or walked chunk by chunk
-            self.passes = (Kernel(jit, const(ONE_CHUNK if T <= st.block_t else WALK), st.num_warps, names),)
+            self.passes: tuple[Kernel, ...] = (Kernel(jit, const(ONE_CHUNK if st.block_t >= T else WALK),
+                                                      st.num_warps, names),)
             self.scratch_words = 0
         elif not st.presolve:
             self.passes = (Kernel(jit, const(LOOKBACK), st.num_warps, names),)
@@ -489,8 +492,9 @@ class Launch:
         """The kernel's ``fields`` tuple for ``p``: its tensors, those in another layout made to match."""
         f = p.fields
         ts = [None if name is None else f.get(name) for name in self.slot_names]
-        for i, name, how in self.conv:
+        for i, _name, how in self.conv:
             t = ts[i]
+            assert t is not None  # a converted slot holds a field of the call (Launch.__init__)
             if how == "drop":
                 ts[i] = None
             elif how == "expand":
@@ -518,7 +522,8 @@ class Launch:
             return False
         if self.carry_in == STATE:
             return p.carry is not None and p.carry.is_contiguous()
-        return not self.column or p.fields["bootstrap_values"].is_contiguous()
+        bv = p.fields.get("bootstrap_values")
+        return not self.column or (bv is not None and bv.is_contiguous())
 
     def run(self, get, carry, scalars: tuple):
         """Run on the tensors ``get(name)`` (and ``carry``) of a call with this launch's signature, whose
@@ -526,7 +531,7 @@ class Launch:
         ``Row.scalars`` order. Returns what ``launch(p)`` returns."""
         fields = tuple([None if n is None else get(n) for n in self.slot_names])
         ci = carry if self.carry_in == STATE else get("bootstrap_values") if self.column else None
-        arguments, outs, co, ws = self.prepare(fields, ci, dict(zip(self.scalars, scalars)))
+        arguments, outs, co, ws = self.prepare(fields, ci, dict(zip(self.scalars, scalars, strict=True)))
         self.launch(arguments, ws)
         if self.forward_final:
             return (*outs, co), None
@@ -534,13 +539,9 @@ class Launch:
 
     def inputs(self, p: Problem) -> tuple:
         """``(fields, carry in, scalars)`` of ``p`` as the kernel reads them (scalars by parameter name)."""
-        if self.carry_in == STATE:
-            ci = p.carry.contiguous()
-        elif self.column:
-            ci = p.fields["bootstrap_values"]
-            ci = ci if ci.is_contiguous() else ci.contiguous()
-        else:
-            ci = None
+        ci = p.carry if self.carry_in == STATE else p.fields.get("bootstrap_values") if self.column else None
+        if ci is not None and not ci.is_contiguous():
+            ci = ci.contiguous()
         return self.fields(p), ci, {s: float(getattr(p, s)) for s in self.scalars}
 
     def prepare(self, fields: tuple, carry_in, scalars: dict):
@@ -565,7 +566,7 @@ class Launch:
             if self.scratch_words:
                 ws[self.slot_values:].zero_()
         arguments = dict(self.fixed, fields=fields, p_ci=carry_in, p_co=co, p_ws=ws, **scalars)
-        arguments.update(zip(self.out_params, outs))
+        arguments.update(zip(self.out_params, outs, strict=True))
         return arguments, outs, co, ws
 
     def launch(self, arguments: dict, ws, grid: int | None = None):
