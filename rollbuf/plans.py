@@ -32,7 +32,6 @@ import torch
 
 from rollbuf import backends, cache, estimators, validation
 from rollbuf.kernels import host
-from rollbuf.kernels.families import FAMILIES
 from rollbuf.problem import Family, Problem
 
 __all__ = ["Call", "Plan", "call_of", "result", "launches", "SLOW"]
@@ -175,32 +174,30 @@ class Call:
         carry = get(self.carry_name)
         if p.carry is not carry or any(x is not None and x.requires_grad for x in (*p.fields.values(), carry)):
             return SLOW
-        row = FAMILIES[p.family]
         if be == "numba":
             launch = importlib.import_module("rollbuf.backends.compiled_cpu").Plan(p)
         else:
             launch = host.launch_for(p)
             if not launch.plannable(p):
                 return SLOW
-        return Plan(self.est, p, row.scalars, launch)
+        return Plan(self.est, p, launch)
 
 
 class Plan:
     """A layout's plan: its backend launch and what turns the launch's outputs into the result."""
 
-    __slots__ = ("launch", "problem_params", "scalars", "result", "want_carry")
+    __slots__ = ("launch", "problem_params", "result", "want_carry")
 
-    def __init__(self, est: estimators.Estimator, p: Problem, scalars: tuple, launch):
+    def __init__(self, est: estimators.Estimator, p: Problem, launch):
         self.launch = launch
         self.problem_params = None if est.problem_params is dict else est.problem_params
-        self.scalars = scalars
         self.result = est.result
         self.want_carry = p.want_carry
 
     def __call__(self, get, carry, prm: dict):
-        kw = prm if self.problem_params is None else self.problem_params(prm)
-        # a parameter the estimator does not set has the Problem's default, 1.0
-        outs, cout = self.launch.run(get, carry, tuple([float(kw.get(n, 1.0)) for n in self.scalars]))
+        # γ and the other parameters go from the checked dict straight into the launch's arguments (a
+        # parameter the estimator does not set has the Problem's default, 1.0)
+        outs, cout = self.launch.run(get, carry, prm if self.problem_params is None else self.problem_params(prm))
         res = outs[0] if self.result is None else self.result(*outs)
         return (res, cout) if self.want_carry else res
 

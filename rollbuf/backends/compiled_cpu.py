@@ -187,13 +187,14 @@ class Plan:
     decided once from a validated problem (:class:`rollbuf.plans.Call` keeps it under the call's layout;
     :func:`run` makes one per call).
 
-    ``plan.run(get, carry, scalars)`` runs it: ``get(name)`` gives the call's tensors by field name (those
+    ``plan.run(get, carry, params)`` runs it: ``get(name)`` gives the call's tensors by field name (those
     the problem had; it must have the layout the plan was made for), ``carry`` the carry in and
-    ``scalars`` the family's parameters (``Row.scalars``) as floats. Returns what :func:`run` returns.
+    ``params`` the call's parameters by name (the family's ``Row.scalars`` are read from it, 1.0 where
+    absent). Returns what :func:`run` returns.
     A field in the accumulation dtype and the loop's layout is read in place (``direct``); any other is
     converted on each call (:func:`_field`)."""
 
-    __slots__ = ("N", "T", "nj", "G", "J", "npdt", "data", "bounds", "cin", "n_out", "pick", "cast",
+    __slots__ = ("N", "T", "nj", "G", "J", "npdt", "data", "bounds", "cin", "scalars", "n_out", "pick", "cast",
                  "out_dtype", "end_boot", "zero", "driver", "carry_shape", "forward", "direct")
 
     def __init__(self, p: Problem):
@@ -235,10 +236,12 @@ class Plan:
         # the carry out: the forward families' and the affine scan's final, the adjoint's W_T; else asked for
         shape: tuple[int, ...] | None = (N,) if row.state == 1 else (N, row.state)
         self.carry_shape = shape if p.want_carry or not row.backward else None
+        self.scalars = row.scalars
         self.driver = _DRIVERS[p.family, bool(p.reverse) if p.family == _AFFINE else row.backward]
         self.direct = all(s is None or s[3] is not None for s in (*self.data, *self.bounds, self.cin))
 
-    def run(self, get, carry, scalars: tuple):
+    def run(self, get, carry, params):
+        scalars = tuple([float(params.get(n, 1.0)) for n in self.scalars])
         keep: list = []
         nj = self.nj
         data = tuple([None if s is None else (get(s[0]).data_ptr(), *s[3]) if s[3] is not None
@@ -329,7 +332,7 @@ def run(p: Problem):
     if N == 0 or T == 0 or Fn == 0:
         return _empty(p)
     if fam != _FORWARD or main.dim() == 2:  # rows of [N, T]
-        return Plan(p).run(p.fields.get, p.carry, scalars(p, row))
+        return Plan(p).run(p.fields.get, p.carry, {n: getattr(p, n) for n in row.scalars})
     return _features(p, row, Fn, npdt)
 
 
@@ -351,7 +354,7 @@ def _features(p: Problem, row: Row, Fn: int, npdt):
     if Fn == 1:  # one feature: rows as for the other families
         a = Plan(p.evolve(fields=dict(p.fields, x=main[:, :, 0]), carry=None if cin is None else cin.reshape(N)))
         (y, final), _ = a.run(lambda n: main[:, :, 0] if n == "x" else p.fields.get(n),
-                          None if cin is None else cin.reshape(N), scalars(p, row))
+                          None if cin is None else cin.reshape(N), {n: getattr(p, n) for n in row.scalars})
         return (y.reshape(shape), final.reshape(N, *shape[2:])), None
     fa = _feature_args(p, main, cin, npdt, keep)
     co = torch.from_numpy(np.empty((N * Fn,), npdt))

@@ -525,13 +525,15 @@ class Launch:
         bv = p.fields.get("bootstrap_values")
         return not self.column or (bv is not None and bv.is_contiguous())
 
-    def run(self, get, carry, scalars: tuple):
+    def run(self, get, carry, params):
         """Run on the tensors ``get(name)`` (and ``carry``) of a call with this launch's signature, whose
-        fields need no conversion (:meth:`plannable`); ``scalars``: the family's parameters in
-        ``Row.scalars`` order. Returns what ``launch(p)`` returns."""
+        fields need no conversion (:meth:`plannable`); ``params``: the call's parameters by name (the
+        family's ``Row.scalars`` are read from it, 1.0 where absent). Returns what ``launch(p)`` returns."""
         fields = tuple([None if n is None else get(n) for n in self.slot_names])
         ci = carry if self.carry_in == STATE else get("bootstrap_values") if self.column else None
-        arguments, outs, co, ws = self.prepare(fields, ci, dict(zip(self.scalars, scalars, strict=True)))
+        arguments, outs, co, ws = self.prepare(fields, ci, ())
+        for n in self.scalars:  # straight from the call's parameters into the launch's keywords
+            arguments[n] = float(params.get(n, 1.0))
         self.launch(arguments, ws)
         if self.forward_final:
             return (*outs, co), None
@@ -544,9 +546,10 @@ class Launch:
             ci = ci.contiguous()
         return self.fields(p), ci, {s: float(getattr(p, s)) for s in self.scalars}
 
-    def prepare(self, fields: tuple, carry_in, scalars: dict):
+    def prepare(self, fields: tuple, carry_in, scalars):
         """``(arguments, outputs, carry out, scratch)`` of one call: the buffers allocated (the
-        scratch's flag words zeroed on the stream), the kernel's runtime arguments by name."""
+        scratch's flag words zeroed on the stream), the kernel's runtime arguments by name
+        (``scalars``: a mapping of the family's scalars, or ``()`` where the caller adds them)."""
         dev = self.device
         like = None if self.like is None else fields[self.like]
         if like is not None and type(like) is torch.Tensor:  # a subclass would pass on its type
@@ -565,7 +568,8 @@ class Launch:
             ws = torch.empty(self.scratch_len, dtype=self.compute_dtype, device=dev)
             if self.scratch_words:
                 ws[self.slot_values:].zero_()
-        arguments = dict(self.fixed, fields=fields, p_ci=carry_in, p_co=co, p_ws=ws, **scalars)
+        arguments = dict(self.fixed, fields=fields, p_ci=carry_in, p_co=co, p_ws=ws)
+        arguments.update(scalars)
         arguments.update(zip(self.out_params, outs, strict=True))
         return arguments, outs, co, ws
 
