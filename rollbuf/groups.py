@@ -147,17 +147,39 @@ def _checked(scores, ids, weights):
     return x, w
 
 
+def _check_groups(ids, num_groups, read_back: bool) -> None:
+    """``num_groups`` a non-negative int, and (``read_back``: the torch path on CPU tensors, which
+    indexes by them) every id in ``[0, num_groups)``. Ids on a GPU are not read back (no host sync;
+    :func:`group_ids` gives ids in range; the kernel compares them for equality only)."""
+    if isinstance(num_groups, bool) or not isinstance(num_groups, (int, np.integer)) or num_groups < 0:
+        raise ValueError(f"num_groups must be a non-negative int, got {num_groups!r}")
+    if read_back and ids.numel():
+        lo, hi = (int(v) for v in torch.aminmax(ids))
+        if lo < 0 or hi >= num_groups:
+            raise ValueError(f"ids must lie in [0, num_groups) = [0, {num_groups}) (group_ids gives such ids), "
+                             f"got ids from {lo} to {hi}")
+
+
 def group_stats(scores, ids, num_groups: int, weights=None, *, group=None, backend: str = "auto") -> GroupStats:
     """:class:`GroupStats` of ``scores`` ``[B]`` grouped by ``ids`` ``[B]`` (:func:`group_ids`), in float32
     (float64 for float64 scores). ``weights`` ``[B]`` (e.g. response lengths): ``weighted_mean``.
     ``group``: a process group whose ranks hold other samples of the same groups (torch backend).
     Accumulated in float64 as per-group sums about a member's value (docs/semantics.md): equal
-    members, and equal other members, give exactly zero spread. ``backend``: :data:`BACKENDS`."""
+    members, and equal other members, give exactly zero spread. ``backend``: :data:`BACKENDS`.
+    Ids outside ``[0, num_groups)`` on CPU tensors are a ValueError naming ``ids``; on a GPU they are
+    not read back (no host sync)."""
     x, w = _checked(scores, ids, weights)
-    if _backend(backend, scores.device, group) == "triton":
+    on_kernel = _backend(backend, scores.device, group) == "triton"
+    _check_groups(ids, num_groups, read_back=not on_kernel and ids.device.type == "cpu")
+    if on_kernel:
         from rollbuf.kernels import group_stats as kernel  # the kernel needs Triton: imported when asked for
 
         return GroupStats(*kernel.run(scores, ids, weights))
+    return _stats(x, ids, num_groups, w, group)
+
+
+def _stats(x, ids, num_groups: int, w, group=None) -> GroupStats:
+    """:func:`group_stats`'s torch path on checked inputs (``ids`` in ``[0, num_groups)``)."""
     dt, x = x.dtype, x.double()
     w = torch.ones_like(x) if w is None else w.double()
     ext = x.new_full((2, num_groups), -math.inf).scatter_reduce_(1, ids.expand(2, -1), torch.stack([x, -x]), "amax")
@@ -296,7 +318,9 @@ def _grpo(x, s, eps, norm):  # verl: a group of one has mean 0 and std 1
 _OUTCOME = {
     "grpo": lambda x, s, n, k: _grpo(x, s, k[0], k[1]),
     "dr_grpo": lambda x, s, n, k: _grpo(x, s, k[0], False),
-    "grpo_passk": lambda x, s, n, k: s.top2_gap / (s.std + k[0]) if k[1] else s.top2_gap,
+    # only a group's unique best has a gap; every other member is exactly 0 (even at 0 / 0)
+    "grpo_passk": lambda x, s, n, k: torch.where(s.top2_gap != 0, s.top2_gap / (s.std + k[0]), 0) if k[1]
+    else s.top2_gap,
     "rloo": lambda x, s, n, k: torch.where(s.size > 1, x - s.loo_mean, x),
     "rloo_vectorized": lambda x, s, n, k: x - s.loo_mean,
     "opo": lambda x, s, n, k: x - torch.where(s.size == 1, 0, s.weighted_mean),
@@ -311,6 +335,20 @@ OUTCOME_ESTIMATORS = tuple(_OUTCOME)
 READS_LENGTHS = frozenset({"opo", "reinforce_plus_plus_baseline", "gdpo"})
 # the estimators the kernel computes whole (float32 statistics): its EST and NORM
 _FUSED = {"grpo": (1, None), "dr_grpo": (1, False), "rloo_vectorized": (2, False)}
+
+
+def _epsilon(v) -> float:
+    """``epsilon``, the std's offset: a finite number ``>= 0`` (0 divides an all-equal group by 0)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.floating, np.integer)) or not 0 <= v < math.inf:
+        raise ValueError(f"epsilon must be a finite number >= 0, got {v!r}")
+    return float(v)
+
+
+def _f_norm(v) -> float:
+    """GPG's ``f_norm``, the advantages' divisor: a finite number ``> 0``."""
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.floating, np.integer)) or not 0 < v < math.inf:
+        raise ValueError(f"f_norm must be a finite number > 0, got {v!r}")
+    return float(v)
 
 
 def _lengths(lengths, x, estimator):
@@ -356,8 +394,8 @@ def outcome_advantages(scores, index, lengths=None, estimator: str = "grpo", *, 
         raise ValueError(f"lengths must hold one entry per row ({x.numel()}), got {len(w)}")
     if estimator == "grpo_passk" and counts is not None and counts.min(initial=2) < 2:
         raise ValueError("index: pass@k needs at least 2 samples per group")
-    k = (epsilon, norm_adv_by_std_in_grpo, f_norm)
+    k = (_epsilon(epsilon), norm_adv_by_std_in_grpo, _f_norm(f_norm))
     if _backend(backend, x.device, None) == "triton":
         return _on_kernel(x, labels, counts, w, estimator, k)
     ids, n = group_ids(labels) if counts is None else (torch.as_tensor(labels, device=x.device), counts.size)
-    return _OUTCOME[estimator](x, group_stats(x, ids, n, w, backend="torch"), w, k)
+    return _OUTCOME[estimator](x, _stats(x, ids, n, w), w, k)

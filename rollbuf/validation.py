@@ -182,7 +182,8 @@ def _layout(named):
     """The ``[*B, T]`` of a call and the fields that have it: of ``named`` (``(name, shape)`` of the
     per-step tensors, in the signature's order), the shape most of them have, ties going to the
     earliest (the first field of the signature is the layout reference). So a field that disagrees
-    with the others is the one named, whichever it is. Returns ``(shape, names)``."""
+    with the others is the one named, whichever it is. Returns ``(shape, names)``. (The same rule
+    picks the call's device: ``(name, device)`` pairs.)"""
     counts: dict = {}
     for _, shape in named:
         counts[shape] = counts.get(shape, 0) + 1
@@ -518,7 +519,9 @@ def backward_checked(est: Estimator, fields: Mapping, window_end, carry) -> Fiel
     named = [(f.name, tuple(x.shape)) for f in est.fields if f.kind in _STEP_KINDS
              for x in (fields.get(f.name),) if isinstance(x, torch.Tensor) and x.dim() >= 1]
     shape, have = _layout(named) if named else (tuple(main.shape), [first.name])
-    c = Fields(shape, fields[have[0]].device, ", ".join(have))
+    # the device most of those fields are on (ties: the first's), so that the odd one is named
+    device, _ = _layout([(n, fields[n].device) for n in have])
+    c = Fields(shape, device, ", ".join(have))
     boot = None
     for f in est.fields:
         x = fields.get(f.name)

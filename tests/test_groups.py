@@ -182,6 +182,43 @@ def test_errors_name_the_argument():
         G.group_stats(x, torch.zeros(3, dtype=torch.int64), 1, backend="reference")
 
 
+def test_ids_and_scalars_out_of_range_are_named():
+    """ids outside [0, num_groups), a num_groups that is no count, a negative or NaN epsilon and a zero,
+    negative or infinite f_norm raise a ValueError naming the argument (instead of torch's index
+    error, or NaN / ±inf advantages)."""
+    x = torch.arange(4.0)
+    for ids, n in (([0, 1, 2, 1], 2), ([0, -1, 0, 1], 2)):
+        with pytest.raises(ValueError, match=r"ids must lie in \[0, num_groups\)"):
+            G.group_stats(x, torch.tensor(ids), n, backend="torch")
+    for n in (-1, 2.0, True, None):
+        with pytest.raises(ValueError, match="num_groups"):
+            G.group_stats(x, torch.tensor([0, 0, 1, 1]), n, backend="torch")
+    assert G.group_stats(x, torch.tensor([0, 0, 1, 1]), np.int64(3), backend="torch").size.tolist() == [2, 2, 2, 2]
+    labels = np.array(["a", "a", "b", "b"])
+    for eps in (-1e-6, float("nan"), float("inf"), "1e-6", True):
+        with pytest.raises(ValueError, match="epsilon"):
+            G.outcome_advantages(x, labels, epsilon=eps)
+    for f_norm in (0.0, -1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="f_norm"):
+            G.outcome_advantages(x, labels, estimator="gpg", f_norm=f_norm)
+    # epsilon = 0 is allowed: a group whose scores differ is divided by its std alone
+    torch.testing.assert_close(G.outcome_advantages(x, labels, epsilon=0.0),
+                               torch.tensor([-0.5, 0.5, -0.5, 0.5]) / math.sqrt(0.5))
+
+
+def test_passk_gives_the_unique_best_only():
+    """pass@k: the unique best of a group gets (r_max − r_second)/(std + ε), every other member exactly
+    0, also at ε = 0 in an all-equal group (0/0 there is no member's advantage: no NaN)."""
+    x = torch.tensor([1.0, 1.0, 1.0, 0.0, 2.0, 1.0, 3.0, 3.0])
+    labels = np.array(["a", "a", "a", "b", "b", "b", "c", "c"])
+    got = G.outcome_advantages(x, labels, estimator="grpo_passk", epsilon=0.0)
+    assert got.tolist() == [0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0]
+    nan = G.outcome_advantages(torch.tensor([1.0, float("nan"), 0.0, 1.0]), np.array(["b", "b", "c", "c"]),
+                               estimator="grpo_passk")
+    assert nan[:2].isnan().all() and nan[2] == 0
+    assert nan[3].item() == pytest.approx(1.0 / (math.sqrt(0.5) + 1e-6), rel=1e-6)
+
+
 def test_lengths_only_where_read():
     """Estimators outside READS_LENGTHS give the same advantages with lengths None as with any."""
     labels, g = _random_groups(3, 30)

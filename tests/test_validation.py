@@ -105,16 +105,30 @@ def test_wrong_shape_of_bootstrap_values(shape):
 
 @pytest.mark.parametrize("field", ["rewards", "values", "terminated", "bootstrap_values", "log_probs"])
 def test_mismatched_devices(field):
-    """A field on another device (``meta`` stands in for a second device) is named."""
+    """A field on another device (``meta`` stands in for a second device) is named, rewards too: the
+    call's device is the one most of its fields are on."""
     good = CALLS["vtrace"]
     base = {**_base(), **_lp()}
     other = base[field].to("meta")
-    if field == "rewards":  # the rollout's device is the rewards'; every other field mismatches
-        with _raises(ValueError, "is on"):
-            good(rewards=other, backend="torch")
-        return
     with _raises(ValueError, field, "meta"):
         good(**{field: other}, backend="torch")
+
+
+def test_the_odd_device_is_named_in_verl_and_torchrl_layouts():
+    """The conversions from verl's and TorchRL's layouts name the tensor on the odd device, the first
+    one included."""
+    from rollbuf.boundary import conventions as C
+
+    r, v, m = torch.zeros(N, T), torch.zeros(N, T), torch.ones(N, T)
+    with _raises(ValueError, "token_level_rewards is on meta"):
+        C.fields_from_verl(r.to("meta"), v, m)
+    with _raises(ValueError, "response_mask is on meta"):
+        C.fields_from_verl(r, v, m.to("meta"))
+    k = torch.zeros(N, T, dtype=torch.bool)
+    with _raises(ValueError, "rewards is on meta"):
+        C.torchrl_from_fields(r.to("meta"), v, k, k)
+    with _raises(ValueError, "truncated is on meta"):
+        C.torchrl_from_fields(r, v, k, k.to("meta"))
 
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.bool], ids=str)

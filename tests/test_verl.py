@@ -226,6 +226,19 @@ def test_documented_differences_from_verl():
         assert ours[:2].isnan().all() and ours[2:].tolist() == [-1.0, 1.0]
 
 
+def test_passk_all_equal_group_at_epsilon_zero():
+    """docs/llm.md: with epsilon=0 an all-equal group's pass@k advantage is 0/0 at its best member. verl
+    puts that NaN at the one member torch.topk picks, 0 at the others; rollbuf gives every member 0
+    (a tie has no unique best). Every other group equals verl's."""
+    r = torch.tensor([[1.0], [1.0], [1.0], [0.0], [2.0], [1.0]])
+    kw = dict(token_level_rewards=r, response_mask=torch.ones(6, 1),
+              index=np.array(["a", "a", "a", "b", "b", "b"], dtype=object), epsilon=0.0, config=_config())
+    theirs, ours = VERL["grpo_passk"](**kw)[0][:, 0], OURS["grpo_passk"](**kw)[0][:, 0]
+    assert int(theirs[:3].isnan().sum()) == 1 and theirs[:3].nan_to_num().tolist() == [0.0, 0.0, 0.0]
+    assert ours[:3].tolist() == [0.0, 0.0, 0.0]
+    torch.testing.assert_close(ours[3:], theirs[3:])
+
+
 def test_passk_and_config_errors():
     rewards, mask, labels = batch(5)  # with groups of one
     with pytest.raises(ValueError, match="index"):

@@ -85,6 +85,19 @@ def _time_axis(x: torch.Tensor, name: str, *, nonempty: bool) -> None:
         raise ValueError(f"{name} must have at least one time step, got shape {tuple(x.shape)}")
 
 
+def _one_device(*named) -> None:
+    """Raise a ValueError naming the tensor of ``named`` (``(name, tensor)`` pairs, None skipped) whose
+    device differs from the one most of them are on (ties: the first's)."""
+    named = tuple((n, t) for n, t in named if t is not None)
+    devices = [t.device for _, t in named]
+    if all(d == devices[0] for d in devices):
+        return
+    ref = max(devices, key=devices.count)  # max keeps the first of the most frequent
+    odd_name, odd = next((n, t) for n, t in named if t.device != ref)
+    ref_name = next(n for n, t in named if t.device == ref)
+    raise ValueError(f"{odd_name} is on {odd.device} but {ref_name} is on {ref}")
+
+
 def _same(x: torch.Tensor, name: str, ref: torch.Tensor, ref_name: str, shape=None) -> None:
     expected = tuple(ref.shape) if shape is None else tuple(shape)
     if tuple(x.shape) != expected:
@@ -419,10 +432,11 @@ def torchrl_from_fields(
     rewards = _float(rewards, "rewards")
     _time_axis(rewards, "rewards", nonempty=False)
     values = _float(values, "values")
-    _same(values, "values", rewards, "rewards")
     terminated = _check_flag_dtype(terminated, "terminated")
-    _same(terminated, "terminated", rewards, "rewards")
     truncated = _check_flag_dtype(truncated, "truncated")
+    _one_device(("rewards", rewards), ("values", values), ("terminated", terminated), ("truncated", truncated))
+    _same(values, "values", rewards, "rewards")
+    _same(terminated, "terminated", rewards, "rewards")
     _same(truncated, "truncated", rewards, "rewards")
     terminated = as_flags(terminated, "terminated")
     truncated = as_flags(truncated, "truncated")
@@ -493,8 +507,9 @@ def fields_from_verl(
     rewards = _float(token_level_rewards, "token_level_rewards")
     _time_axis(rewards, "token_level_rewards", nonempty=False)
     values = _float(values, "values")
-    _same(values, "values", rewards, "token_level_rewards")
     mask = _check_flag_dtype(response_mask, "response_mask")
+    _one_device(("token_level_rewards", rewards), ("values", values), ("response_mask", mask))
+    _same(values, "values", rewards, "token_level_rewards")
     _same(mask, "response_mask", rewards, "token_level_rewards")
     return {
         "rewards": rewards,
