@@ -21,7 +21,7 @@ from rollbuf import backends
 from rollbuf.validation import FLOATS, checking_finite
 
 __all__ = ["GroupStats", "group_ids", "group_layout", "group_stats", "sequence_scores", "to_tokens", "masked_whiten",
-           "outcome_advantages", "OUTCOME_ESTIMATORS", "READS_LENGTHS", "BACKENDS"]
+           "outcome_advantages", "token_baseline", "OUTCOME_ESTIMATORS", "READS_LENGTHS", "BACKENDS"]
 
 #: The backends :func:`group_stats` and :func:`outcome_advantages` take: ``"torch"`` (torch's scatter
 #: and index-add reductions, any device, the reference), ``"triton"`` (one kernel: CUDA tensors, or CPU
@@ -399,3 +399,38 @@ def outcome_advantages(scores, index, lengths=None, estimator: str = "grpo", *, 
         return _on_kernel(x, labels, counts, w, estimator, k)
     ids, n = group_ids(labels) if counts is None else (torch.as_tensor(labels, device=x.device), counts.size)
     return _OUTCOME[estimator](x, _stats(x, ids, n, w), w, k)
+
+
+def token_baseline(returns, weights, index, lengths, *, epsilon: float = 1e-8, zero_tail: bool = True,
+                   member=None):
+    """The optimal token baseline ``B[i, t] = Σ_g G_t·W_t / (Σ_g W_t + ε)`` ``[B, L]``: at each token
+    position ``t``, the ``weights``-weighted mean of ``returns`` over the rows of row ``i``'s group
+    (``index``: :func:`group_ids`'s labels), both ``[B, L]`` and already 0 where a row has no token.
+    A group of one row has baseline 0. ``zero_tail``: a group's longest row (``lengths`` ``[B]``), if
+    it is the only one that long, gets baseline 0 from the second longest row's length on.
+    ``member`` ``[B]`` bool: the rows that belong to their group (None: all; the others count in no
+    group's size and get baseline 0). One pass of per-group sums over ``[groups, L]``: no loop over rows
+    or groups, no host read but a NumPy ``index``'s ranking (docs/llm.md, verl's optimal token baseline)."""
+    ids, n = group_ids(index, returns.device)
+    if len(ids) != returns.shape[0]:
+        raise ValueError(f"index must hold one label per row ({returns.shape[0]}), got {len(ids)}")
+    eps = _epsilon(epsilon)
+    one = torch.ones(ids.shape, dtype=returns.dtype, device=returns.device)
+    if member is not None:
+        one = one * member
+        lengths = torch.where(member, lengths, -1)
+    size = one.new_zeros(n).index_add_(0, ids, one)
+    num = returns.new_zeros(n, returns.shape[1]).index_add_(0, ids, returns * weights)
+    den = weights.new_zeros(n, returns.shape[1]).index_add_(0, ids, weights) + eps
+    grouped = (size[ids] > 1) if member is None else (size[ids] > 1) & member
+    b = torch.where(grouped[:, None], (num / den).to(returns.dtype)[ids], 0)
+    if not zero_tail:
+        return b
+    longest = lengths.new_full((n,), -1).scatter_reduce_(0, ids, lengths, "amax")[ids]
+    top = lengths == longest
+    ties = one.new_zeros(n).index_add_(0, ids, top.to(one.dtype))[ids]
+    second = lengths.new_full((n,), -1).scatter_reduce_(0, ids, torch.where(top, -1, lengths), "amax")[ids]
+    steps = torch.arange(returns.shape[1], device=returns.device)
+    tail = (grouped & top & (ties == 1))[:, None] & (steps >= second[:, None])
+    return b.masked_fill(tail, 0)
+

@@ -226,6 +226,83 @@ def test_documented_differences_from_verl():
         assert ours[:2].isnan().all() and ours[2:].tolist() == [-1.0, 1.0]
 
 
+OTB = ("optimal_token_baseline", "tir_optimal_token_baseline")
+
+
+def _otb_inputs(seed, B=48, L=10):
+    """:func:`batch` (EOS and multi-turn masks, all-masked rows, groups of 1-6) with the policy's
+    log-probabilities, Σπ² and importance weights, and rows made to tie for a group's longest."""
+    rewards, mask, labels = batch(seed, B, L)
+    g = torch.Generator().manual_seed(seed)
+    lp = -3 * torch.rand(B, L, generator=g)
+    spi2 = 0.5 * torch.rand(B, L, generator=g)
+    isw = 2 * torch.rand(B, L, generator=g)
+    for k in range(0, labels.max() + 1, 3):  # every third group: its rows as long as its first
+        rows = np.flatnonzero(labels == k)
+        mask[rows] = mask[rows[0]].clone()
+    return rewards, mask, labels, lp, spi2, isw
+
+
+@pytest.mark.parametrize("zero_tail", [True, False])
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+@pytest.mark.parametrize("name", OTB)
+def test_optimal_token_baselines_equal_verl(name, seed, weighted, zero_tail):
+    """OTB and TIR-OTB against verl 0.9.1's loops (float32: within 1e-5 of each row's scale; returns bit
+    for bit): EOS and multi-turn masks, all-masked rows, singleton and uneven groups, rows tied for a
+    group's longest and a unique longest, with and without importance weights, both zero-tail modes."""
+    rewards, mask, labels, lp, spi2, isw = _otb_inputs(seed)
+    kw = dict(token_level_rewards=rewards, response_mask=mask, index=index_of(labels, "str"), old_log_probs=lp,
+              sum_pi_squared=spi2, rollout_is_weights=isw if weighted else None, handle_zero_tail=zero_tail)
+    (ours, g_ours), (theirs, g_theirs) = R.ESTIMATORS[name](**kw), core_algos.get_adv_estimator_fn(name)(**kw)
+    assert torch.equal(g_ours, g_theirs) and ours.dtype == theirs.dtype
+    scale = theirs.abs().amax(-1, keepdim=True).clamp_min(1e-6)
+    torch.testing.assert_close(ours / scale, theirs / scale, rtol=0, atol=1e-5)
+    assert (ours[mask == 0] == 0).all()
+
+
+def test_optimal_token_baseline_zero_tail_and_groups():
+    """One group of three rows (lengths 5, 3, 2), one of two tied rows (4, 4), one singleton: the unique
+    longest row's baseline is 0 from the second longest's length on (its advantage is its return
+    there), tied rows keep theirs, a singleton's advantage is its return; verl agrees."""
+    L = 6
+    lengths = torch.tensor([5, 3, 2, 4, 4, 6])
+    mask = (torch.arange(L) < lengths[:, None]).long()
+    rewards = torch.arange(6 * L, dtype=torch.float32).reshape(6, L) / 10
+    labels = np.array(["a", "a", "a", "b", "b", "c"], dtype=object)
+    kw = dict(token_level_rewards=rewards, response_mask=mask, index=labels, old_log_probs=torch.full((6, L), -1.0),
+              sum_pi_squared=torch.full((6, L), 0.3))
+    adv, g = R.compute_optimal_token_baseline_advantage(**kw)
+    assert torch.equal(adv[0, 3:5], g[0, 3:5]) and not torch.equal(adv[0, :3], g[0, :3])
+    assert not torch.equal(adv[3, :4], g[3, :4]) and torch.equal(adv[5], g[5] * mask[5])
+    torch.testing.assert_close(adv, core_algos.compute_optimal_token_baseline_advantage(**kw)[0])
+
+
+def test_optimal_token_baselines_read_nothing_back():
+    """No host read but the NumPy uid ranking (meta tensors have no data), and a clear error where
+    verl's trainer gave the estimator no sum_pi_squared."""
+    B, L = 6, 9
+    labels = np.array(list("aabbbc"), dtype=object)
+    t = [torch.empty(B, L, device="meta") for _ in range(4)]
+    for name in OTB:
+        a, g = R.ESTIMATORS[name](t[0], t[1], labels, old_log_probs=t[2], sum_pi_squared=t[3])
+        assert a.shape == g.shape == (B, L) and a.device.type == "meta"
+        with pytest.raises(ValueError, match="sum_pi_squared"):
+            R.ESTIMATORS[name](torch.zeros(B, L), torch.ones(B, L), labels, old_log_probs=torch.zeros(B, L))
+
+
+def test_register_replace_puts_them_under_verls_names():
+    """register(replace=True): verl's own two names (the only ones its trainer hands old_log_probs and
+    sum_pi_squared) give rollbuf's functions; verl's entries are put back after the test."""
+    saved = {n: core_algos.ADV_ESTIMATOR_REGISTRY[n] for n in OTB}
+    try:
+        names = R.register(replace=True)
+        assert set(OTB) <= set(names) and {"rollbuf_" + n for n in OTB} <= set(names)
+        assert all(core_algos.get_adv_estimator_fn(n) is R.ESTIMATORS[n] for n in OTB)
+    finally:
+        core_algos.ADV_ESTIMATOR_REGISTRY.update(saved)
+
+
 def test_passk_all_equal_group_at_epsilon_zero():
     """docs/llm.md: with epsilon=0 an all-equal group's pass@k advantage is 0/0 at its best member. verl
     puts that NaN at the one member torch.topk picks, 0 at the others; rollbuf gives every member 0

@@ -129,6 +129,61 @@ def compute_remax_outcome_advantage(token_level_rewards, reward_baselines, respo
     return returns - reward_baselines.unsqueeze(-1) * response_mask, returns
 
 
+def _path_weights(old_log_probs, sum_pi_squared, rollout_is_weights, response_mask):
+    """verl's ``W_t = Σ_{j≤t} (1 − 2π_j + Σπ²_j)·ρ̄_j²·m_j``: the cumulative path-variance proxy."""
+    w = 1 - 2 * torch.exp(old_log_probs) + sum_pi_squared
+    if rollout_is_weights is not None:
+        w = w * rollout_is_weights**2
+    return (w * response_mask).cumsum(dim=-1)
+
+
+def _otb_inputs(token_level_rewards, response_mask, old_log_probs, sum_pi_squared, rollout_is_weights):
+    """The reward-to-go ``G`` (verl's, in its dtype) and ``W`` ``[B, L]``, the inputs checked."""
+    _same_shape(token_level_rewards, response_mask)
+    if old_log_probs is None or sum_pi_squared is None:
+        raise ValueError("old_log_probs and sum_pi_squared are required by the optimal token baseline: verl 0.9.1's "
+                         "trainer passes them to its own names only (register(replace=True), docs/llm.md)")
+    for name, x in (("old_log_probs", old_log_probs), ("sum_pi_squared", sum_pi_squared),
+                    ("rollout_is_weights", rollout_is_weights)):
+        if x is not None and (not isinstance(x, torch.Tensor) or x.shape != token_level_rewards.shape):
+            raise ValueError(f"{name} must have token_level_rewards' shape {tuple(token_level_rewards.shape)}, "
+                             f"got {tuple(getattr(x, 'shape', ())) or type(x).__name__}")
+    returns = (token_level_rewards * response_mask).flip(dims=[-1]).cumsum(dim=-1).flip(dims=[-1])
+    return returns, _path_weights(old_log_probs, sum_pi_squared, rollout_is_weights, response_mask)
+
+
+def compute_optimal_token_baseline_advantage(token_level_rewards, response_mask, index, old_log_probs=None,
+                                             sum_pi_squared=None, rollout_is_weights=None, handle_zero_tail=True,
+                                             epsilon=1e-8, **kwargs):
+    """verl's optimal token baseline (OTB): ``A_t = G_t − B_t``, ``B_t = Σ_group G_t·W_t / Σ_group W_t``
+    at each token position (:func:`rollbuf.groups.token_baseline`); returns ``(advantages, returns)``."""
+    with torch.no_grad():
+        G, W = _otb_inputs(token_level_rewards, response_mask, old_log_probs, sum_pi_squared, rollout_is_weights)
+        m = response_mask
+        b = groups.token_baseline(G, W * m, index, m.sum(dim=-1).long(), epsilon=epsilon, zero_tail=handle_zero_tail)
+        return (G - b) * m, G
+
+
+def compute_multi_turn_optimal_token_baseline_advantage(token_level_rewards, response_mask, index, old_log_probs=None,
+                                                        sum_pi_squared=None, rollout_is_weights=None,
+                                                        handle_zero_tail=True, epsilon=1e-8, **kwargs):
+    """verl's multi-turn optimal token baseline (TIR-OTB): OTB over each row's response tokens packed to
+    the row's front (the k-th response token of every row of a group at one position), scattered back;
+    rows without a response token are in no group. Returns ``(advantages, returns)``."""
+    with torch.no_grad():
+        G, W = _otb_inputs(token_level_rewards, response_mask, old_log_probs, sum_pi_squared, rollout_is_weights)
+        on = response_mask.bool()
+        lengths = on.sum(dim=-1)
+        B, L = on.shape
+        at = torch.where(on, on.cumsum(dim=-1) - 1, L)  # each response token's packed position; L: a spare column
+        packed_g = G.new_zeros(B, L + 1).scatter_(1, at, torch.where(on, G, 0))[:, :L]
+        packed_w = W.new_zeros(B, L + 1).scatter_(1, at, torch.where(on, W, 0))[:, :L]
+        b = groups.token_baseline(packed_g, packed_w, index, lengths, epsilon=epsilon, zero_tail=handle_zero_tail,
+                                  member=lengths > 0)
+        adv = (packed_g - b).gather(1, at.clamp(max=L - 1)) if L else packed_g
+        return torch.where(on, adv, 0) * response_mask, G
+
+
 def _registered(fn):
     """``fn`` with verl's signature, taking (and ignoring) the other inputs verl's trainer may give a
     registered estimator. ``config`` is not read, as verl's own GRPO functions do not read it: verl's
@@ -149,17 +204,30 @@ ESTIMATORS = {"grpo": _registered(compute_grpo_outcome_advantage),
               "reinforce_plus_plus_baseline": compute_reinforce_plus_plus_baseline_outcome_advantage,
               "rloo": compute_rloo_outcome_advantage, "rloo_vectorized": compute_rloo_vectorized_outcome_advantage,
               "opo": compute_opo_outcome_advantage, "gpg": compute_gpg_outcome_advantage,
-              "reinforce_plus_plus": compute_reinforce_plus_plus_outcome_advantage}
+              "reinforce_plus_plus": compute_reinforce_plus_plus_outcome_advantage,
+              "optimal_token_baseline": compute_optimal_token_baseline_advantage,
+              "tir_optimal_token_baseline": compute_multi_turn_optimal_token_baseline_advantage}
+#: The estimators verl 0.9.1's trainer gives inputs of their own (``old_log_probs``, ``sum_pi_squared``,
+#: ``rollout_is_weights``) under verl's names only: ``register(replace=True)`` puts rollbuf's there.
+OWN_INPUTS = ("optimal_token_baseline", "tir_optimal_token_baseline")
 
 
-def register(prefix: str = "rollbuf_") -> list[str]:
+def register(prefix: str = "rollbuf_", *, replace: bool = False) -> list[str]:
     """Add :data:`ESTIMATORS` to verl's ``ADV_ESTIMATOR_REGISTRY`` as ``prefix + name`` (so that
-    ``algorithm.adv_estimator=rollbuf_grpo`` selects one); returns the names."""
+    ``algorithm.adv_estimator=rollbuf_grpo`` selects one); returns the names. ``replace=True`` also puts
+    rollbuf's estimators of :data:`OWN_INPUTS` under verl's own names, the only names verl's trainer
+    hands their inputs to (``algorithm.adv_estimator=optimal_token_baseline`` then runs rollbuf's)."""
     from verl.trainer.ppo import core_algos
 
+    names = []
     for name, fn in ESTIMATORS.items():
         core_algos.register_adv_est(prefix + name)(fn)
-    return [prefix + name for name in ESTIMATORS]
+        names.append(prefix + name)
+    if replace:
+        for name in OWN_INPUTS:  # verl's register_adv_est refuses a name it has: the registry entry itself
+            core_algos.ADV_ESTIMATOR_REGISTRY[name] = ESTIMATORS[name]
+            names.append(name)
+    return names
 
 
 __all__ = [name for name in list(globals()) if name.startswith("compute_")] + ["register"]
