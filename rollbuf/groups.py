@@ -337,7 +337,7 @@ READS_LENGTHS = frozenset({"opo", "reinforce_plus_plus_baseline", "gdpo"})
 _FUSED = {"grpo": (1, None), "dr_grpo": (1, False), "rloo_vectorized": (2, False)}
 
 
-def _epsilon(v) -> float:
+def outcome_epsilon(v) -> float:
     """``epsilon``, the std's offset: a finite number ``>= 0`` (0 divides an all-equal group by 0)."""
     if isinstance(v, bool) or not isinstance(v, (int, float, np.floating, np.integer)) or not 0 <= v < math.inf:
         raise ValueError(f"epsilon must be a finite number >= 0, got {v!r}")
@@ -394,7 +394,7 @@ def outcome_advantages(scores, index, lengths=None, estimator: str = "grpo", *, 
         raise ValueError(f"lengths must hold one entry per row ({x.numel()}), got {len(w)}")
     if estimator == "grpo_passk" and counts is not None and counts.min(initial=2) < 2:
         raise ValueError("index: pass@k needs at least 2 samples per group")
-    k = (_epsilon(epsilon), norm_adv_by_std_in_grpo, _f_norm(f_norm))
+    k = (outcome_epsilon(epsilon), norm_adv_by_std_in_grpo, _f_norm(f_norm))
     if _backend(backend, x.device, None) == "triton":
         return _on_kernel(x, labels, counts, w, estimator, k)
     ids, n = group_ids(labels) if counts is None else (torch.as_tensor(labels, device=x.device), counts.size)
@@ -414,7 +414,7 @@ def token_baseline(returns, weights, index, lengths, *, epsilon: float = 1e-8, z
     ids, n = group_ids(index, returns.device)
     if len(ids) != returns.shape[0]:
         raise ValueError(f"index must hold one label per row ({returns.shape[0]}), got {len(ids)}")
-    eps = _epsilon(epsilon)
+    eps = outcome_epsilon(epsilon)
     one = torch.ones(ids.shape, dtype=returns.dtype, device=returns.device)
     if member is not None:
         one = one * member

@@ -7,6 +7,10 @@ optional dependency only matters to the module that needs it:
   arguments (both autoreset modes); needs nothing beyond numpy.
 * :mod:`rollbuf.integrations.llm` — token-level GAE and returns for LLM agents (verl's
   ``compute_gae_advantage_return``, packed sequences); plain torch.
+* :mod:`rollbuf.integrations.verl` — verl's advantage estimators under verl's names (GRPO, RLOO,
+  pass@k, OTB, ...) and ``register()``; plain torch (``register`` imports verl).
+* :mod:`rollbuf.integrations.verl_agent` — verl-agent's GiGPO (episode and step groups) and its
+  step returns; plain torch.
 * :mod:`rollbuf.integrations.torchrl` — ``GAE``, ``TDLambdaEstimator`` and ``VTrace`` with
   TorchRL's constructor and call, usable by TorchRL's losses; needs ``torchrl``.
 * :mod:`rollbuf.integrations.sb3` — Stable-Baselines3's ``RolloutBuffer.compute_returns_and_advantage``
