@@ -2,37 +2,49 @@
 decoupled look-back, and the driver that walks a row or takes one chunk of it.
 
 A family kernel (``td_lambda/triton.py``, ``vtrace/triton.py``, ...) is a small entry that gathers
-its pointers into a tuple ``fam = (fields, outputs, scalars)`` and hands it to :func:`drive` with
-three device functions of its own:
+its pointers and scalars into a :data:`Fam` (``fam.fields``, ``fam.outputs``, ``fam.scalars``, each a
+named tuple of the family's own) and hands it to :func:`drive` with its :data:`Scan` (three device
+functions of its own and the shape of its state) and the launch's :data:`Config`:
 
 * ``LOAD(fam, geo, o, ok, end, ACC)``: every per-step value the family reads at the steps ``o``
-  (``ok``: inside the row), as a tuple ``x``: each field loaded once, 0 at padded lanes and masked
-  steps (``end``: the state past the window, for a next-step value read past the last step);
-* ``STEP(fam, x, ACC)``: the scan elements (affine maps) of those steps, built by the family's
-  function in :mod:`rollbuf.boundary.coefficients`; the identity at padded lanes and masked steps;
+  (``ok``: inside the row), as a named tuple ``x`` of the family's: each field loaded once, 0 at
+  padded lanes and masked steps (``end``: the :data:`State` past the window, for a next-step value
+  read past the last step);
+* ``STEP(fam, x, ACC)``: the scan elements (a :data:`Map` or :data:`PairMap`) of those steps, built by
+  the family's function in :mod:`rollbuf.boundary.coefficients`; the identity at padded lanes and
+  masked steps;
 * ``EMIT(fam, geo, o, ok, x, z, ACC)``: writes the outputs of the steps ``o`` from their values ``x``
-  and the *exclusive* state ``z`` (the state one step further along the scan: ``Z_{t+1}`` backward,
-  ``F_{t−1}`` forward; the inclusive one for a family whose ``MODE`` says so), 0 at masked steps;
-  ``z[2]`` is the state carried into the chunk (``[BLOCK_N, 1]``). Returns the *inclusive* state at
-  ``o`` (what the step hands on), which the driver stores as the row's carry out where asked.
+  and the *exclusive* state ``z.u, z.v`` (the state one step further along the scan: ``Z_{t+1}``
+  backward, ``F_{t−1}`` forward; the inclusive one for a family whose ``Scan.INCLUSIVE`` says so),
+  0 at masked steps; ``z.c`` is the state carried into the chunk (``[BLOCK_N, 1]``). Returns the
+  *inclusive* state at ``o`` (what the step hands on), which the driver stores as the row's carry out
+  where asked.
 
-``LOAD`` runs again at the output's steps for ``EMIT`` (second reads hit the cache): holding the
-scan's ``x`` in registers across the scan instead lost (V-trace's short rows slower, GAE even); in
-the one-chunk pass the compiler merges the second reads with the scan's (the same PTX counts), so
-there is nothing to hold there either (docs/kernel-choices.md, 'The shared scan (core.py)').
+``LOAD`` runs again at the output's steps for ``EMIT`` (second reads hit the cache; in the one-chunk
+pass the compiler merges them with the scan's: docs/kernel-choices.md, 'The shared scan (core.py)').
 
-``fields = (main, values, terminated, truncated, bootstrap_values, mask, *extras)``: the driver
-reads positions 2, 4 and 5 for the window end; ``None`` = absent (a compile-time constant: absent
-fields cost nothing). ``geo = (n, f, F, s_n, s_t, s_on, s_ot, T)``: the rows' environment and feature index
-(``[BLOCK_N, 1]``), the feature count (1 except for the forward estimators' ``x``), and the one pair
-of strides every ``[N, T]`` field of the call is read with, and the outputs' pair (a feature field
-or output at ``F·(n·s + t·s) + f``).
+``fam.fields``: the family's ``[N, T]`` tensors by name; the driver and :func:`boundary` read
+``p_k``, ``p_tr``, ``p_bv`` and ``p_m`` (terminated, truncated, bootstrap_values, mask: every family
+that reads the window end or the flags names them); ``None`` = absent (a compile-time constant:
+absent fields cost nothing). :data:`Geo`: the program's rows and the rows' environment and feature
+index (``[BLOCK_N, 1]``), the feature count (1 except for the forward estimators' ``x``), the one pair
+of strides every ``[N, T]`` field of the call is read with, and the outputs' pair (a feature field or
+output at ``F·(n·s + t·s) + f``).
 
-Scan elements are tuples: ``(α, β)`` for the scalar families (the map ``y → α + β·y``), five
-components ``(p, q, s, a, w)`` for V-trace's pair state (``(u, V) → (a + p·u + q·V, w + s·V)``).
+Scan elements: :data:`Map` ``(a, b)`` for the scalar families (the map ``y → a + b·y``),
+:data:`PairMap` ``(p, q, s, a, w)`` for V-trace's pair state (``(u, V) → (a + p·u + q·V, w + s·V)``).
+
+Triton (3.6, 3.7) compiles a named tuple as a tuple whose fields it reads by name, in the interpreter
+and compiled alike: a bundle costs no instruction, and a loop-carried one keeps its type. Three rules
+of the compiler's: a bundle holding constexprs (:data:`Scan`, :data:`Config`: the device functions
+too) is built in the call that passes it, as a local variable's constexprs become tensors (a local
+holding a function does not compile); a parameter bound to one keeps them constexprs; and no field is
+named ``values`` or ``type``, which Triton's tuple holds as attributes of its own (``fields.values``
+would compile to the list of its values; the interpreter would read the field).
 """
 
 import types
+from collections import namedtuple
 
 import triton
 import triton.language as tl
@@ -54,6 +66,25 @@ def jit_boundary(fn):
 
 compose = jit_boundary(C.compose)
 compose_pair = jit_boundary(C.compose_pair)
+
+# ---- the bundles (named tuples, built inside the kernels) ---------------------------------------
+# a family's pointers and scalars: named tuples of its own (V-trace adds READBACK to its Fam)
+Fam = namedtuple("Fam", "fields outputs scalars")
+# the family's scan: its device functions (LOAD, STEP, EMIT: above); PAIR: pair maps (five components)
+# or scalar ones; CARRY2: a pair (u, V) carried in and out per row ([N, 2]) or one value; INCLUSIVE:
+# EMIT reads the inclusive state (the family scans its output itself); REVERSE: backward in time
+Scan = namedtuple("Scan", "LOAD STEP EMIT PAIR CARRY2 INCLUSIVE REVERSE")
+# the launch's configuration: the entry kernel's constexpr parameters (host.Launch sets them)
+Config = namedtuple("Config", "PASS CARRY_IN ACC BLOCK_N BLOCK_T SHIFT_LOAD FLIP")
+# the fields' pair of strides (s_n, s_t) and the outputs' (s_on, s_ot)
+Strides = namedtuple("Strides", "s_n s_t s_on s_ot")
+# a program's rows: indices and which are < R ([BLOCK_N]), env and feature index ([BLOCK_N, 1]),
+# feature count, strides, steps per row
+Geo = namedtuple("Geo", "rows row_ok n f F s_n s_t s_on s_ot T")
+Map = namedtuple("Map", "a b")  # y → a + b·y
+PairMap = namedtuple("PairMap", "p q s a w")  # (u, V) → (a + p·u + q·V, w + s·V)
+State = namedtuple("State", "u v")  # the scan's state: u (V for a pair), v (u itself for scalar maps)
+Z = namedtuple("Z", "u v c")  # the state EMIT reads ([BLOCK_N, BLOCK_T]), the carry into the chunk ([BLOCK_N, 1])
 
 # CARRY_IN: the state past the window's end (backward) or before its start (forward)
 ZERO = tl.constexpr(0)  # 0 (terminal window end; forward scans without `initial`)
@@ -121,13 +152,13 @@ def load_flag(ptr, off, ok, live, ACC: tl.constexpr):
 @triton.jit
 def offsets(geo, o):
     """Offsets of the steps ``o`` in every ``[N, T]`` field of the call."""
-    return geo[0] * geo[3] + o * geo[4]
+    return geo.n * geo.s_n + o * geo.s_t
 
 
 @triton.jit
 def out_offsets(geo, o):
     """Offsets of the steps ``o`` in every ``[N, T]`` output of the call."""
-    return geo[0] * geo[5] + o * geo[6]
+    return geo.n * geo.s_on + o * geo.s_ot
 
 
 @triton.jit
@@ -135,9 +166,8 @@ def next_value(p_v, geo, o, ok, end_v, ACC: tl.constexpr):
     """``V`` at the step after each of ``o`` in time, read from ``p_v``; past the window's last step,
     ``end_v`` (the state past the window, ``[BLOCK_N, 1]``). Only without a mask is the next step
     the next one in memory."""
-    T = geo[7]
-    v = tl.load(p_v + offsets(geo, o + 1), mask=ok & (o + 1 < T), other=0).to(ACC)
-    return tl.where(o + 1 >= T, end_v, v)
+    v = tl.load(p_v + offsets(geo, o + 1), mask=ok & (o + 1 < geo.T), other=0).to(ACC)
+    return tl.where(o + 1 >= geo.T, end_v, v)
 
 
 @triton.jit
@@ -148,11 +178,8 @@ def boundary(fields, off, ok, ACC: tl.constexpr):
     instead: ``γ(1−k)·0·0`` is not folded by the compiler, as ``x·0`` is not 0 for NaN or Inf; a
     jit function cannot return ``None``, so the families substitute it where they unpack), and ``live`` =
     inside the row and not masked."""
-    p_k, p_tr, p_bv, p_m = fields[2], fields[3], fields[4], fields[5]
-    if p_m is None:
-        live = ok
-    else:
-        live = ok & (tl.load(p_m + off, mask=ok, other=0) != 0)
+    p_k, p_tr, p_bv, p_m = fields.p_k, fields.p_tr, fields.p_bv, fields.p_m
+    live = ok if p_m is None else ok & (tl.load(p_m + off, mask=ok, other=0) != 0)
     k = load_flag(p_k, off, ok, None if p_m is None else live, ACC)
     tr = load_flag(p_tr, off, ok, None if p_m is None else live, ACC)
     if p_bv is None:
@@ -179,32 +206,35 @@ def combine_pair_lanes(p1, q1, s1, a1, w1, p2, q2, s2, a2, w2):
 
 @triton.jit
 def identity_where(e, live, PAIR: tl.constexpr):
-    """The map ``e`` where ``live``, the identity elsewhere (broadcast to ``live``'s shape by the select
-    itself: an explicit ``+ 0`` per component costs an add per element that the compiler keeps,
-    ``−0 + 0`` being ``+0``)."""
+    """The map ``e`` (a tuple of its components, in :data:`Map` or :data:`PairMap` order) where
+    ``live``, the identity elsewhere, as a :data:`Map` or :data:`PairMap` (broadcast to ``live``'s
+    shape by the select itself: an explicit ``+ 0`` per component costs an add per element that the
+    compiler keeps, ``−0 + 0`` being ``+0``)."""
     if PAIR:
-        return (tl.where(live, e[0], 1.0), tl.where(live, e[1], 0.0), tl.where(live, e[2], 1.0),
-                tl.where(live, e[3], 0.0), tl.where(live, e[4], 0.0))
+        p, q, s, a, w = e
+        return PairMap(tl.where(live, p, 1.0), tl.where(live, q, 0.0), tl.where(live, s, 1.0),
+                       tl.where(live, a, 0.0), tl.where(live, w, 0.0))
     else:
-        return tl.where(live, e[0], 0.0), tl.where(live, e[1], 1.0)
+        a, b = e
+        return Map(tl.where(live, a, 0.0), tl.where(live, b, 1.0))
 
 
 @triton.jit
 def apply(e, cu, cv, PAIR: tl.constexpr):
     """The state after the map ``e`` applied to ``(cu, cv)`` (``cv`` unused by scalar maps)."""
     if PAIR:
-        return e[3] + e[0] * cu + e[1] * cv, e[4] + e[2] * cv
+        return e.a + e.p * cu + e.q * cv, e.w + e.s * cv
     else:
-        return e[0] + e[1] * cu, cv + tl.zeros_like(e[0])
+        return e.a + e.b * cu, cv + tl.zeros_like(e.a)
 
 
 @triton.jit
 def _compose(o, i, PAIR: tl.constexpr):
     """``o ∘ i`` (apply ``i`` first)."""
     if PAIR:
-        return compose_pair(o[0], o[1], o[2], o[3], o[4], i[0], i[1], i[2], i[3], i[4])
+        return PairMap(*compose_pair(o.p, o.q, o.s, o.a, o.w, i.p, i.q, i.s, i.a, i.w))
     else:
-        return compose(o[0], o[1], i[0], i[1])
+        return Map(*compose(o.a, o.b, i.a, i.b))
 
 
 @triton.jit
@@ -212,9 +242,9 @@ def _identity(BLOCK_N: tl.constexpr, PAIR: tl.constexpr, ACC: tl.constexpr):
     one = tl.full([BLOCK_N], 1.0, ACC)
     zero = tl.zeros([BLOCK_N], ACC)
     if PAIR:
-        return one, zero, one, zero, zero
+        return PairMap(one, zero, one, zero, zero)
     else:
-        return zero, one
+        return Map(zero, one)
 
 
 @triton.jit
@@ -225,10 +255,10 @@ def _edge(x, lanes, EDGE: tl.constexpr):
 @triton.jit
 def _edge_map(e, lanes, EDGE: tl.constexpr, PAIR: tl.constexpr):
     if PAIR:
-        return (_edge(e[0], lanes, EDGE), _edge(e[1], lanes, EDGE), _edge(e[2], lanes, EDGE),
-                _edge(e[3], lanes, EDGE), _edge(e[4], lanes, EDGE))
+        return PairMap(_edge(e.p, lanes, EDGE), _edge(e.q, lanes, EDGE), _edge(e.s, lanes, EDGE),
+                       _edge(e.a, lanes, EDGE), _edge(e.w, lanes, EDGE))
     else:
-        return _edge(e[0], lanes, EDGE), _edge(e[1], lanes, EDGE)
+        return Map(_edge(e.a, lanes, EDGE), _edge(e.b, lanes, EDGE))
 
 
 @triton.jit
@@ -255,22 +285,26 @@ def _shift(x, c, lanes, REVERSE: tl.constexpr, BLOCK_T: tl.constexpr):
 
 @triton.jit
 def _store_map(base, g, o_b, BLOCK_N: tl.constexpr, PAIR: tl.constexpr):
-    tl.store(base + o_b, g[0])
-    tl.store(base + BLOCK_N + o_b, g[1])
     if PAIR:
-        tl.store(base + 2 * BLOCK_N + o_b, g[2])
-        tl.store(base + 3 * BLOCK_N + o_b, g[3])
-        tl.store(base + 4 * BLOCK_N + o_b, g[4])
+        tl.store(base + o_b, g.p)
+        tl.store(base + BLOCK_N + o_b, g.q)
+        tl.store(base + 2 * BLOCK_N + o_b, g.s)
+        tl.store(base + 3 * BLOCK_N + o_b, g.a)
+        tl.store(base + 4 * BLOCK_N + o_b, g.w)
+    else:
+        tl.store(base + o_b, g.a)
+        tl.store(base + BLOCK_N + o_b, g.b)
 
 
 @triton.jit
 def _load_map(base, o_b, BLOCK_N: tl.constexpr, PAIR: tl.constexpr):
     if PAIR:
-        return (tl.load(base + o_b, volatile=True), tl.load(base + BLOCK_N + o_b, volatile=True),
-                tl.load(base + 2 * BLOCK_N + o_b, volatile=True), tl.load(base + 3 * BLOCK_N + o_b, volatile=True),
-                tl.load(base + 4 * BLOCK_N + o_b, volatile=True))
+        return PairMap(tl.load(base + o_b, volatile=True), tl.load(base + BLOCK_N + o_b, volatile=True),
+                       tl.load(base + 2 * BLOCK_N + o_b, volatile=True),
+                       tl.load(base + 3 * BLOCK_N + o_b, volatile=True),
+                       tl.load(base + 4 * BLOCK_N + o_b, volatile=True))
     else:
-        return tl.load(base + o_b, volatile=True), tl.load(base + BLOCK_N + o_b, volatile=True)
+        return Map(tl.load(base + o_b, volatile=True), tl.load(base + BLOCK_N + o_b, volatile=True))
 
 
 @triton.jit
@@ -333,20 +367,20 @@ def _look_back(p_ws, p_flag, tile, rank, NUM_SEG, g, cu, cv, BLOCK_N: tl.constex
 
 
 @triton.jit
-def carry_in(fields, p_ci, rows, row_ok, first, T, geo, PAIR: tl.constexpr, CARRY_IN: tl.constexpr,
-             ACC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr):
-    """The state past the window, per row ``[BLOCK_N]`` (see ``CARRY_IN``; ``PAIR``: the state is
-    V-trace's pair ``(u, V)``, ``[N, 2]`` in memory); ``first``: this program holds the first chunk in
-    scan order (only that one reads the mask back for the window end).
+def carry_in(fields, p_ci, geo, first, PAIR: tl.constexpr, CARRY_IN: tl.constexpr, ACC: tl.constexpr,
+             BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr):
+    """The state past the window, per row ``[BLOCK_N]`` of ``geo.rows`` (see ``CARRY_IN``; ``PAIR``: the
+    state is V-trace's pair ``(u, V)``, ``[N, 2]`` in memory); ``first``: this program holds the first
+    chunk in scan order (only that one reads the mask back for the window end).
 
     The window end is the row's last column, or with a mask its last unmasked step, found by reading
     the mask backward from the row's end one chunk at a time (1 byte per step, usually one chunk); a
     row with no unmasked step passes V(s_T) of its last column through. V(s_T) is 0 where that
     step terminated (it is never read)."""
+    rows, row_ok, T, s_n, s_t = geo.rows, geo.row_ok, geo.T, geo.s_n, geo.s_t
     cu = tl.zeros([BLOCK_N], ACC)
     cv = tl.zeros([BLOCK_N], ACC)
-    F, s_n, s_t = geo[2], geo[3], geo[4]
-    nn = rows // F
+    nn = rows // geo.F
     if CARRY_IN == STATE:
         if PAIR:
             cu = tl.load(p_ci + rows * 2, mask=row_ok, other=0).to(ACC)
@@ -354,7 +388,7 @@ def carry_in(fields, p_ci, rows, row_ok, first, T, geo, PAIR: tl.constexpr, CARR
         else:
             cu = tl.load(p_ci + rows, mask=row_ok, other=0).to(ACC)
     if CARRY_IN == END_COLUMN or CARRY_IN == END_STEP:
-        p_k, p_bv, p_m = fields[2], fields[4], fields[5]
+        p_k, p_bv, p_m = fields.p_k, fields.p_bv, fields.p_m
         j_end = tl.zeros([BLOCK_N], tl.int64) + (T - 1)
         live_end = row_ok
         if p_m is not None:
@@ -404,12 +438,12 @@ def steps(start, lanes, REVERSE: tl.constexpr, FLIP: tl.constexpr, BLOCK_T: tl.c
 
 
 @triton.jit
-def _scan_steps(start, lanes, row_ok, T, REVERSE: tl.constexpr, FLIP: tl.constexpr, BLOCK_T: tl.constexpr,
+def _scan_steps(start, lanes, geo, REVERSE: tl.constexpr, FLIP: tl.constexpr, BLOCK_T: tl.constexpr,
                 D: tl.constexpr):
     """``(o, ok)``: the steps whose maps a chunk starting at ``start`` scans (its own, or with
     ``D = ±1`` each lane's neighbour along the scan) and which of them are inside the row."""
     o = steps(start, lanes, REVERSE, FLIP, BLOCK_T) + D
-    ok = row_ok[:, None] & (o < T)
+    ok = geo.row_ok[:, None] & (o < geo.T)
     if D < 0:  # the neighbour before the row's first step
         ok = ok & (o >= 0)
     return o, ok
@@ -424,31 +458,28 @@ def _fold(e, at, cu, cv, PAIR: tl.constexpr):
     after it (the compiler drops them, Triton's flips of a reverse scan included). The first map's
     multiplicative components stay: no composite's additive component reads them."""
     if PAIR:
-        return (e[0], e[1], e[2], tl.where(at, e[3] + e[0] * cu[:, None] + e[1] * cv[:, None], e[3]),
-                tl.where(at, e[4] + e[2] * cv[:, None], e[4]))
+        return PairMap(e.p, e.q, e.s, tl.where(at, e.a + e.p * cu[:, None] + e.q * cv[:, None], e.a),
+                       tl.where(at, e.w + e.s * cv[:, None], e.w))
     else:
-        return tl.where(at, e[0] + e[1] * cu[:, None], e[0]), e[1]
+        return Map(tl.where(at, e.a + e.b * cu[:, None], e.a), e.b)
 
 
 @triton.jit
-def _scan(fam, x, at, cu, cv, STEP: tl.constexpr, PAIR: tl.constexpr, REVERSE: tl.constexpr, FOLD: tl.constexpr,
-          ACC: tl.constexpr):
-    """Inclusive scan over the chunk (axis 1) of the maps of the steps whose values are ``x``, in lane
-    order or (``REVERSE``) against it; ``FOLD``: the carry ``(cu, cv)`` folded into the map at ``at``
-    first (:func:`_fold`), so that the scan gives the states."""
-    e = STEP(fam, x, ACC)
+def _scan(fam, x, at, cu, cv, scan, SCAN_REV: tl.constexpr, FOLD: tl.constexpr, ACC: tl.constexpr):
+    """Inclusive scan over the chunk (axis 1) of the maps (``scan.STEP``) of the steps whose values are
+    ``x``, in lane order or (``SCAN_REV``) against it; ``FOLD``: the carry ``(cu, cv)`` folded into the
+    map at ``at`` first (:func:`_fold`), so that the scan gives the states."""
+    e = scan.STEP(fam, x, ACC)
     if FOLD:
-        e = _fold(e, at, cu, cv, PAIR)
-    if PAIR:
-        return tl.associative_scan(e, 1, combine_pair_lanes, reverse=REVERSE)
+        e = _fold(e, at, cu, cv, scan.PAIR)
+    if scan.PAIR:
+        return PairMap(*tl.associative_scan(e, 1, combine_pair_lanes, reverse=SCAN_REV))
     else:
-        return tl.associative_scan(e, 1, combine_lanes, reverse=REVERSE)
+        return Map(*tl.associative_scan(e, 1, combine_lanes, reverse=SCAN_REV))
 
 
 @triton.jit
-def _finish(fam, geo, e, cu, cv, end, start, rows, row_ok, p_co, LOAD: tl.constexpr, EMIT: tl.constexpr,
-            MODE: tl.constexpr, REVERSE: tl.constexpr, FLIP: tl.constexpr, ACC: tl.constexpr, BLOCK_T: tl.constexpr,
-            SHIFT_LOAD: tl.constexpr, FOLD: tl.constexpr):
+def _finish(fam, geo, e, cu, cv, end, start, p_co, scan, cfg, FOLD: tl.constexpr):
     """A chunk's scan ``e`` applied to the carry into it; the state ``EMIT`` reads at every lane (the
     inclusive one if the family's scan is its output; else the exclusive one: the scan of the
     neighbours' maps itself with ``SHIFT_LOAD``, or the inclusive one shifted by a lane in
@@ -456,20 +487,24 @@ def _finish(fam, geo, e, cu, cv, end, start, rows, row_ok, p_co, LOAD: tl.conste
     by the chunk that holds its edge step. Returns the inclusive state (what the next chunk in scan
     order starts from). ``FOLD``: the carry was folded into the scan (:func:`_fold`): ``e`` holds the
     states already."""
-    PAIR: tl.constexpr = MODE[0]
-    CARRY2: tl.constexpr = MODE[1]
-    INCLUSIVE: tl.constexpr = MODE[2]
-    T = geo[7]
+    PAIR: tl.constexpr = scan.PAIR
+    CARRY2: tl.constexpr = scan.CARRY2
+    INCLUSIVE: tl.constexpr = scan.INCLUSIVE
+    REVERSE: tl.constexpr = scan.REVERSE
+    FLIP: tl.constexpr = cfg.FLIP
+    SHIFT_LOAD: tl.constexpr = cfg.SHIFT_LOAD
+    BLOCK_T: tl.constexpr = cfg.BLOCK_T
+    rows, row_ok = geo.rows, geo.row_ok
     lanes = tl.arange(0, BLOCK_T)[None, :]
     o = steps(start, lanes, REVERSE, FLIP, BLOCK_T)
-    ok = row_ok[:, None] & (o < T)
+    ok = row_ok[:, None] & (o < geo.T)
     if FOLD:
         if PAIR:
-            iu = e[3]
-            iv = e[4]
+            iu = e.a
+            iv = e.w
         else:
-            iu = e[0]
-            iv = cv[:, None] + tl.zeros_like(e[0])
+            iu = e.a
+            iv = cv[:, None] + tl.zeros_like(e.a)
     else:
         iu, iv = apply(e, cu[:, None], cv[:, None], PAIR)
     if INCLUSIVE or SHIFT_LOAD:
@@ -477,19 +512,14 @@ def _finish(fam, geo, e, cu, cv, end, start, rows, row_ok, p_co, LOAD: tl.conste
         zv = iv
     else:
         zu = _shift(iu, cu[:, None], lanes, REVERSE and not FLIP, BLOCK_T)
-        if PAIR:
-            zv = _shift(iv, cv[:, None], lanes, REVERSE and not FLIP, BLOCK_T)
-        else:
-            zv = zu
-    ou, ov = EMIT(fam, geo, o, ok, LOAD(fam, geo, o, ok, end, ACC), (zu, zv, cu[:, None]), ACC)
+        zv = _shift(iv, cv[:, None], lanes, REVERSE and not FLIP, BLOCK_T) if PAIR else zu
+    x = scan.LOAD(fam, geo, o, ok, end, cfg.ACC)
+    ou, ov = scan.EMIT(fam, geo, o, ok, x, Z(zu, zv, cu[:, None]), cfg.ACC)
     if p_co is not None:
         if not SHIFT_LOAD and not INCLUSIVE and PAIR == CARRY2:  # the scan is the carried state already
             ou = iu
             ov = iv
-        if REVERSE:
-            edge = o == 0
-        else:
-            edge = o == T - 1
+        edge = o == 0 if REVERSE else o == geo.T - 1
         # stored by the one lane of each row that holds its edge step: no reduction across the chunk
         at = edge & row_ok[:, None]
         r = rows[:, None] + 0 * lanes
@@ -526,41 +556,45 @@ def _program(R, T, p_ws, PAIR: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.
 
 
 @triton.jit
-def drive(fam, R, T, F, strides, p_ci, p_co, p_ws, LOAD: tl.constexpr, STEP: tl.constexpr, EMIT: tl.constexpr,
-          MODE: tl.constexpr, REVERSE: tl.constexpr, CARRY_IN: tl.constexpr, ACC: tl.constexpr,
-          BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, PASS: tl.constexpr, SHIFT_LOAD: tl.constexpr,
-          FLIP: tl.constexpr):
-    """One program of a family kernel: ``R`` rows (``R = N·F``) of ``T`` steps; ``strides =
-    (s_n, s_t, s_on, s_ot)``: the fields' pair and the outputs' pair.
+def drive(fam, R, T, F, strides, p_ci, p_co, p_ws, scan, cfg):
+    """One program of a family kernel: ``R`` rows (``R = N·F``) of ``T`` steps; ``strides``: the
+    fields' pair and the outputs' (:data:`Strides`); ``scan``: the family's :data:`Scan`; ``cfg``: the
+    launch's :data:`Config`.
 
-    ``PASS``: ``ONE_CHUNK``: the program owns ``BLOCK_N`` whole rows of at most ``BLOCK_T`` steps, one
-    chunk, straight-line code. ``WALK``: the program owns ``BLOCK_N`` whole rows and walks them in
+    ``cfg.PASS``: ``ONE_CHUNK``: the program owns ``BLOCK_N`` whole rows of at most ``BLOCK_T`` steps,
+    one chunk, straight-line code. ``WALK``: the program owns ``BLOCK_N`` whole rows and walks them in
     ``BLOCK_T``-step chunks (backward in time for the backward estimators), the carry in registers. ``LOOKBACK``:
     it owns one chunk of ``BLOCK_N`` rows and gets the carry into it by the decoupled look-back.
     ``AGGREGATES`` / ``OUTPUTS``: the first and last of three passes over split rows (the middle
     one, :func:`rollbuf.kernels.resolve.resolve_kernel`, turns the aggregates into every chunk's
     carry): no atomics, no waiting.
 
-    ``SHIFT_LOAD``: scan the neighbouring step's maps (``t + 1`` backward, ``t − 1`` forward; the
+    ``cfg.SHIFT_LOAD``: scan the neighbouring step's maps (``t + 1`` backward, ``t − 1`` forward; the
     scan *is* the exclusive state); otherwise scan the steps' own maps and shift by a lane.
 
-    ``FLIP`` (backward scans only): each chunk is held in reverse, lane j at step
+    ``cfg.FLIP`` (backward scans only): each chunk is held in reverse, lane j at step
     ``start + BLOCK_T − 1 − j`` (:func:`steps`), and the backward scan runs in lane order, so that
     Triton does not reverse every element across the warp; the chunk's edge lane, the lane shift and
     the aggregate follow the scan's direction in lanes (``SCAN_REV``), the row's edges stay in time.
 
-    ``MODE = (PAIR, CARRY2, INCLUSIVE)``, the family's: the scan's maps are pair maps (five
-    components) or scalar ones; the carry in and out is a pair per row (V-trace's ``(u, V)``) or one
-    value; ``EMIT`` reads the inclusive state (the family scans its output itself) or the exclusive
-    one. ``LOAD`` also gets ``end``, the state past the window (``[BLOCK_N, 1]`` pair)."""
-    PAIR: tl.constexpr = MODE[0]
-    CARRY2: tl.constexpr = MODE[1]
-    INCLUSIVE: tl.constexpr = MODE[2]
+    ``scan.PAIR``, ``scan.CARRY2``, ``scan.INCLUSIVE``: the scan's maps are pair maps (five components)
+    or scalar ones; the carry in and out is a pair per row (V-trace's ``(u, V)``) or one value;
+    ``EMIT`` reads the inclusive state (the family scans its output itself) or the exclusive one.
+    ``LOAD`` also gets ``end``, the :data:`State` past the window (``[BLOCK_N, 1]`` each)."""
+    PAIR: tl.constexpr = scan.PAIR
+    CARRY2: tl.constexpr = scan.CARRY2
+    INCLUSIVE: tl.constexpr = scan.INCLUSIVE
+    REVERSE: tl.constexpr = scan.REVERSE
+    PASS: tl.constexpr = cfg.PASS
+    ACC: tl.constexpr = cfg.ACC
+    BLOCK_N: tl.constexpr = cfg.BLOCK_N
+    BLOCK_T: tl.constexpr = cfg.BLOCK_T
+    FLIP: tl.constexpr = cfg.FLIP
     tile, rank = _program(R, T, p_ws, PAIR, BLOCK_N, BLOCK_T, PASS)
     rows = tile * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)
     row_ok = rows < R
-    s_n, s_t, s_on, s_ot = strides
-    geo = ((rows // F)[:, None], (rows % F)[:, None], F, s_n, s_t, s_on, s_ot, T)
+    geo = Geo(rows, row_ok, (rows // F)[:, None], (rows % F)[:, None], F, strides.s_n, strides.s_t, strides.s_on,
+              strides.s_ot, T)
     SCAN_REV: tl.constexpr = REVERSE and not FLIP  # the scan runs against lane order
     if SCAN_REV:  # the chunk's first and last lane in scan order
         FIRST: tl.constexpr = BLOCK_T - 1
@@ -568,7 +602,7 @@ def drive(fam, R, T, F, strides, p_ci, p_co, p_ws, LOAD: tl.constexpr, STEP: tl.
     else:
         FIRST: tl.constexpr = 0
         EDGE: tl.constexpr = BLOCK_T - 1
-    if SHIFT_LOAD and not INCLUSIVE:
+    if cfg.SHIFT_LOAD and not INCLUSIVE:
         if REVERSE:
             D: tl.constexpr = 1
         else:
@@ -577,42 +611,33 @@ def drive(fam, R, T, F, strides, p_ci, p_co, p_ws, LOAD: tl.constexpr, STEP: tl.
         D: tl.constexpr = 0
     lanes = tl.arange(0, BLOCK_T)[None, :]
     NUM_SEG = tl.cdiv(T, BLOCK_T)
-    cu, cv = carry_in(fam[0], p_ci, rows, row_ok, rank == 0, T, geo, CARRY2, CARRY_IN, ACC, BLOCK_N, BLOCK_T)
-    end = (cu[:, None], cv[:, None])
+    cu, cv = carry_in(fam.fields, p_ci, geo, rank == 0, CARRY2, cfg.CARRY_IN, ACC, BLOCK_N, BLOCK_T)
+    end = State(cu[:, None], cv[:, None])
     if PASS == ONE_CHUNK:
-        o_s, ok_s = _scan_steps(0, lanes, row_ok, T, REVERSE, FLIP, BLOCK_T, D)
-        x = LOAD(fam, geo, o_s, ok_s, end, ACC)
-        e = _scan(fam, x, lanes == FIRST, cu, cv, STEP, PAIR, SCAN_REV, True, ACC)
-        _finish(fam, geo, e, cu, cv, end, 0, rows, row_ok, p_co, LOAD, EMIT, MODE, REVERSE, FLIP, ACC, BLOCK_T,
-                SHIFT_LOAD, True)
+        o_s, ok_s = _scan_steps(0, lanes, geo, REVERSE, FLIP, BLOCK_T, D)
+        x = scan.LOAD(fam, geo, o_s, ok_s, end, ACC)
+        e = _scan(fam, x, lanes == FIRST, cu, cv, scan, SCAN_REV, True, ACC)
+        _finish(fam, geo, e, cu, cv, end, 0, p_co, scan, cfg, True)
     elif PASS == WALK:
         for i in range(0, NUM_SEG):
-            if REVERSE:
-                start = (NUM_SEG - 1 - i) * BLOCK_T
-            else:
-                start = i * BLOCK_T
-            o_s, ok_s = _scan_steps(start, lanes, row_ok, T, REVERSE, FLIP, BLOCK_T, D)
-            x = LOAD(fam, geo, o_s, ok_s, end, ACC)
-            e = _scan(fam, x, lanes == FIRST, cu, cv, STEP, PAIR, SCAN_REV, True,
-                      ACC)
-            iu, iv = _finish(fam, geo, e, cu, cv, end, start, rows, row_ok, p_co, LOAD, EMIT, MODE, REVERSE,
-                             FLIP, ACC, BLOCK_T, SHIFT_LOAD, True)
+            start = (NUM_SEG - 1 - i) * BLOCK_T if REVERSE else i * BLOCK_T
+            o_s, ok_s = _scan_steps(start, lanes, geo, REVERSE, FLIP, BLOCK_T, D)
+            x = scan.LOAD(fam, geo, o_s, ok_s, end, ACC)
+            e = _scan(fam, x, lanes == FIRST, cu, cv, scan, SCAN_REV, True, ACC)
+            iu, iv = _finish(fam, geo, e, cu, cv, end, start, p_co, scan, cfg, True)
             if i + 1 < NUM_SEG:  # the state at the chunk's edge carries into the next chunk
                 cu = _edge(iu, lanes, EDGE)
                 if PAIR:
                     cv = _edge(iv, lanes, EDGE)
     else:
-        if REVERSE:
-            start = (NUM_SEG - 1 - rank) * BLOCK_T
-        else:
-            start = rank * BLOCK_T
+        start = (NUM_SEG - 1 - rank) * BLOCK_T if REVERSE else rank * BLOCK_T
         W: tl.constexpr = 3 + 4 * PAIR  # slot width: map components + state
         o_b = tl.arange(0, BLOCK_N)
         slot = tile * NUM_SEG + rank
         p_slot = p_ws + slot * (W * BLOCK_N)
-        o_s, ok_s = _scan_steps(start, lanes, row_ok, T, REVERSE, FLIP, BLOCK_T, D)
-        x = LOAD(fam, geo, o_s, ok_s, end, ACC)
-        e = _scan(fam, x, lanes, cu, cv, STEP, PAIR, SCAN_REV, False, ACC)  # the carry is found after the scan
+        o_s, ok_s = _scan_steps(start, lanes, geo, REVERSE, FLIP, BLOCK_T, D)
+        x = scan.LOAD(fam, geo, o_s, ok_s, end, ACC)
+        e = _scan(fam, x, lanes, cu, cv, scan, SCAN_REV, False, ACC)  # the carry is found after the scan
         if PASS == OUTPUTS:  # the carry resolved by the earlier passes: the predecessor's inclusive state
             if rank > 0:
                 cu, cv = _load_state(p_ws + (slot - 1) * (W * BLOCK_N), o_b, BLOCK_N, PAIR)
@@ -628,5 +653,4 @@ def drive(fam, R, T, F, strides, p_ci, p_co, p_ws, LOAD: tl.constexpr, STEP: tl.
                 p_flag = (p_ws + tl.cdiv(R, BLOCK_N) * NUM_SEG * (W * BLOCK_N)).to(tl.pointer_type(tl.int32))
                 cu, cv = _look_back(p_ws, p_flag, tile, rank, NUM_SEG, g, cu, cv, BLOCK_N, PAIR, ACC)
         if PASS != AGGREGATES:
-            _finish(fam, geo, e, cu, cv, end, start, rows, row_ok, p_co, LOAD, EMIT, MODE, REVERSE, FLIP, ACC, BLOCK_T,
-                    SHIFT_LOAD, False)
+            _finish(fam, geo, e, cu, cv, end, start, p_co, scan, cfg, False)

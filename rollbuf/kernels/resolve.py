@@ -34,13 +34,13 @@ def resolve_kernel(p_ws, NUM_SEG, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, 
                                      tl.load(p + 2 * BLOCK_N, mask=ok, other=1.0),
                                      tl.load(p + 3 * BLOCK_N, mask=ok, other=0.0),
                                      tl.load(p + 4 * BLOCK_N, mask=ok, other=0.0)), 0, core.combine_pair_lanes)
-            su, sv = core.apply(m, cu, cv, True)
+            su, sv = core.apply(core.PairMap(*m), cu, cv, True)
             tl.store(p + 5 * BLOCK_N, su, mask=ok)
             tl.store(p + 6 * BLOCK_N, sv, mask=ok)
         else:  # identity: (0, 1)
             m = tl.associative_scan((tl.load(p, mask=ok, other=0.0), tl.load(p + BLOCK_N, mask=ok, other=1.0)), 0,
                                     core.combine_lanes)
-            su, sv = core.apply(m, cu, cv, False)
+            su, sv = core.apply(core.Map(*m), cu, cv, False)
             tl.store(p + 2 * BLOCK_N, su, mask=ok)
         # padded chunks are the identity: the state at the block's last lane is the carry
         cu = tl.sum(tl.where(last, su, 0.0), axis=0)[None, :]

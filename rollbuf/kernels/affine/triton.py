@@ -1,35 +1,40 @@
 """The generic affine scan ``y_t = α_t + β_t·y_{t±1}`` (:func:`rollbuf.functional.affine_scan`,
 and the scans inside the analytic backward passes): ``α``, ``β`` given as data, no flags."""
 
+from collections import namedtuple
+
 import triton
 import triton.language as tl
 
 from rollbuf.kernels import core
 
+# α, β: [N, T] each (no flags, no mask: the driver reads no field of this family's by name, its carry
+# in being STATE or ZERO)
+Fields = namedtuple("Fields", "p_a p_b")
+Outputs = namedtuple("Outputs", "p_out")  # y [N, T]
+Steps = namedtuple("Steps", "a b ok")  # a step's values (LOAD)
+
 
 @triton.jit
 def _load(fam, geo, o, ok, end, ACC: tl.constexpr):
-    """``(α, β, ok)`` at the steps ``o``."""
-    p_a, p_b = fam[0][0], fam[0][1]
+    """:data:`Steps` at the steps ``o``."""
     off = core.offsets(geo, o)
-    a = tl.load(p_a + off, mask=ok, other=0).to(ACC)
-    b = tl.load(p_b + off, mask=ok, other=1).to(ACC)
-    return a, b, ok
+    a = tl.load(fam.fields.p_a + off, mask=ok, other=0).to(ACC)
+    b = tl.load(fam.fields.p_b + off, mask=ok, other=1).to(ACC)
+    return Steps(a, b, ok)
 
 
 @triton.jit
 def _step(fam, x, ACC: tl.constexpr):
-    a, b, ok = x
-    return core.identity_where((a, b), ok, False)
+    return core.identity_where((x.a, x.b), x.ok, False)
 
 
 @triton.jit
 def _emit(fam, geo, o, ok, x, z, ACC: tl.constexpr):
-    p_out = fam[1][0]
-    a, b, _ = x
-    y = a + b * z[0]
+    p_out = fam.outputs.p_out
+    y = x.a + x.b * z.u
     tl.store(p_out + core.out_offsets(geo, o), core.out_value(y, p_out), mask=ok)
-    return tl.where(ok, y, z[0]), z[0]
+    return tl.where(ok, y, z.u), z.u
 
 
 @triton.jit
@@ -41,7 +46,6 @@ def affine_kernel(
     BLOCK_T: tl.constexpr, PASS: tl.constexpr, SHIFT_LOAD: tl.constexpr, FLIP: tl.constexpr,
 ):
     """``y`` of the affine scan, backward (``REVERSE``) or forward in time."""
-    fam = ((fields[0], fields[1], None, None, None, None), (p_out,), ())
-    core.drive(fam, R, T, 1, (s_n, s_t, s_on, s_ot), p_ci, p_co, p_ws, _load, _step, _emit, (False, False, False), REVERSE,
-               CARRY_IN, ACC, BLOCK_N, BLOCK_T, PASS, SHIFT_LOAD,
-               FLIP)
+    core.drive(core.Fam(Fields(*fields), Outputs(p_out), ()), R, T, 1, core.Strides(s_n, s_t, s_on, s_ot), p_ci,
+               p_co, p_ws, core.Scan(_load, _step, _emit, PAIR=False, CARRY2=False, INCLUSIVE=False, REVERSE=REVERSE),
+               core.Config(PASS, CARRY_IN, ACC, BLOCK_N, BLOCK_T, SHIFT_LOAD, FLIP))

@@ -3,6 +3,8 @@
 :func:`rollbuf.boundary.coefficients.retrace_step`, ``c_t = λ·min(c̄, π/μ)``.
 """
 
+from collections import namedtuple
+
 import triton
 import triton.language as tl
 
@@ -12,45 +14,50 @@ from rollbuf.kernels import core
 retrace_step = core.jit_boundary(C.retrace_step)
 lambda_out = core.jit_boundary(C.lambda_out)
 
+# rewards, values, terminated, truncated, bootstrap_values, mask, log_probs, target_log_probs,
+# q_values: [N, T] each
+Fields = namedtuple("Fields", "p_r p_v p_k p_tr p_bv p_m p_lp p_tlp p_q")
+Outputs = namedtuple("Outputs", "p_q")  # Q^ret [N, T]
+Scalars = namedtuple("Scalars", "gamma lam c_bar")
+Steps = namedtuple("Steps", "r v k tr boot live q c")  # a step's values (LOAD)
+
 
 @triton.jit
 def _load(fam, geo, o, ok, end, ACC: tl.constexpr):
-    """``(r, v, k, tr, boot, live, q, c)`` at the steps ``o``."""
-    fields, outs, scal = fam
-    gamma, lam, c_bar = scal
-    p_r, p_v, p_m, p_lp, p_tlp, p_q = fields[0], fields[1], fields[5], fields[6], fields[7], fields[8]
-    HAS_M: tl.constexpr = p_m is not None
+    """:data:`Steps` at the steps ``o``."""
+    fields, scal = fam.fields, fam.scalars
+    HAS_M: tl.constexpr = fields.p_m is not None
     off = core.offsets(geo, o)
     k, tr, boot, live = core.boundary(fields, off, ok, ACC)
-    r = core.load(p_r, off, ok, live, HAS_M, ACC)
-    v = core.load(p_v, off, ok, live, HAS_M, ACC)
-    ratio = tl.exp(core.load(p_tlp, off, ok, live, HAS_M, ACC) - core.load(p_lp, off, ok, live, HAS_M, ACC))
-    q = core.load(p_q, off, ok, live, HAS_M, ACC)
+    r = core.load(fields.p_r, off, ok, live, HAS_M, ACC)
+    v = core.load(fields.p_v, off, ok, live, HAS_M, ACC)
+    tlp = core.load(fields.p_tlp, off, ok, live, HAS_M, ACC)
+    ratio = tl.exp(tlp - core.load(fields.p_lp, off, ok, live, HAS_M, ACC))
+    q = core.load(fields.p_q, off, ok, live, HAS_M, ACC)
     # the clip propagates a NaN ratio (the GPU's min would drop it), as on every backend
-    return r, v, k, tr, boot, live, q, lam * tl.minimum(ratio, c_bar, propagate_nan=tl.PropagateNan.ALL)
+    c = scal.lam * tl.minimum(ratio, scal.c_bar, propagate_nan=tl.PropagateNan.ALL)
+    return Steps(r, v, k, tr, boot, live, q, c)
 
 
 @triton.jit
 def _step(fam, x, ACC: tl.constexpr):
-    gamma = fam[2][0]
-    r, v, k, tr, boot, live, q, c = x
-    if fam[0][3] is None or fam[0][4] is None:  # no step reads one (core.boundary)
+    boot = x.boot
+    if fam.fields.p_tr is None or fam.fields.p_bv is None:  # no step reads one (core.boundary)
         boot = None
-    return core.identity_where(retrace_step(r, v, k, tr, boot, q, c, gamma), live, False)
+    return core.identity_where(retrace_step(x.r, x.v, x.k, x.tr, boot, x.q, x.c, fam.scalars.gamma), x.live, False)
 
 
 @triton.jit
 def _emit(fam, geo, o, ok, x, z, ACC: tl.constexpr):
-    gamma = fam[2][0]
-    p_out = fam[1][0]
-    zu = z[0]
-    r, v, k, tr, boot, live, q, c = x
-    if fam[0][3] is None or fam[0][4] is None:  # no step reads one (core.boundary)
+    gamma = fam.scalars.gamma
+    p_out = fam.outputs.p_q
+    boot = x.boot
+    if fam.fields.p_tr is None or fam.fields.p_bv is None:  # no step reads one (core.boundary)
         boot = None
-    q_ret = core.masked(lambda_out(r, k, tr, boot, gamma, zu), live, fam[0][5])
+    q_ret = core.masked(lambda_out(x.r, x.k, x.tr, boot, gamma, z.u), x.live, fam.fields.p_m)
     tl.store(p_out + core.out_offsets(geo, o), core.out_value(q_ret, p_out), mask=ok)
-    a, b = retrace_step(r, v, k, tr, boot, q, c, gamma)
-    return tl.where(live, a + b * zu, zu), zu
+    a, b = retrace_step(x.r, x.v, x.k, x.tr, boot, x.q, x.c, gamma)
+    return tl.where(x.live, a + b * z.u, z.u), z.u
 
 
 @triton.jit
@@ -64,7 +71,7 @@ def retrace_kernel(
     PASS: tl.constexpr, SHIFT_LOAD: tl.constexpr, FLIP: tl.constexpr,
 ):
     """Retrace targets, backward in time (see :func:`rollbuf.kernels.core.drive`)."""
-    scal = (tl.full((), gamma, ACC), tl.full((), lam, ACC), tl.full((), c_bar, ACC))
-    core.drive((fields, (p_q,), scal), R, T, 1, (s_n, s_t, s_on, s_ot), p_ci, p_co, p_ws, _load, _step,
-               _emit, (False, False, False), True, CARRY_IN, ACC, BLOCK_N, BLOCK_T, PASS, SHIFT_LOAD,
-               FLIP)
+    scal = Scalars(tl.full((), gamma, ACC), tl.full((), lam, ACC), tl.full((), c_bar, ACC))
+    core.drive(core.Fam(Fields(*fields), Outputs(p_q), scal), R, T, 1, core.Strides(s_n, s_t, s_on, s_ot), p_ci, p_co,
+               p_ws, core.Scan(_load, _step, _emit, PAIR=False, CARRY2=False, INCLUSIVE=False, REVERSE=True),
+               core.Config(PASS, CARRY_IN, ACC, BLOCK_N, BLOCK_T, SHIFT_LOAD, FLIP))

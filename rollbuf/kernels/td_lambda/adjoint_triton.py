@@ -4,6 +4,8 @@ and ``W_t = ∂L/∂Z_t``, ``U_t = W_{t+1} = c_t·Ḡ_t + λc_t·U_{t−1}`` (``
 :func:`~rollbuf.boundary.coefficients.lambda_adjoint_out`; the row's carry out is ``W_T``, the
 gradient of the window-end carry."""
 
+from collections import namedtuple
+
 import triton
 import triton.language as tl
 
@@ -13,42 +15,42 @@ from rollbuf.kernels import core
 lambda_adjoint_step = core.jit_boundary(C.lambda_adjoint_step)
 lambda_adjoint_out = core.jit_boundary(C.lambda_adjoint_out)
 
+# grad_returns, grad_advantages, terminated, truncated, (none), mask: [N, T] each
+Fields = namedtuple("Fields", "p_g p_ga p_k p_tr p_bv p_m")
+Outputs = namedtuple("Outputs", "p_gr p_gv")  # r̄, V̄ [N, T] (V̄: None = not asked for)
+Scalars = namedtuple("Scalars", "gamma lam")
+Steps = namedtuple("Steps", "g ga k tr live")  # a step's values (LOAD): Ḡ = ḡ_G + ḡ_A, ḡ_A, flags
+
 
 @triton.jit
 def _load(fam, geo, o, ok, end, ACC: tl.constexpr):
-    """``(Ḡ, ḡ_A, k, tr, live)`` at the steps ``o``."""
-    fields = fam[0]
-    p_g, p_ga, p_m = fields[0], fields[1], fields[5]
+    """:data:`Steps` at the steps ``o``."""
+    fields = fam.fields
+    p_g, p_ga, p_m = fields.p_g, fields.p_ga, fields.p_m
     off = core.offsets(geo, o)
-    k, tr, boot, live = core.boundary(fields, off, ok, ACC)
+    k, tr, _, live = core.boundary(fields, off, ok, ACC)
     g = core.load(p_g, off, ok, live, p_m is not None, ACC)
-    if p_ga is None:
-        ga = tl.zeros(off.shape, ACC)
-    else:
-        ga = core.load(p_ga, off, ok, live, p_m is not None, ACC)
-    return g + ga, ga, k, tr, live
+    ga = tl.zeros(off.shape, ACC) if p_ga is None else core.load(p_ga, off, ok, live, p_m is not None, ACC)
+    return Steps(g + ga, ga, k, tr, live)
 
 
 @triton.jit
 def _step(fam, x, ACC: tl.constexpr):
-    gamma, lam = fam[2]
-    g, ga, k, tr, live = x
-    return core.identity_where(lambda_adjoint_step(g, k, tr, gamma, lam), live, False)
+    s = fam.scalars
+    return core.identity_where(lambda_adjoint_step(x.g, x.k, x.tr, s.gamma, s.lam), x.live, False)
 
 
 @triton.jit
 def _emit(fam, geo, o, ok, x, z, ACC: tl.constexpr):
-    gamma, lam = fam[2]
-    p_gr, p_gv = fam[1]
-    zu = z[0]
-    g, ga, k, tr, live = x
-    d_r, d_v = lambda_adjoint_out(g, ga, lam, zu)
+    s = fam.scalars
+    p_gr, p_gv, p_m = fam.outputs.p_gr, fam.outputs.p_gv, fam.fields.p_m
+    d_r, d_v = lambda_adjoint_out(x.g, x.ga, s.lam, z.u)
     o_out = core.out_offsets(geo, o)
-    tl.store(p_gr + o_out, core.out_value(core.masked(d_r, live, fam[0][5]), p_gr), mask=ok)
+    tl.store(p_gr + o_out, core.out_value(core.masked(d_r, x.live, p_m), p_gr), mask=ok)
     if p_gv is not None:
-        tl.store(p_gv + o_out, core.out_value(core.masked(d_v, live, fam[0][5]), p_gv), mask=ok)
-    a, b = lambda_adjoint_step(g, k, tr, gamma, lam)
-    return tl.where(live, a + b * zu, zu), zu
+        tl.store(p_gv + o_out, core.out_value(core.masked(d_v, x.live, p_m), p_gv), mask=ok)
+    a, b = lambda_adjoint_step(x.g, x.k, x.tr, s.gamma, s.lam)
+    return tl.where(x.live, a + b * z.u, z.u), z.u
 
 
 @triton.jit
@@ -61,7 +63,8 @@ def lambda_adjoint_kernel(
     PASS: tl.constexpr, SHIFT_LOAD: tl.constexpr, FLIP: tl.constexpr,
 ):
     """Gradients of rewards and values through the TD(λ) family, forward in time."""
-    scal = (tl.full((), gamma, ACC), tl.full((), lam, ACC))
-    core.drive((fields, (p_gr, p_gv), scal), R, T, 1, (s_n, s_t, s_on, s_ot), p_ci, p_co, p_ws, _load, _step,
-               _emit, (False, False, False), False, CARRY_IN, ACC, BLOCK_N, BLOCK_T, PASS, SHIFT_LOAD,
-               FLIP)
+    scal = Scalars(tl.full((), gamma, ACC), tl.full((), lam, ACC))
+    core.drive(core.Fam(Fields(*fields), Outputs(p_gr, p_gv), scal), R, T, 1, core.Strides(s_n, s_t, s_on, s_ot),
+               p_ci, p_co, p_ws,
+               core.Scan(_load, _step, _emit, PAIR=False, CARRY2=False, INCLUSIVE=False, REVERSE=False),
+               core.Config(PASS, CARRY_IN, ACC, BLOCK_N, BLOCK_T, SHIFT_LOAD, FLIP))

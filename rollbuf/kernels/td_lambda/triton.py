@@ -13,6 +13,8 @@ Bytes per step: rewards, values, flags once each, the outputs asked for once eac
 only where a truncated step or the window end reads them.
 """
 
+from collections import namedtuple
+
 import triton
 import triton.language as tl
 
@@ -22,61 +24,65 @@ from rollbuf.kernels import core
 lambda_step = core.jit_boundary(C.lambda_step)
 lambda_out = core.jit_boundary(C.lambda_out)
 
+# rewards, values, terminated, truncated, bootstrap_values, mask: [N, T] each
+Fields = namedtuple("Fields", "p_r p_v p_k p_tr p_bv p_m")
+Outputs = namedtuple("Outputs", "p_adv p_ret")  # [N, T] each; None = not asked for
+Scalars = namedtuple("Scalars", "gamma lam")
+# a step's values (LOAD): v_next (V_{t+1}, the window end's past the last step) only without a mask
+Steps = namedtuple("Steps", "r v k tr boot live v_next")
+
 
 @triton.jit
 def _load(fam, geo, o, ok, end, ACC: tl.constexpr):
-    """``(r, v, k, tr, boot, live, v_next)`` at the steps ``o``; ``v_next`` (``V_{t+1}``, the window
-    end's past the last step) only without a mask (else ``v``, unused)."""
-    fields = fam[0]
-    p_v, p_m = fields[1], fields[5]
+    """:data:`Steps` at the steps ``o`` (``v_next``: ``v`` itself with a mask, unused)."""
+    fields = fam.fields
+    p_v, p_m = fields.p_v, fields.p_m
     off = core.offsets(geo, o)
     k, tr, boot, live = core.boundary(fields, off, ok, ACC)
-    r = core.load(fields[0], off, ok, live, p_m is not None, ACC)
+    r = core.load(fields.p_r, off, ok, live, p_m is not None, ACC)
     if p_v is None:  # Monte-Carlo returns
         v = tl.zeros(off.shape, ACC)
         v_next = v
     else:
         v = core.load(p_v, off, ok, live, p_m is not None, ACC)
-        if p_m is None:
-            v_next = core.next_value(p_v, geo, o, ok, end[0], ACC)
-        else:
-            v_next = v
-    return r, v, k, tr, boot, live, v_next
+        v_next = core.next_value(p_v, geo, o, ok, end.u, ACC) if p_m is None else v
+    return Steps(r, v, k, tr, boot, live, v_next)
 
 
 @triton.jit
 def _step(fam, x, ACC: tl.constexpr):
-    gamma, lam = fam[2]
-    r, v, k, tr, boot, live, v_next = x
-    if fam[0][3] is None or fam[0][4] is None:  # no step reads one (core.boundary)
+    gamma, lam = fam.scalars.gamma, fam.scalars.lam
+    boot = x.boot
+    if fam.fields.p_tr is None or fam.fields.p_bv is None:  # no step reads one (core.boundary)
         boot = None
-    a, b = lambda_step(r, v, k, tr, boot, gamma, lam)
-    if fam[0][5] is None:  # the maps of G: α = lambda_out(…, (1−λ)V_{t+1}), β = γλ·nd
-        return core.identity_where((lambda_out(r, k, tr, boot, gamma, (1.0 - lam) * v_next), b), live, False)
+    a, b = lambda_step(x.r, x.v, x.k, x.tr, boot, gamma, lam)
+    if fam.fields.p_m is None:  # the maps of G: α = lambda_out(…, (1−λ)V_{t+1}), β = γλ·nd
+        return core.identity_where((lambda_out(x.r, x.k, x.tr, boot, gamma, (1.0 - lam) * x.v_next), b), x.live,
+                                   False)
     else:  # the maps of Z
-        return core.identity_where((a, b), live, False)
+        return core.identity_where((a, b), x.live, False)
 
 
 @triton.jit
 def _emit(fam, geo, o, ok, x, z, ACC: tl.constexpr):
     """Outputs from ``z``: ``G_t`` itself without a mask, ``Z_{t+1}`` with one; returns ``Z_t``."""
-    gamma, lam = fam[2]
-    p_adv, p_ret = fam[1]
-    r, v, k, tr, boot, live, v_next = x
-    if fam[0][3] is None or fam[0][4] is None:  # no step reads one (core.boundary)
+    gamma, lam = fam.scalars.gamma, fam.scalars.lam
+    p_adv, p_ret, p_m = fam.outputs.p_adv, fam.outputs.p_ret, fam.fields.p_m
+    boot = x.boot
+    if fam.fields.p_tr is None or fam.fields.p_bv is None:  # no step reads one (core.boundary)
         boot = None
     o_out = core.out_offsets(geo, o)
-    if fam[0][5] is None:
-        g = z[0]
-        z_t = (1.0 - lam) * v + lam * g  # the state Z_t, for the row's carry out
+    if p_m is None:
+        g = z.u
+        z_t = (1.0 - lam) * x.v + lam * g  # the state Z_t, for the row's carry out
     else:
-        g = lambda_out(r, k, tr, boot, gamma, z[0])
-        a, b = lambda_step(r, v, k, tr, boot, gamma, lam)
-        z_t = tl.where(live, a + b * z[0], z[0])
+        g = lambda_out(x.r, x.k, x.tr, boot, gamma, z.u)
+        a, b = lambda_step(x.r, x.v, x.k, x.tr, boot, gamma, lam)
+        z_t = tl.where(x.live, a + b * z.u, z.u)
     if p_adv is not None:
-        tl.store(p_adv + o_out, core.out_value(core.masked(g - v, live, fam[0][5]), p_adv), mask=ok)
+        tl.store(p_adv + o_out, core.out_value(core.masked(g - x.v, x.live, p_m), p_adv), mask=ok)
     if p_ret is not None:
-        tl.store(p_ret + o_out, core.out_value(core.masked(g, live, fam[0][5]), p_ret), mask=ok)
+        tl.store(p_ret + o_out, core.out_value(core.masked(g, x.live, p_m), p_ret), mask=ok)
     return z_t, z_t
 
 
@@ -91,7 +97,8 @@ def gae_kernel(
     PASS: tl.constexpr, SHIFT_LOAD: tl.constexpr, FLIP: tl.constexpr,
 ):
     """TD(λ) returns and GAE advantages, backward in time (see :func:`rollbuf.kernels.core.drive`)."""
-    scal = (tl.full((), gamma, ACC), tl.full((), lam, ACC))  # float64 in, rounded once to ACC
-    core.drive((fields, (p_adv, p_ret), scal), R, T, 1, (s_n, s_t, s_on, s_ot), p_ci, p_co, p_ws, _load, _step,
-               _emit, (False, False, fields[5] is None), True, CARRY_IN, ACC, BLOCK_N, BLOCK_T, PASS, SHIFT_LOAD,
-               FLIP)
+    f = Fields(*fields)
+    scal = Scalars(tl.full((), gamma, ACC), tl.full((), lam, ACC))  # float64 in, rounded once to ACC
+    core.drive(core.Fam(f, Outputs(p_adv, p_ret), scal), R, T, 1, core.Strides(s_n, s_t, s_on, s_ot), p_ci, p_co,
+               p_ws, core.Scan(_load, _step, _emit, PAIR=False, CARRY2=False, INCLUSIVE=f.p_m is None, REVERSE=True),
+               core.Config(PASS, CARRY_IN, ACC, BLOCK_N, BLOCK_T, SHIFT_LOAD, FLIP))

@@ -14,6 +14,8 @@ Row ``n·F + f`` is feature ``f`` of environment ``n``: ``x`` and the traces at 
 the flags at ``n·s_n + t·s_t`` (the one pair of strides, scaled by the feature count).
 """
 
+from collections import namedtuple
+
 import triton
 import triton.language as tl
 
@@ -25,54 +27,57 @@ trace_out = core.jit_boundary(C.trace_out)
 trace_next_step = core.jit_boundary(C.trace_next_step)
 trace_state = core.jit_boundary(C.trace_state)
 
+# x [N, T, F], (none), terminated, truncated, (none), mask [N, T]
+Fields = namedtuple("Fields", "p_x p_v p_k p_tr p_bv p_m")
+Outputs = namedtuple("Outputs", "p_out")  # traces [N, T, F]
+Scalars = namedtuple("Scalars", "decay")
+# a step's values (LOAD): the flags of the step before (0 before the row's first step) only without
+# a mask
+Steps = namedtuple("Steps", "x k tr live k_prev tr_prev")
+
 
 @triton.jit
 def _load(fam, geo, o, ok, end, ACC: tl.constexpr):
-    """``(x, k, tr, live, k_prev, tr_prev)`` at the steps ``o``; the flags of the step before
-    (0 before the row's first step) only without a mask (else ``k, tr``, unused)."""
-    fields = fam[0]
-    f, F = geo[1], geo[2]
+    """:data:`Steps` at the steps ``o`` (``k_prev, tr_prev``: ``k, tr`` themselves with a mask, unused)."""
+    fields = fam.fields
     off = core.offsets(geo, o)
-    k, tr, boot, live = core.boundary(fields, off, ok, ACC)
-    x = core.load(fields[0], off * F + f, ok, live, fields[5] is not None, ACC)
-    if fields[5] is None:
+    k, tr, _, live = core.boundary(fields, off, ok, ACC)
+    x = core.load(fields.p_x, off * geo.F + geo.f, ok, live, fields.p_m is not None, ACC)
+    if fields.p_m is None:
         before = ok & (o >= 1)
         off_p = core.offsets(geo, o - 1)
-        k_prev = core.load_flag(fields[2], off_p, before, None, ACC)
-        tr_prev = core.load_flag(fields[3], off_p, before, None, ACC)
+        k_prev = core.load_flag(fields.p_k, off_p, before, None, ACC)
+        tr_prev = core.load_flag(fields.p_tr, off_p, before, None, ACC)
     else:
         k_prev = k
         tr_prev = tr
-    return x, k, tr, live, k_prev, tr_prev
+    return Steps(x, k, tr, live, k_prev, tr_prev)
 
 
 @triton.jit
 def _step(fam, v, ACC: tl.constexpr):
-    decay = fam[2][0]
-    x, k, tr, live, k_prev, tr_prev = v
-    if fam[0][5] is None:  # the maps of e itself
-        return core.identity_where(trace_next_step(x, k_prev, tr_prev, decay), live, False)
+    decay = fam.scalars.decay
+    if fam.fields.p_m is None:  # the maps of e itself
+        return core.identity_where(trace_next_step(v.x, v.k_prev, v.tr_prev, decay), v.live, False)
     else:  # the maps of F
-        return core.identity_where(trace_step(x, k, tr, decay), live, False)
+        return core.identity_where(trace_step(v.x, v.k, v.tr, decay), v.live, False)
 
 
 @triton.jit
 def _emit(fam, geo, o, ok, v, z, ACC: tl.constexpr):
-    """Without a mask ``z`` is the inclusive ``e_t`` (the output; returns ``F_t``), with one the
+    """Without a mask ``z.u`` is the inclusive ``e_t`` (the output; returns ``F_t``), with one the
     exclusive ``F_{t−1}`` (returns the inclusive ``F_t``)."""
-    decay = fam[2][0]
-    p_out = fam[1][0]
-    zu = z[0]
-    x, k, tr, live, k_prev, tr_prev = v
-    f, F = geo[1], geo[2]
-    if fam[0][5] is None:
-        e = zu
-        f_t = trace_state(zu, k, tr)
+    decay = fam.scalars.decay
+    p_out, p_m = fam.outputs.p_out, fam.fields.p_m
+    if p_m is None:
+        e = z.u
+        f_t = trace_state(z.u, v.k, v.tr)
     else:
-        e = trace_out(x, decay, zu)
-        a, b = trace_step(x, k, tr, decay)
-        f_t = tl.where(live, a + b * zu, zu)
-    tl.store(p_out + core.out_offsets(geo, o) * F + f, core.out_value(core.masked(e, live, fam[0][5]), p_out), mask=ok)
+        e = trace_out(v.x, decay, z.u)
+        a, b = trace_step(v.x, v.k, v.tr, decay)
+        f_t = tl.where(v.live, a + b * z.u, z.u)
+    o_out = core.out_offsets(geo, o) * geo.F + geo.f
+    tl.store(p_out + o_out, core.out_value(core.masked(e, v.live, p_m), p_out), mask=ok)
     return f_t, f_t
 
 
@@ -86,6 +91,8 @@ def trace_kernel(
     PASS: tl.constexpr, SHIFT_LOAD: tl.constexpr, FLIP: tl.constexpr,
 ):
     """Eligibility traces and episodic sums, forward in time, ``R = N·F`` rows."""
-    core.drive((fields, (p_out,), (tl.full((), decay, ACC),)), R, T, F, (s_n, s_t, s_on, s_ot), p_ci, p_co, p_ws, _load,
-               _step, _emit, (False, False, fields[5] is None), False, CARRY_IN, ACC, BLOCK_N, BLOCK_T, PASS, SHIFT_LOAD,
-               FLIP)
+    f = Fields(*fields)
+    core.drive(core.Fam(f, Outputs(p_out), Scalars(tl.full((), decay, ACC))), R, T, F,
+               core.Strides(s_n, s_t, s_on, s_ot), p_ci, p_co, p_ws,
+               core.Scan(_load, _step, _emit, PAIR=False, CARRY2=False, INCLUSIVE=f.p_m is None, REVERSE=False),
+               core.Config(PASS, CARRY_IN, ACC, BLOCK_N, BLOCK_T, SHIFT_LOAD, FLIP))

@@ -11,6 +11,8 @@ rows are walked chunk by chunk, the scan is then ``u_t`` itself (no shift), and 
 ``vs_{t+1}`` back from the chunk's stored targets (:func:`~rollbuf.boundary.coefficients.vtrace_pg`).
 """
 
+from collections import namedtuple
+
 import triton
 import triton.language as tl
 
@@ -21,76 +23,80 @@ vtrace_step = core.jit_boundary(C.vtrace_step)
 vtrace_out = core.jit_boundary(C.vtrace_out)
 vtrace_pg = core.jit_boundary(C.vtrace_pg)
 
+# rewards, values, terminated, truncated, bootstrap_values, mask, log_probs, target_log_probs: [N, T] each
+Fields = namedtuple("Fields", "p_r p_v p_k p_tr p_bv p_m p_lp p_tlp")
+Outputs = namedtuple("Outputs", "p_vs p_pg")  # targets, policy-gradient advantages [N, T]
+Scalars = namedtuple("Scalars", "gamma lam rho_bar c_bar pg_rho_bar")
+# core.Fam and READBACK: pg_t reads vs_{t+1} back from the stored targets (a constexpr; vtrace_kernel)
+Fam = namedtuple("Fam", "fields outputs scalars READBACK")
+# a step's values (LOAD): the clipped ratios ρ, c, ρ_pg; v_next (V_{t+1}, the window end's past the
+# last step) only without a mask
+Steps = namedtuple("Steps", "r v k tr boot live rho c rho_pg v_next")
+
 
 @triton.jit
 def _load(fam, geo, o, ok, end, ACC: tl.constexpr):
-    """``(r, v, k, tr, boot, live, ρ, c, ρ_pg, v_next)`` at the steps ``o``; ``v_next`` (``V_{t+1}``,
-    the window end's past the last step) only without a mask (else ``v``, unused)."""
-    fields = fam[0]
-    gamma, lam, rho_bar, c_bar, pg_rho_bar = fam[2]
-    p_r, p_v, p_m, p_lp, p_tlp = fields[0], fields[1], fields[5], fields[6], fields[7]
-    HAS_M: tl.constexpr = p_m is not None
+    """:data:`Steps` at the steps ``o`` (``v_next``: ``v`` itself with a mask, unused)."""
+    fields, scal = fam.fields, fam.scalars
+    HAS_M: tl.constexpr = fields.p_m is not None
     off = core.offsets(geo, o)
     k, tr, boot, live = core.boundary(fields, off, ok, ACC)
-    r = core.load(p_r, off, ok, live, HAS_M, ACC)
-    v = core.load(p_v, off, ok, live, HAS_M, ACC)
-    ratio = tl.exp(core.load(p_tlp, off, ok, live, HAS_M, ACC) - core.load(p_lp, off, ok, live, HAS_M, ACC))
-    if HAS_M:
-        v_next = v
-    else:
-        v_next = core.next_value(p_v, geo, o, ok, end[1], ACC)
+    r = core.load(fields.p_r, off, ok, live, HAS_M, ACC)
+    v = core.load(fields.p_v, off, ok, live, HAS_M, ACC)
+    tlp = core.load(fields.p_tlp, off, ok, live, HAS_M, ACC)
+    ratio = tl.exp(tlp - core.load(fields.p_lp, off, ok, live, HAS_M, ACC))
+    v_next = v if HAS_M else core.next_value(fields.p_v, geo, o, ok, end.v, ACC)
     # the clips propagate a NaN ratio (the GPU's min would drop it), as on every backend
-    return (r, v, k, tr, boot, live, tl.minimum(ratio, rho_bar, propagate_nan=tl.PropagateNan.ALL),
-            lam * tl.minimum(ratio, c_bar, propagate_nan=tl.PropagateNan.ALL),
-            tl.minimum(ratio, pg_rho_bar, propagate_nan=tl.PropagateNan.ALL), v_next)
+    return Steps(r, v, k, tr, boot, live, tl.minimum(ratio, scal.rho_bar, propagate_nan=tl.PropagateNan.ALL),
+                 scal.lam * tl.minimum(ratio, scal.c_bar, propagate_nan=tl.PropagateNan.ALL),
+                 tl.minimum(ratio, scal.pg_rho_bar, propagate_nan=tl.PropagateNan.ALL), v_next)
 
 
 @triton.jit
 def _step(fam, x, ACC: tl.constexpr):
-    gamma = fam[2][0]
-    r, v, k, tr, boot, live, rho, c, rho_pg, v_next = x
-    if fam[0][3] is None or fam[0][4] is None:  # no step reads one (core.boundary)
+    boot = x.boot
+    if fam.fields.p_tr is None or fam.fields.p_bv is None:  # no step reads one (core.boundary)
         boot = None
-    p, q, s, a, w = vtrace_step(r, v, k, tr, boot, rho, c, gamma)
-    if fam[0][5] is None:  # the scalar maps of u
-        return core.identity_where((a + q * v_next, p), live, False)
+    p, q, s, a, w = vtrace_step(x.r, x.v, x.k, x.tr, boot, x.rho, x.c, fam.scalars.gamma)
+    if fam.fields.p_m is None:  # the scalar maps of u
+        return core.identity_where((a + q * x.v_next, p), x.live, False)
     else:
-        return core.identity_where((p, q, s, a, w), live, True)
+        return core.identity_where((p, q, s, a, w), x.live, True)
 
 
 @triton.jit
 def _emit(fam, geo, o, ok, x, z, ACC: tl.constexpr):
     """Reading back (no mask, rows not walked): ``vs_t = V_t + u_t`` from the inclusive ``u_t``,
-    stored, then read back one step further for ``pg_t`` (``vs_{t+1}``: the chunk's own output after a barrier; past the chunk's
-    last step, ``V_{t+1} + u_{t+1}`` from the state carried into it). Otherwise both from the
-    exclusive state (``u_{t+1}``; ``V_{t+1}`` read from memory, or carried by the pair scan with a
-    mask). Returns the inclusive pair ``(u_t, V_t)``."""
-    gamma = fam[2][0]
-    p_vs, p_pg = fam[1]
-    r, v, k, tr, boot, live, rho, c, rho_pg, v_next = x
-    if fam[0][3] is None or fam[0][4] is None:  # no step reads one (core.boundary)
+    stored, then read back one step further for ``pg_t`` (``vs_{t+1}``: the chunk's own output after
+    a barrier; past the chunk's last step, ``V_{t+1} + u_{t+1}`` from the state carried into it).
+    Otherwise both from the exclusive state (``u_{t+1}``; ``V_{t+1}`` read from memory, or carried by
+    the pair scan with a mask). Returns the inclusive pair ``(u_t, V_t)``."""
+    gamma = fam.scalars.gamma
+    p_vs, p_pg, p_m = fam.outputs.p_vs, fam.outputs.p_pg, fam.fields.p_m
+    boot = x.boot
+    if fam.fields.p_tr is None or fam.fields.p_bv is None:  # no step reads one (core.boundary)
         boot = None
     o_out = core.out_offsets(geo, o)
-    if fam[3]:  # READBACK: the scan is u itself (no mask, rows not walked)
-        u = z[0]
-        tl.store(p_vs + o_out, core.out_value(v + u, p_vs), mask=ok)
+    if fam.READBACK:  # the scan is u itself (no mask, rows not walked)
+        u = z.u
+        tl.store(p_vs + o_out, core.out_value(x.v + u, p_vs), mask=ok)
         tl.debug_barrier()  # the chunk's targets, visible to every thread of the program
         BT: tl.constexpr = o.shape[1]  # chunks start at multiples of BT, in either lane order
-        here = ((o + 1) % BT != 0) & (o + 1 < geo[7])  # the next step is in this chunk
+        here = ((o + 1) % BT != 0) & (o + 1 < geo.T)  # the next step is in this chunk
         vs_next = tl.load(p_vs + core.out_offsets(geo, o + 1), mask=ok & here, other=0).to(ACC)
-        vs_next = tl.where(here, vs_next, v_next + z[2])
-        pg = vtrace_pg(r, v, k, tr, boot, rho_pg, gamma, vs_next)
+        vs_next = tl.where(here, vs_next, x.v_next + z.c)
+        pg = vtrace_pg(x.r, x.v, x.k, x.tr, boot, x.rho_pg, gamma, vs_next)
         tl.store(p_pg + o_out, core.out_value(pg, p_pg), mask=ok)
-        return u, v
+        return u, x.v
     else:
-        zu, zv = z[0], z[1]
-        if fam[0][5] is None:
-            zv = v_next
-        vs, pg = vtrace_out(r, v, k, tr, boot, rho, c, rho_pg, gamma, zu, zv)
-        tl.store(p_vs + o_out, core.out_value(core.masked(vs, live, fam[0][5]), p_vs), mask=ok)
-        tl.store(p_pg + o_out, core.out_value(core.masked(pg, live, fam[0][5]), p_pg), mask=ok)
-        p0, q0, s0, a0, w0 = vtrace_step(r, v, k, tr, boot, rho, c, gamma)
-        return tl.where(live, a0 + p0 * zu + q0 * zv, zu), tl.where(live, w0 + s0 * zv, zv)
+        zu, zv = z.u, z.v
+        if p_m is None:
+            zv = x.v_next
+        vs, pg = vtrace_out(x.r, x.v, x.k, x.tr, boot, x.rho, x.c, x.rho_pg, gamma, zu, zv)
+        tl.store(p_vs + o_out, core.out_value(core.masked(vs, x.live, p_m), p_vs), mask=ok)
+        tl.store(p_pg + o_out, core.out_value(core.masked(pg, x.live, p_m), p_pg), mask=ok)
+        p0, q0, s0, a0, w0 = vtrace_step(x.r, x.v, x.k, x.tr, boot, x.rho, x.c, gamma)
+        return tl.where(x.live, a0 + p0 * zu + q0 * zv, zu), tl.where(x.live, w0 + s0 * zv, zv)
 
 
 @triton.jit
@@ -104,18 +110,18 @@ def vtrace_kernel(
     PASS: tl.constexpr, SHIFT_LOAD: tl.constexpr, FLIP: tl.constexpr,
 ):
     """V-trace targets and policy-gradient advantages, backward in time."""
-    scal = (tl.full((), gamma, ACC), tl.full((), lam, ACC), tl.full((), rho_bar, ACC), tl.full((), c_bar, ACC),
-            tl.full((), pg_rho_bar, ACC))
+    f = Fields(*fields)
+    scal = Scalars(tl.full((), gamma, ACC), tl.full((), lam, ACC), tl.full((), rho_bar, ACC), tl.full((), c_bar, ACC),
+                   tl.full((), pg_rho_bar, ACC))
     # Without a mask the scan is u_t itself and pg_t reads vs_{t+1} back from the stored targets,
     # except when rows are walked chunk by chunk (then the exclusive u_{t+1}: the neighbour's maps
-    # re-loaded or a lane shift): reading back is faster for split and one-chunk rows, slower for
-    # walked ones (docs/kernel-choices.md, "V-trace's targets read back (vtrace/triton.py)").
-    # Only where the targets are stored in the accumulation dtype: a bf16/fp16 vs_{t+1} read back
-    # would carry the output's rounding of vs (of V's size) into pg, and an fp16 overflow to inf
-    # would make 0·inf = NaN at a terminated step.
-    # And only for chunks longer than 128 steps: at 128 the lane shift was faster, at 512 far slower.
-    READBACK: tl.constexpr = (fields[5] is None and PASS != core.WALK and p_vs.dtype.element_ty == ACC
+    # re-loaded or a lane shift); only where the targets are stored in the accumulation dtype (a
+    # bf16/fp16 vs_{t+1} read back would carry the output's rounding of vs, of V's size, into pg,
+    # and an fp16 overflow to inf would make 0·inf = NaN at a terminated step); only for chunks
+    # longer than 128 steps (docs/kernel-choices.md, "V-trace's targets read back (vtrace/triton.py)").
+    READBACK: tl.constexpr = (f.p_m is None and PASS != core.WALK and p_vs.dtype.element_ty == ACC
                               and BLOCK_T > 128)
-    core.drive((fields, (p_vs, p_pg), scal, READBACK), R, T, 1, (s_n, s_t, s_on, s_ot), p_ci, p_co, p_ws, _load,
-               _step, _emit, (fields[5] is not None, True, READBACK), True, CARRY_IN, ACC, BLOCK_N, BLOCK_T, PASS, SHIFT_LOAD,
-               FLIP)
+    core.drive(Fam(f, Outputs(p_vs, p_pg), scal, READBACK), R, T, 1, core.Strides(s_n, s_t, s_on, s_ot), p_ci, p_co,
+               p_ws, core.Scan(_load, _step, _emit, PAIR=f.p_m is not None, CARRY2=True, INCLUSIVE=READBACK,
+                               REVERSE=True),
+               core.Config(PASS, CARRY_IN, ACC, BLOCK_N, BLOCK_T, SHIFT_LOAD, FLIP))
