@@ -10,6 +10,8 @@
 #                                 a CUDA graph of nine calls against their device time, graph replays
 #   backward | memory | llm       python -m benchmarks backward | memory | llm --device cuda
 #   llm-groups                    python -m benchmarks llm-groups (verl's vectorized GRPO/RLOO against rollbuf)
+#   long-call                     python3 benchmarks/long_call.py: the eager call of long rows split into its parts
+#   ab:TREE1,TREE2,...            python3 benchmarks/device_ab.py TREE1 TREE2 ...: device time of several trees
 #   tests                         the CUDA test matrix, every case (RB_EXHAUSTIVE=1, tests/conftest.py), cut at $TESTS_TIMEOUT_S seconds (or at $TESTS_DEADLINE,
 #                                 seconds since the epoch) so that the summary comes back
 set -u
@@ -34,6 +36,9 @@ for step in "$@"; do
     backward|memory) python3 -m benchmarks "$step" --out "$OUT" 2>&1 | tail -40 ;;
     llm) python3 -m benchmarks llm --device cuda --out "$OUT" ${LLM_ARGS:-} 2>&1 | tail -10 ;;
     llm-groups) python3 -m benchmarks llm-groups --out "$OUT" 2>&1 | tail -20 ;;
+    long-call) python3 benchmarks/long_call.py --out "$OUT" 2>&1 | tee "$OUT/long_call.log" | tail -12 ;;
+    ab:*) IFS=, read -r -a trees <<<"${step#ab:}"
+      OUT="$OUT" python3 benchmarks/device_ab.py "${trees[@]}" 2>&1 | tee "$OUT/device_ab.log" | tail -24 ;;
     tests) limit=${TESTS_TIMEOUT_S:-540}
       [ -n "${TESTS_DEADLINE:-}" ] && limit=$(( TESTS_DEADLINE - $(date +%s) )) && [ "$limit" -lt 1 ] && limit=1
       echo "tests: $limit s"; RB_EXHAUSTIVE=1 timeout "$limit" python3 -m pytest -v -n 14 -p no:cacheprovider -rfE tests/test_kernels.py \
