@@ -22,6 +22,8 @@ stay in it with reward and value 0, and the row end is its last position (docs/l
 * :func:`discounted_returns`: REINFORCE-style discounted returns across masked spans.
 * :func:`packed_gae`, :func:`packed_discounted_returns`: several trajectories packed in one row
   without padding, described by ``cu_seqlens`` (the flash-attention varlen convention).
+* :func:`turn_returns`, :func:`turn_gae`: the turn (a run of model tokens) as the time step:
+  ROLL's turn-level returns, turn-level GAE.
 * :func:`masked_whiten`: verl's ``masked_whiten`` (batch statistics over masked-in tokens).
 
 Inputs may be float32, bfloat16, float16 or float64; rollbuf accumulates in float32 (float64 stays
@@ -34,7 +36,7 @@ import torch
 
 from rollbuf import functional as F
 from rollbuf import validation
-from rollbuf.boundary.conventions import fields_from_verl
+from rollbuf.boundary.conventions import as_flags, fields_from_verl
 from rollbuf.functional import GAEResult
 
 __all__ = [
@@ -42,6 +44,8 @@ __all__ = [
     "discounted_returns",
     "packed_gae",
     "packed_discounted_returns",
+    "turn_returns",
+    "turn_gae",
     "masked_whiten",
     "MASK_MODES",
     "FILL_MASKED",
@@ -329,6 +333,72 @@ def discounted_returns(token_level_rewards, response_mask, gamma, *, truncated=N
                              mask=None if zeroed else m, bootstrap=True, **end, out_dtype=out_dtype,
                              backend=backend)
     return _fill_returns(g, m, fill_masked, zeroed)
+
+
+# ------------------------------------------------------------------ turn-level estimators [*B, T]
+
+
+def _turns(response_mask, turn_ids):
+    """``(on, start, end)`` ``[*B, T]`` bool: the model tokens, each turn's first and last model token.
+    A turn is a maximal run of model tokens, or (``turn_ids``, ``[*B, T]`` integers) the model tokens
+    of a row that share an id, in row order."""
+    if not isinstance(response_mask, torch.Tensor) or response_mask.dim() < 1 or response_mask.is_complex():
+        raise ValueError("response_mask must be a [*B, T] flag tensor (bool, integer or 0/1 float)")
+    on = as_flags(response_mask, "response_mask")
+    T = on.shape[-1]
+    if turn_ids is None:
+        before = torch.nn.functional.pad(on, (1, 0))[..., :T]
+        after = torch.nn.functional.pad(on, (0, 1))[..., 1:]
+        return on, on & ~before, on & ~after
+    if not isinstance(turn_ids, torch.Tensor) or turn_ids.shape != on.shape or turn_ids.is_floating_point():
+        raise ValueError(f"turn_ids must be an integer tensor of response_mask's shape {tuple(on.shape)}")
+    if turn_ids.device != on.device:
+        raise ValueError(f"turn_ids is on {turn_ids.device} but response_mask is on {on.device}")
+    pos = torch.arange(T, device=on.device)
+    nxt, has_next = _next_unmasked(torch.nn.functional.pad(on, (0, 1))[..., 1:])  # the next model token after t
+    nxt = (nxt + 1).clamp(max=T - 1)
+    prev = torch.cummax(torch.where(on, pos, -1), dim=-1).values  # the last model token at or before t
+    prev = torch.nn.functional.pad(prev, (1, 0), value=-1)[..., :T]  # ... before t
+    end = on & (~has_next | (turn_ids.gather(-1, nxt) != turn_ids))
+    start = on & ((prev < 0) | (turn_ids.gather(-1, prev.clamp(min=0)) != turn_ids))
+    return on, start, end
+
+
+def turn_returns(token_level_rewards, response_mask, gamma, *, turn_ids=None, out_dtype=None, backend="auto"):
+    r"""Turn-level discounted returns (ROLL's ``agentic_reinforce``): each turn ``k`` of a row (a maximal
+    run of model tokens, or ``turn_ids``) gets ``R_k = r_k + γ·R_{k+1}``, ``r_k`` the reward at the
+    turn's last model token (where the frameworks put a turn's reward; other rewards are not read),
+    ``R`` of a row's last turn its own reward, broadcast over the turn's model tokens; 0 at the other
+    tokens. One masked scan over the turn ends (:func:`discounted_returns`) and the carry to the turn's
+    other tokens. ``[*B, T]``; docs/llm.md, section 12."""
+    on, _, end = _turns(response_mask, turn_ids)
+    g = discounted_returns(token_level_rewards, end, gamma, fill_masked="carry", out_dtype=out_dtype, backend=backend)
+    return _zero_masked(g, on)
+
+
+def turn_gae(token_level_rewards, values, response_mask, gamma, lam, *, turn_ids=None, value_at="first",
+             truncated=None, bootstrap_values=None, out_dtype=None, backend="auto"):
+    r"""Turn-level GAE: the turn is the time step. ``δ_k = r_k + γ·V_{k+1} − V_k``,
+    ``A_k = δ_k + γλ·A_{k+1}`` over a row's turns (a maximal run of model tokens, or ``turn_ids``),
+    ``r_k`` the reward at the turn's last model token, ``V_k`` the value at its first model token
+    (``value_at="first"``, the state the turn was generated from) or its last (``"last"``); the row's
+    last turn is terminal unless the row is ``truncated`` (then ``V_{K}`` = ``bootstrap_values[row]``).
+    Returns ``GAEResult(advantages, returns)``, ``returns = A_k + V_k``, broadcast over each turn's
+    model tokens, 0 elsewhere. One masked GAE scan over the turn ends
+    (:func:`compute_gae_advantage_return`); docs/llm.md, section 12."""
+    if value_at not in ("first", "last"):
+        raise ValueError(f"value_at must be 'first' or 'last', got {value_at!r}")
+    on, start, end = _turns(response_mask, turn_ids)
+    v = _float_tensor("values", values)
+    if value_at == "first":  # each token reads its turn's first model token's value
+        pos = torch.arange(on.shape[-1], device=on.device)
+        v = v.gather(-1, torch.cummax(torch.where(start, pos, 0), dim=-1).values)
+    adv, ret = compute_gae_advantage_return(token_level_rewards, v, end, gamma, lam, truncated=truncated,
+                                            bootstrap_values=bootstrap_values, fill_masked="carry",
+                                            out_dtype=out_dtype, backend=backend)
+    if value_at == "last":  # the carried returns read the token's own value: the turn's end value instead
+        ret = _carry_fill(_zero_masked(ret, end), end)
+    return GAEResult(_zero_masked(adv, on), _zero_masked(ret, on))
 
 
 # ------------------------------------------------------------------ packed rows (varlen, cu_seqlens)
