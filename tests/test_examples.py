@@ -142,6 +142,51 @@ def _load_example(name):
     return module
 
 
+def test_agent_toy_learns():
+    """The multi-turn tool-call example learns to call the tool and answer with its reply on the CPU
+    (it exits 1 otherwise)."""
+    res = _run("agent_toy.py", "--no-progress")
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "learned: greedy success" in res.stdout
+
+
+def test_agent_toy_credits_turns_and_masks_the_tool_reply():
+    """The example's episodes and advantages: the tool's reply and the prompt are masked out, a call's
+    turn gets its format reward plus γ times the answer's, an episode without a call has one turn,
+    and each advantage is the return less its group's mean return at that token position."""
+    import torch
+
+    toy = _load_example("agent_toy")
+    P = 4
+
+    def policy(first):  # greedy: `first` in turn 1, then the digit 3
+        def logits(x):
+            out = torch.zeros(*x.shape, toy.VOCAB)
+            out[:, -1, first if x.shape[1] == P else 3] = 1.0
+            return out
+        return logits
+
+    prompt = torch.tensor([[0, 1, 2, toy.SEP]] * 2)
+    rows, m, r = toy.episodes(policy(toy.CALL), prompt, torch.tensor([3, 1]))
+    assert rows.tolist() == [[0, 1, 2, toy.SEP, toy.CALL, toy.TOOL, 3, 3], [0, 1, 2, toy.SEP, toy.CALL, toy.TOOL, 1, 3]]
+    assert m[:, [P, P + 3]].all() and not m[:, P + 1:P + 3].any() and r[:, -1].tolist() == [1.0, 0.0]
+    rows, m, r = toy.episodes(policy(2), prompt, torch.tensor([2, 2]))  # no call: no reward, one turn
+    assert rows[0, P:].tolist() == [2, toy.PAD, toy.PAD, toy.PAD] and m.sum().item() == 2 and r.sum().item() == 0
+    mask = torch.zeros(4, 8, dtype=torch.bool)
+    mask[:, P] = True
+    mask[[0, 1, 3], P + 3] = True
+    rewards = torch.zeros(4, 8)
+    rewards[[0, 1, 3], P] = 0.1
+    rewards[[0, 3], P + 3] = 1.0
+    adv = toy.advantages(rewards, mask, 2, 0.9)
+    ret = torch.tensor([[1.0, 1.0], [0.1, 0.0], [0.0, 0.0], [1.0, 1.0]])  # turn 1, turn 2
+    base = torch.tensor([[0.55, 0.5], [0.55, 0.5], [0.5, 1.0], [0.5, 1.0]])  # per group (rows 0-1, 2-3)
+    expect = torch.zeros(4, 8)
+    expect[:, P], expect[:, P + 3] = ret[:, 0] - base[:, 0], (ret[:, 1] - base[:, 1]) * mask[:, P + 3]
+    torch.testing.assert_close(adv, expect)
+    assert (adv[:, :P] == 0).all() and (adv[:, P + 1:P + 3] == 0).all()
+
+
 def test_grpo_toy_learns():
     """The toy GRPO example learns its task on the CPU (it exits 1 otherwise) in seconds."""
     res = _run("grpo_toy.py", "--no-progress")
