@@ -60,16 +60,28 @@ def _tensor_index(index, device):
 
 
 def _host_ranks(index) -> tuple[np.ndarray, np.ndarray]:
-    """``(inv, counts)`` of NumPy (or list) labels: each label's rank among the distinct labels
-    (int64 ``[B]``) and each group's size (``[num_groups]``); labels of mixed types compared as strings."""
+    """``(inv, counts)`` of NumPy (or list) labels: each label's group number (int64 ``[B]``, groups
+    numbered in order of first appearance for string and object labels, of value for numeric ones)
+    and each group's size (``[num_groups]``). String and object labels (verl's uids) are grouped in
+    one hashing pass over them (no sort); labels that mix strings with other types, or that cannot
+    be hashed, are compared as strings."""
     arr = np.asarray(index)
     if arr.ndim != 1:
         raise ValueError(f"index must be 1-d (one label per sample), got shape {arr.shape}")
-    try:
+    if arr.dtype != object and arr.dtype.kind not in "US":  # numbers: NumPy's sort is fast
         _, inv, counts = np.unique(arr, return_inverse=True, return_counts=True)
-    except TypeError:  # labels of mixed types: compared as strings
-        _, inv, counts = np.unique(arr.astype(str), return_inverse=True, return_counts=True)
-    return inv.reshape(-1).astype(np.int64, copy=False), counts
+        return inv.reshape(-1).astype(np.int64, copy=False), counts
+    labels = arr.tolist()
+    kinds = set(map(type, labels))
+    if len(kinds) > 1 and str in kinds:  # strings among other labels: compared as strings
+        labels = [str(x) for x in labels]
+    seen: dict = {}
+    try:
+        inv = np.fromiter((seen.setdefault(x, len(seen)) for x in labels), dtype=np.int64, count=len(labels))
+    except TypeError:  # an unhashable label
+        seen = {}
+        inv = np.fromiter((seen.setdefault(str(x), len(seen)) for x in labels), dtype=np.int64, count=len(labels))
+    return inv, np.bincount(inv, minlength=len(seen))
 
 
 def _host_layout(inv: np.ndarray, counts: np.ndarray) -> np.ndarray:
@@ -93,7 +105,8 @@ def _to_device(arr: np.ndarray, device) -> torch.Tensor:
 
 def group_ids(index, device=None) -> tuple[torch.Tensor, int]:
     """``(ids, num_groups)``: ``[B]`` int64 ids in ``[0, num_groups)``, equal for equal labels. ``index``:
-    a 1-d NumPy array (or list) of labels (verl's ``uid``), converted on the host; or a 1-d integer
+    a 1-d NumPy array (or list) of labels (verl's ``uid``), converted on the host (strings in one
+    hashing pass, numbered in order of first appearance; numbers in order of value); or a 1-d integer
     tensor, ranked on its device (``num_groups = B`` then, an upper bound: the rest are empty)."""
     if isinstance(index, torch.Tensor):
         index = _tensor_index(index, device)

@@ -130,8 +130,14 @@ def test_weighted_mean_of_zero_weight_is_the_mean():
 
 
 def test_group_ids():
-    ids, n = G.group_ids(np.array(["b", "a", "b", "c"], dtype=object))
-    assert ids.tolist() == [1, 0, 1, 2] and n == 3
+    ids, n = G.group_ids(np.array(["b", "a", "b", "c"], dtype=object))  # strings: in order of first appearance
+    assert ids.tolist() == [0, 1, 0, 2] and n == 3
+    ids, n = G.group_ids(np.array(["b", "a", "b", "c"]))  # a NumPy string array too
+    assert ids.tolist() == [0, 1, 0, 2] and n == 3
+    ids, n = G.group_ids(np.array([[1], [2], [1]] + [None], dtype=object)[:3])  # unhashable: as strings
+    assert ids.tolist() == [0, 1, 0] and n == 2
+    ids, n = G.group_ids(np.array([2, 1.0, True, 2.0], dtype=object))  # numbers by value (1.0 == True)
+    assert ids.tolist() == [0, 1, 1, 0] and n == 2
     ids, n = G.group_ids(np.array([10**12, 7, 10**12]))
     assert ids.tolist() == [1, 0, 1] and n == 2
     ids, n = G.group_ids(np.array([1, "1", "x"], dtype=object))  # mixed types: compared as strings
@@ -777,18 +783,20 @@ def test_kernel_path_sorts_once_at_most():
 
 
 def test_pass_at_k_counts_the_groups_once(monkeypatch):
-    """pass@k's check of its groups' sizes reads the groups that the statistics use (one np.unique of
-    the labels, mixed types compared as strings, as group_ids does), with the same error."""
+    """pass@k's check of its groups' sizes reads the groups that the statistics use (one grouping of
+    the labels: np.unique of numbers, one hashing pass (np.fromiter) of strings, mixed types compared
+    as strings, as group_ids does), with the same error."""
     x = torch.zeros(4)
     calls = []
-    real = np.unique
 
-    def unique(*args, **kw):
-        out = real(*args, **kw)
-        calls.append(1)
-        return out
+    def counted(real):
+        def fn(*args, **kw):
+            calls.append(1)
+            return real(*args, **kw)
+        return fn
 
-    monkeypatch.setattr(np, "unique", unique)
+    monkeypatch.setattr(np, "unique", counted(np.unique))
+    monkeypatch.setattr(np, "fromiter", counted(np.fromiter))
     for index in (["a", "b", "a", "b"], np.array([1, "1", "x", "x"], dtype=object), np.array([5, 5, 6, 6])):
         calls.clear()
         G.outcome_advantages(x, index, None, "grpo_passk")
