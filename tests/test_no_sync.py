@@ -146,7 +146,11 @@ def verl_calls(device) -> dict:
     idx = torch.tensor([3, 3, 3, 0, 0, 7, 1, 1, 1, 1, 5, 2], device=device)
     cfg = SimpleNamespace(gamma=0.99, norm_adv_by_std_in_grpo=True, get=lambda k, d=None: d)
     calls = {name: (lambda fn=fn: fn(r, m, idx, config=cfg)) for name, fn in V.ESTIMATORS.items()
-             if name != "reinforce_plus_plus"}
+             if name not in ("reinforce_plus_plus", *V.OWN_INPUTS)}
+    lp, spi2 = -torch.rand(12, 30, generator=g).to(device), torch.rand(12, 30, generator=g).to(device)
+    for name in V.OWN_INPUTS:  # the optimal token baselines, with the inputs verl's trainer gives them
+        calls[name] = lambda fn=V.ESTIMATORS[name]: fn(r, m, idx, old_log_probs=lp, sum_pi_squared=spi2,
+                                                       rollout_is_weights=spi2, config=cfg)
     calls["reinforce_plus_plus"] = lambda: V.compute_reinforce_plus_plus_outcome_advantage(r, m, config=cfg)
     calls["Dr.GRPO"] = lambda: V.compute_grpo_outcome_advantage(r, m, idx, norm_adv_by_std_in_grpo=False)
     calls["remax"] = lambda: V.compute_remax_outcome_advantage(r, r[:, 0], m)
