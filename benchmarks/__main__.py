@@ -21,6 +21,8 @@ COMMANDS = {
     "memory": ("benchmarks.memory", "peak extra device memory of a first and a second call, every strategy"),
     "llm": ("benchmarks.llm", "LLM-RL GAE over multi-turn token rows against verl's token loop"),
     "llm-groups": ("benchmarks.llm_groups", "verl's vectorized GRPO and RLOO against rollbuf.integrations.verl (GPU)"),
+    "llm-agents": ("benchmarks.llm_agents", "OTB, TIR-OTB, GiGPO and the turn-level estimators against the loops "
+                                            "they replace (GPU; --dry-run: CPU)"),
     "distributed": ("benchmarks.distributed", "rollbuf.distributed: the exchange against the local work, per rank"),
     "fetch-peers": ("benchmarks.competitors", "copy DIR/rl-triton-* and DIR/pufferlib-* into .peers/ (git-ignored)"),
     "tables": ("benchmarks.tables", "write docs/benchmarks.md's and docs/llm.md's tables from benchmarks/results/ "

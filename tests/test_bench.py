@@ -697,6 +697,17 @@ def test_the_full_call_clock_times_a_slow_call_a_few_times():
     assert len(used) == 8 + 5 and set(used) == set(range(8))
 
 
+def test_llm_agents_benchmark_dry_run(tmp_path, capsys):
+    """benchmarks/llm_agents.py runs on a GPU; its CPU dry run checks every case's outputs against the
+    loop it replaces (exit 1 if any differs), writes the CSV and prints the table."""
+    from benchmarks import llm_agents
+
+    assert llm_agents.main(["--dry-run", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert all(case in out for case in ("otb", "tir_otb", "gigpo", "turn_returns", "turn_gae"))
+    assert (tmp_path / "llm_agents.csv").read_text().count("\n") == 6
+
+
 def test_host_path_benchmark_dry_run(tmp_path):
     """benchmarks/host_path.py runs on a GPU; its CPU dry run (torch backend, tiny shapes, no graphs)
     checks its plumbing: every part's rows in the CSV with the provenance, and the table last."""

@@ -261,6 +261,21 @@ def test_optimal_token_baselines_equal_verl(name, seed, weighted, zero_tail):
     assert (ours[mask == 0] == 0).all()
 
 
+@pytest.mark.parametrize("name", OTB)
+def test_the_benchmarks_restated_otb_loops_equal_verl(name):
+    """benchmarks/llm_agents.py times verl's OTB and TIR-OTB restated (verl is not installed on the GPU
+    machine): the restatements equal verl's functions."""
+    from benchmarks import llm_agents
+
+    rewards, mask, labels, lp, spi2, isw = _otb_inputs(7)
+    restated = llm_agents.verl_otb if name == "optimal_token_baseline" else llm_agents.verl_tir_otb
+    index = index_of(labels, "str")
+    for w, zt in ((None, True), (isw, False)):
+        theirs = core_algos.get_adv_estimator_fn(name)(rewards, mask, index, lp, spi2, w, zt)
+        for a, b in zip(restated(rewards, mask, index, lp, spi2, w, zt), theirs, strict=True):
+            assert torch.equal(a, b)
+
+
 def test_optimal_token_baseline_zero_tail_and_groups():
     """One group of three rows (lengths 5, 3, 2), one of two tied rows (4, 4), one singleton: the unique
     longest row's baseline is 0 from the second longest's length on (its advantage is its return
