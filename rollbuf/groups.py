@@ -179,8 +179,9 @@ def group_stats(scores, ids, num_groups: int, weights=None, *, group=None, backe
     ``group``: a process group whose ranks hold other samples of the same groups (torch backend).
     Accumulated in float64 as per-group sums about a member's value (docs/semantics.md): equal
     members, and equal other members, give exactly zero spread. ``backend``: :data:`BACKENDS`.
-    Ids outside ``[0, num_groups)`` on CPU tensors are a ValueError naming ``ids``; on a GPU they are
-    not read back (no host sync)."""
+    Ids outside ``[0, num_groups)`` are a ValueError naming ``ids`` on the torch backend with CPU
+    tensors; on a GPU they are not read back (no host sync), and the kernel compares ids for equality
+    only."""
     x, w = _checked(scores, ids, weights)
     on_kernel = _backend(backend, scores.device, group) == "triton"
     _check_groups(ids, num_groups, read_back=not on_kernel and ids.device.type == "cpu")

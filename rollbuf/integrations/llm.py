@@ -341,7 +341,8 @@ def discounted_returns(token_level_rewards, response_mask, gamma, *, truncated=N
 def _turns(response_mask, turn_ids):
     """``(on, start, end)`` ``[*B, T]`` bool: the model tokens, each turn's first and last model token.
     A turn is a maximal run of model tokens, or (``turn_ids``, ``[*B, T]`` integers) the model tokens
-    of a row that share an id, in row order."""
+    of a row that share an id, consecutive among the row's model tokens (an id that comes back later
+    starts a new turn)."""
     if not isinstance(response_mask, torch.Tensor) or response_mask.dim() < 1 or response_mask.is_complex():
         raise ValueError("response_mask must be a [*B, T] flag tensor (bool, integer or 0/1 float)")
     on = as_flags(response_mask, "response_mask")
