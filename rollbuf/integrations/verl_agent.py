@@ -55,9 +55,13 @@ def step_group_ids(anchor_obs, index, device=None) -> tuple[torch.Tensor, int]:
     anchor observations are equal (:func:`_key`); one hashing pass over the rows on the host."""
     if len(anchor_obs) != len(index):
         raise ValueError(f"anchor_obs must hold one observation per row ({len(index)}), got {len(anchor_obs)}")
-    episode, _ = groups.group_ids(index)
+    return _step_ids(anchor_obs, groups.group_ids(index)[0].tolist(), device)
+
+
+def _step_ids(anchor_obs, episode: list, device) -> tuple[torch.Tensor, int]:
+    """:func:`step_group_ids` from the rows' episode group ids (a list, as long as ``anchor_obs``)."""
     seen: dict = {}
-    ids = [seen.setdefault((g, _key(a)), len(seen)) for g, a in zip(episode.tolist(), anchor_obs, strict=True)]
+    ids = [seen.setdefault((g, _key(a)), len(seen)) for g, a in zip(episode, anchor_obs, strict=True)]
     return torch.tensor(ids, dtype=torch.int64, device=device), len(seen)
 
 
@@ -95,12 +99,15 @@ def compute_gigpo_outcome_advantage(token_level_rewards, step_rewards, response_
     with torch.no_grad():
         device = token_level_rewards.device
         scores = token_level_rewards.sum(dim=-1)
-        ids, n = groups.group_ids(index, device)
+        ids, n = groups.group_ids(index)  # ranked once (on the host for NumPy uids), for both groupings
         if len(ids) != B:
             raise ValueError(f"index must hold one uid per row ({B}), got {len(ids)}")
+        if len(anchor_obs) != B:
+            raise ValueError(f"anchor_obs must hold one observation per row ({B}), got {len(anchor_obs)}")
+        sids, sn = _step_ids(anchor_obs, ids.tolist(), device)
+        ids = ids.to(device)
         episode = _relative(scores, groups.group_stats(scores, ids, n), eps, std_norm, 0.0)
         x = step_rewards.to(device)
-        sids, sn = step_group_ids(anchor_obs, index, device)
         step = _relative(x, groups.group_stats(x, sids, sn), eps, std_norm, x)
         adv = (episode + step_advantage_w * step).to(scores.dtype)
         out = adv.unsqueeze(-1) * response_mask
