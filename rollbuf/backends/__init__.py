@@ -80,6 +80,9 @@ def run(p: Problem, backend: str):
     if backend == "torch":
         return torch_backend.run(p)
     if backend == "triton":
+        if torch.compiler.is_compiling():  # Dynamo runs an import statement as it traces (not importlib's)
+            from rollbuf.backends import triton_backend
+            return triton_backend.run(p)
         return _module("triton_backend").run(p)  # imports triton: only when asked for
     if backend == "reference":
         return reference.run(p)
