@@ -20,8 +20,9 @@ import torch
 from rollbuf import functional as F
 from rollbuf import groups, validation
 from rollbuf.backends import scan
-from rollbuf.boundary import coefficients as C
+from rollbuf.boundary.coefficients import compose
 from rollbuf.estimators import unit_interval
+from rollbuf.kernels.td_lambda.coefficients import lambda_step
 
 __all__ = ["compute_gae_advantage_return", "discounted_returns", "packed_gae", "packed_discounted_returns",
            "masked_whiten", "sequence_sums", "outcome_advantages", "LAYOUTS"]
@@ -98,8 +99,8 @@ def _payload(sh: _Shard, c: _Call, pieces, dt):
     r = torch.where(m, sh.r.reshape(-1).to(dt), 0)
     v = torch.zeros_like(r) if sh.v is None else torch.where(m, sh.v.reshape(-1).to(dt), 0)
     tr = sh.trunc[line].to(dt)
-    alpha, beta = C.lambda_step(r, v, 0.0, 0.0, None, c.gamma, c.lam)
-    alpha_end, _ = C.lambda_step(r, v, 1.0 - tr, tr, sh.boot[line], c.gamma, c.lam)
+    alpha, beta = lambda_step(r, v, 0.0, 0.0, None, c.gamma, c.lam)
+    alpha_end, _ = lambda_step(r, v, 1.0 - tr, tr, sh.boot[line], c.gamma, c.lam)
     a_in, b_in = torch.where(m, alpha, 0), torch.where(m, torch.full_like(r, beta), 1)
     b_cut = torch.where(cut, 0, b_in)  # the scan stops at each piece's last token
     alphas = torch.stack([a_in, torch.where(cut, b_in, 0), torch.where(end, alpha_end, a_in)])
@@ -123,7 +124,7 @@ def _carries(sh: _Shard, c: _Call, pieces, dt):
     chunk = torch.arange(a.shape[-1], device=g.device)
     e = torch.where(live > 0, chunk, -1).amax(-1, keepdim=True)  # each line's end chunk
     a, b = torch.where(chunk == e, a_end, a), torch.where(chunk == e, 0, b)
-    za = scan.doubling_scan((a, b), C.compose, reverse=True)[0]
+    za = scan.doubling_scan((a, b), compose, reverse=True)[0]
     mine = order[:, rank]
     z, owns = torch.cat([za[:, 1:], torch.zeros_like(za[:, :1])], -1)[:, mine], e == mine
     z, owns = (torch.cat([x, x.new_zeros(1, x.shape[1])]) for x in (z, owns))  # the last line: no token

@@ -22,6 +22,10 @@ import torch
 from rollbuf import windows
 from rollbuf.backends.scan import affine_scan, compose_all
 from rollbuf.boundary import coefficients as C
+from rollbuf.kernels.retrace.coefficients import retrace_step
+from rollbuf.kernels.td_lambda.coefficients import lambda_out, lambda_step
+from rollbuf.kernels.traces.coefficients import trace_out, trace_step
+from rollbuf.kernels.vtrace.coefficients import vtrace_out, vtrace_step
 from rollbuf.problem import Family, Problem
 
 __all__ = ["run", "steps", "window_map", "read_bootstrap", "end_carry"]
@@ -77,7 +81,7 @@ def steps(p: Problem):
         lift = (x.shape[0],) + (1,) * (x.dim() - 2) + (x.shape[-1],)  # flags [N, T] -> [N, 1.., T]
         k, tr = L.flag("terminated", x), L.flag("truncated", x)
         k, tr = (f if f.dim() == 0 else f.reshape(lift) for f in (k, tr))
-        alpha, beta = C.trace_step(x, k, tr, p.decay)
+        alpha, beta = trace_step(x, k, tr, p.decay)
         beta = torch.as_tensor(beta, dtype=dt, device=x.device).expand(lift)  # flags only: no *F
         if m is not None:
             alpha = torch.where(m.reshape(lift), alpha, 0)
@@ -103,20 +107,20 @@ def steps(p: Problem):
     if p.family == Family.TD_LAMBDA:
         v = L.load("values") if p.fields.get("values") is not None else torch.zeros_like(r)
         env.update(v=v)
-        elems = C.lambda_step(r, v, k, tr, boot, p.gamma, p.lam)
+        elems = lambda_step(r, v, k, tr, boot, p.gamma, p.lam)
     else:
         v = L.load("values")
         log_ratio = L.load("target_log_probs") - L.load("log_probs")
         c = p.lam * clipped_ratio(log_ratio, p.c_bar)
         env.update(v=v, c=c)
         if p.family == Family.RETRACE:
-            elems = C.retrace_step(r, v, k, tr, boot, L.load("q_values"), c, p.gamma)
+            elems = retrace_step(r, v, k, tr, boot, L.load("q_values"), c, p.gamma)
         else:
             if p.family != Family.VTRACE:
                 raise ValueError(f"the torch backend has no family {p.family!r}")
             rho = clipped_ratio(log_ratio, p.rho_bar)
             env.update(rho=rho, rho_pg=clipped_ratio(log_ratio, p.pg_rho_bar))
-            elems = C.vtrace_step(r, v, k, tr, boot, rho, c, p.gamma)
+            elems = vtrace_step(r, v, k, tr, boot, rho, c, p.gamma)
             elems = [torch.as_tensor(e, dtype=dt, device=r.device) for e in elems]
             elems = torch.broadcast_tensors(*elems)
             if m is not None:
@@ -178,7 +182,7 @@ def run(p: Problem, fused: bool = False):
         x, lift = env["x"], env["lift"]
         init = torch.zeros(x.shape[:-1], dtype=dt, device=x.device) if p.carry is None else p.carry.to(dt)
         incl = affine_scan(alpha, beta, False, init, fused)
-        out = C.trace_out(x, p.decay, _exclusive(incl, init, reverse=False))
+        out = trace_out(x, p.decay, _exclusive(incl, init, reverse=False))
         if m is not None:
             out = torch.where(m.reshape(lift), out, 0)
         final = incl[..., -1] if incl.shape[-1] else init
@@ -192,13 +196,13 @@ def run(p: Problem, fused: bool = False):
 
     if p.family == Family.TD_LAMBDA:
         z_next, z0 = _scalar_scan(elems[0], elems[1], carry, fused)
-        g = C.lambda_out(r, k, tr, boot, p.gamma, z_next)
+        g = lambda_out(r, k, tr, boot, p.gamma, z_next)
         named = {"returns": g, "advantages": g - v}
         return _masked(tuple(named[o] for o in p.outputs), m), z0
 
     if p.family == Family.RETRACE:
         z_next, z0 = _scalar_scan(elems[0], elems[1], carry, fused)
-        return _masked((C.lambda_out(r, k, tr, boot, p.gamma, z_next),), m), z0
+        return _masked((lambda_out(r, k, tr, boot, p.gamma, z_next),), m), z0
 
     # VTRACE. The pair maps (u, V) -> (a + p·u + q·V, w + s·V) are upper triangular: V never reads u.
     # So the pair scan is two scalar scans, V first (V_t = w_t + s_t·V_{t+1}), then u with the V
@@ -209,7 +213,7 @@ def run(p: Problem, fused: bool = False):
     v_next = _exclusive(v_incl, cv, reverse=True)
     u_incl = affine_scan(A + Q * v_next, P, True, cu, fused)
     u_next = _exclusive(u_incl, cu, reverse=True)
-    vs, pg = C.vtrace_out(r, v, k, tr, boot, env["rho"], env["c"], env["rho_pg"], p.gamma, u_next,
+    vs, pg = vtrace_out(r, v, k, tr, boot, env["rho"], env["c"], env["rho_pg"], p.gamma, u_next,
                           v_next)
     carry_out = torch.stack([u_incl[..., 0], v_incl[..., 0]], -1) if r.shape[-1] else carry
     return _masked((vs, pg), m), carry_out

@@ -3,10 +3,11 @@
 import numpy as np
 from numba import njit
 
-from rollbuf.boundary import coefficients as C
 from rollbuf.kernels.loop import JIT, clip, inline, ld
+from rollbuf.kernels.retrace import coefficients as C
+from rollbuf.kernels.td_lambda.coefficients import lambda_out
 
-_retrace_step, _lambda_out = inline(C.retrace_step), inline(C.lambda_out)
+_retrace_step, _lambda_out = inline(C.retrace_step), inline(lambda_out)
 
 
 @njit(**JIT)

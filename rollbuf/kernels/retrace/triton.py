@@ -8,11 +8,12 @@ from collections import namedtuple
 import triton
 import triton.language as tl
 
-from rollbuf.boundary import coefficients as C
 from rollbuf.kernels import core
+from rollbuf.kernels.retrace import coefficients as C
+from rollbuf.kernels.td_lambda.coefficients import lambda_out as td_lambda_out
 
 retrace_step = core.jit_boundary(C.retrace_step)
-lambda_out = core.jit_boundary(C.lambda_out)
+lambda_out = core.jit_boundary(td_lambda_out)
 
 # rewards, values, terminated, truncated, bootstrap_values, mask, log_probs, target_log_probs,
 # q_values: [N, T] each

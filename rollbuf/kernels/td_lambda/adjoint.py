@@ -2,7 +2,7 @@
 
 import torch
 
-from rollbuf.boundary import coefficients as C
+from rollbuf.kernels.td_lambda import coefficients as C
 from rollbuf.problem import Family, Problem
 
 

@@ -2,8 +2,8 @@
 
 from numba import njit
 
-from rollbuf.boundary import coefficients as C
 from rollbuf.kernels.loop import JIT, inline, ld
+from rollbuf.kernels.td_lambda import coefficients as C
 
 _lambda_step, _lambda_out, _adjoint_step, _adjoint_out = (inline(fn) for fn in (
     C.lambda_step, C.lambda_out, C.lambda_adjoint_step, C.lambda_adjoint_out))

@@ -18,8 +18,8 @@ from collections import namedtuple
 import triton
 import triton.language as tl
 
-from rollbuf.boundary import coefficients as C
 from rollbuf.kernels import core
+from rollbuf.kernels.td_lambda import coefficients as C
 
 lambda_step = core.jit_boundary(C.lambda_step)
 lambda_out = core.jit_boundary(C.lambda_out)

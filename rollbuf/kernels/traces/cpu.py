@@ -2,8 +2,8 @@
 
 from numba import njit
 
-from rollbuf.boundary import coefficients as C
 from rollbuf.kernels.loop import JIT, inline, ld
+from rollbuf.kernels.traces import coefficients as C
 
 _trace_out, _trace_state = inline(C.trace_out), inline(C.trace_state)
 

@@ -19,8 +19,8 @@ from collections import namedtuple
 import triton
 import triton.language as tl
 
-from rollbuf.boundary import coefficients as C
 from rollbuf.kernels import core
+from rollbuf.kernels.traces import coefficients as C
 
 trace_step = core.jit_boundary(C.trace_step)
 trace_out = core.jit_boundary(C.trace_out)

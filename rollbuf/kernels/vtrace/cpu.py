@@ -3,8 +3,8 @@
 import numpy as np
 from numba import njit
 
-from rollbuf.boundary import coefficients as C
 from rollbuf.kernels.loop import JIT, clip, inline, ld
+from rollbuf.kernels.vtrace import coefficients as C
 
 _vtrace_step, _vtrace_pg = inline(C.vtrace_step), inline(C.vtrace_pg)
 

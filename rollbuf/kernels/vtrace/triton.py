@@ -16,8 +16,8 @@ from collections import namedtuple
 import triton
 import triton.language as tl
 
-from rollbuf.boundary import coefficients as C
 from rollbuf.kernels import core
+from rollbuf.kernels.vtrace import coefficients as C
 
 vtrace_step = core.jit_boundary(C.vtrace_step)
 vtrace_out = core.jit_boundary(C.vtrace_out)
