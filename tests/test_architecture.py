@@ -101,6 +101,13 @@ LAZY = {
     ("rollbuf.integrations.torchrl", "torchrl.objectives.utils"): "TorchRL is an optional dependency",
     ("rollbuf.integrations.torchrl", "torchrl.objectives.value.advantages"): "TorchRL is an optional dependency",
     ("rollbuf.integrations.verl", "verl.trainer.ppo"): "verl is optional: imported by register() only",
+    ("rollbuf.integrations.openrlhf", "openrlhf.trainer.ppo_utils"):
+        "OpenRLHF is optional (its module imports Ray, DeepSpeed, vLLM): by patch() and the patched method only",
+    ("rollbuf.integrations.areal", "areal.trainer.ppo.actor"): "AReaL is optional: imported by patch() only",
+    ("rollbuf.integrations.areal", "areal.utils.functional"):
+        "AReaL is optional: its overlong penalty, imported by the patched method where the config asks for it",
+    ("rollbuf.integrations.skyrl", "skyrl.backends.skyrl_train.utils.ppo_utils"):
+        "SkyRL is optional: imported by register() only",
 }
 
 

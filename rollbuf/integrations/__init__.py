@@ -11,6 +11,13 @@ optional dependency only matters to the module that needs it:
   pass@k, OTB, ...) and ``register()``; plain torch (``register`` imports verl).
 * :mod:`rollbuf.integrations.verl_agent` — verl-agent's GiGPO (episode and step groups) and its
   step returns; plain torch.
+* :mod:`rollbuf.integrations.openrlhf` — OpenRLHF's experience maker (GAE, REINFORCE returns, group
+  baselines, whitening) under its names and ``patch()``; plain torch (``patch`` imports OpenRLHF).
+* :mod:`rollbuf.integrations.areal` — AReaL's ``PPOActor._compute_advantages`` with its GAE as one scan,
+  and ``patch()``; plain torch (``patch`` imports AReaL).
+* :mod:`rollbuf.integrations.slime` — slime's custom advantage functions (``(args, rollout_data)``); plain torch.
+* :mod:`rollbuf.integrations.skyrl` — SkyRL's advantage estimators and ``register()``; plain torch
+  (``register`` imports SkyRL).
 * :mod:`rollbuf.integrations.torchrl` — ``GAE``, ``TDLambdaEstimator`` and ``VTrace`` with
   TorchRL's constructor and call, usable by TorchRL's losses; needs ``torchrl``.
 * :mod:`rollbuf.integrations.sb3` — Stable-Baselines3's ``RolloutBuffer.compute_returns_and_advantage``
