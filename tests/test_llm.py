@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import rollbuf
 import rollbuf.functional as F
@@ -733,6 +735,331 @@ def test_mask_mode_validation():
         llm.packed_gae(r[0], v[0], m[0], cu, 1.0, 1.0, mask_mode="deleted")
     with pytest.raises(ValueError, match="fill_masked"):
         llm.packed_discounted_returns(r[0], m[0], cu, 1.0, fill_masked="keep")
+
+
+# -------------------------------------------------- per-row γ and λ, a separate λ for the returns (VAPO)
+#
+# The oracle of a per-row call is the scalar oracle above run on each row alone with that row's γ, λ:
+# the loops are the ones the scalar path is tested against, so nothing here is computed the way the
+# per-row path computes it (per-token δ and β, one affine scan).
+
+GAMMAS = torch.tensor([0.9, 1.0, 0.0, 0.5, 1.0, 0.97, 0.3])  # 0 and 1 included
+LAMS = torch.tensor([0.0, 1.0, 0.95, 1.0, 0.3, 0.0, 0.8])
+LAM_RETURNS = torch.tensor([1.0, 0.0, 0.5, 0.9, 1.0, 0.2, 0.0])
+TRUNC = torch.tensor([True, False, True, True, False, True, False])
+BOOT = torch.tensor([0.7, NAN, -1.0, 2.5, NAN, 0.3, NAN])  # NaN where not truncated: never read
+
+
+def gae_rows(r, v, m, gammas, lams, mode="skip", bootstrap=None):
+    """verl's loop (``"skip"``) or OpenRLHF's (``"zero"``) on each row with its own γ and λ."""
+    outs = []
+    for b in range(r.shape[0]):
+        boot = None if bootstrap is None else bootstrap[b:b + 1]
+        g, lam = float(gammas[b]), float(lams[b])
+        if mode == "skip":
+            outs.append(verl_gae_loop(r[b:b + 1], v[b:b + 1], m[b:b + 1], g, lam, bootstrap=boot))
+        else:
+            outs.append(openrlhf_gae_loop(v[b:b + 1], r[b:b + 1], m[b:b + 1].double(), g, lam, bootstrap=boot))
+    return torch.cat([a for a, _ in outs]), torch.cat([ret for _, ret in outs])
+
+
+def returns_rows(r, m, gammas, mode="skip", bootstrap=None):
+    loop = returns_loop if mode == "skip" else (lambda r, m, g, bootstrap: openrlhf_returns_loop(r, m.double(), g,
+                                                                                                bootstrap))
+    return torch.cat([loop(r[b:b + 1], m[b:b + 1], float(gammas[b]), bootstrap=None if bootstrap is None else
+                           bootstrap[b:b + 1]) for b in range(r.shape[0])])
+
+
+MODES = [("skip", "zero"), ("skip", "carry"), ("zero", "zero"), ("zero", "keep")]
+
+
+@pytest.mark.parametrize("mode,fill", MODES)
+@pytest.mark.parametrize("truncated", [False, True])
+def test_per_row_gamma_lam_and_lam_returns_equal_the_loop_row_by_row(mode, fill, truncated):
+    # NaN garbage where nothing reads it; finite where the oracle multiplies it (OpenRLHF) or the
+    # returns read it (carry: returns = carried A + V[t], as verl)
+    r, v, m = multi_turn_batch(B=7, T=41, seed=60, garbage=NAN if (mode, fill) == ("skip", "zero") else 3.0)
+    kw = dict(truncated=TRUNC, bootstrap_values=BOOT) if truncated else {}
+    boot = torch.where(TRUNC, BOOT, 0.0) if truncated else None
+    e_adv, e_ret0 = gae_rows(r, v, m, GAMMAS, LAMS, mode, boot)
+    _, e_ret = gae_rows(r, v, m, GAMMAS, LAM_RETURNS, mode, boot)
+    e_g = returns_rows(r, m, GAMMAS, mode, boot)
+    if fill == "zero":
+        e_adv, e_ret0, e_ret, e_g = (zero_masked(x, m) for x in (e_adv, e_ret0, e_ret, e_g))
+    opts = dict(mask_mode=mode, fill_masked=fill, **kw)
+    adv, ret = llm.compute_gae_advantage_return(r, v, m, GAMMAS, LAMS, lam_returns=LAM_RETURNS, **opts)
+    assert adv.dtype == torch.float32 and adv.shape == r.shape
+    assert_close(adv, e_adv)
+    assert_close(ret, e_ret)
+    adv, ret = llm.compute_gae_advantage_return(r, v, m, GAMMAS, LAMS, **opts)  # returns with λ itself
+    assert_close(adv, e_adv)
+    assert_close(ret, e_ret0)
+    assert_close(llm.discounted_returns(r, m, GAMMAS, **opts), e_g)
+    if (mode, fill) == ("skip", "zero"):
+        assert torch.isfinite(adv).all() and torch.isfinite(ret).all()  # NaN garbage never leaks
+        assert (adv[1] == 0).all()  # the all-masked row
+
+
+def test_lam_returns_alone_is_gae_with_that_lambda_plus_values():
+    r, v, m = multi_turn_batch(B=5, T=50, seed=61)
+    tr, boot = torch.tensor([True, False, True, False, False]), torch.tensor([1.5, NAN, -0.5, NAN, NAN])
+    for lam_returns in (1.0, 0.0, 0.5, torch.tensor(0.5)):
+        adv, ret = llm.compute_gae_advantage_return(r, v, m, 0.99, 0.9, lam_returns=lam_returns, truncated=tr,
+                                                    bootstrap_values=boot)
+        a_fused, _ = llm.compute_gae_advantage_return(r, v, m, 0.99, 0.9, truncated=tr, bootstrap_values=boot)
+        _, r_fused = llm.compute_gae_advantage_return(r, v, m, 0.99, float(lam_returns), truncated=tr,
+                                                      bootstrap_values=boot)
+        assert_close(adv, a_fused)
+        assert_close(ret, r_fused)
+    # λ_returns = 1: Monte-Carlo value targets, the discounted returns (+ the bootstrap)
+    _, ret = llm.compute_gae_advantage_return(r, v, m, 0.99, 0.9, lam_returns=1.0, truncated=tr,
+                                              bootstrap_values=boot)
+    assert_close(ret, llm.discounted_returns(r, m, 0.99, truncated=tr, bootstrap_values=boot))
+
+
+def test_per_row_equal_values_are_the_fused_scalar_path():
+    r, v, m = multi_turn_batch(B=4, T=33, seed=62)
+    for mode, fill in MODES:
+        fused = llm.compute_gae_advantage_return(r, v, m, 0.95, 0.9, mask_mode=mode, fill_masked=fill)
+        rowwise = llm.compute_gae_advantage_return(r, v, m, torch.full((4,), 0.95), torch.full((4,), 0.9),
+                                                   mask_mode=mode, fill_masked=fill)
+        for a, b in zip(fused, rowwise):
+            assert_close(a, b)
+    # a one-element tensor that is not [B] stays a number (today's behaviour), a [B] one is per row
+    a1, _ = llm.compute_gae_advantage_return(r, v, m, torch.tensor([0.95]), 0.9)
+    a2, _ = llm.compute_gae_advantage_return(r[:1], v[:1], m[:1], torch.tensor([0.95]), torch.tensor([0.9]))
+    assert_close(a1[:1], a2)
+
+
+def test_per_row_whiten_batch_dims_dtypes_and_gradients():
+    r, v, m = multi_turn_batch(B=6, T=30, seed=63, garbage=2.0)
+    g6, l6 = torch.rand(6, generator=torch.Generator().manual_seed(0)), torch.linspace(0, 1, 6)
+    raw, _ = llm.compute_gae_advantage_return(r, v, m, g6, l6, fill_masked="carry")
+    for fill in ("zero", "carry"):
+        adv, _ = llm.compute_gae_advantage_return(r, v, m, g6, l6, whiten=True, fill_masked=fill)
+        e = whiten_by_hand(raw, m)
+        assert_close(adv, zero_masked(e, m) if fill == "zero" else e)
+    flat = llm.compute_gae_advantage_return(r, v, m, g6, l6)
+    batched = llm.compute_gae_advantage_return(r.reshape(2, 3, 30), v.reshape(2, 3, 30), m.reshape(2, 3, 30),
+                                               g6.reshape(2, 3), l6.reshape(2, 3))
+    for a, b in zip(flat, batched):
+        assert_close(a, b.reshape(6, 30), rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"gamma must be a number or a tensor of shape \(2, 3\)"):
+        llm.compute_gae_advantage_return(r.reshape(2, 3, 30), v.reshape(2, 3, 30), m.reshape(2, 3, 30), g6, 0.9)
+    adv16, _ = llm.compute_gae_advantage_return(r.bfloat16(), v.bfloat16(), m, g6, l6)
+    adv32, _ = llm.compute_gae_advantage_return(r.bfloat16(), v.bfloat16(), m, g6, l6, out_dtype=torch.float32)
+    assert adv16.dtype == torch.bfloat16 and adv32.dtype == torch.float32
+    e_adv, _ = gae_rows(r.bfloat16(), v.bfloat16(), m, g6, l6)
+    assert_close(adv32, zero_masked(e_adv, m))  # fp32 accumulation of the bf16 inputs
+    a64, _ = llm.compute_gae_advantage_return(r.double(), v.double(), m, g6, l6)
+    assert a64.dtype == torch.float64
+    assert_close(a64, zero_masked(gae_rows(r, v, m, g6, l6)[0], m), rtol=1e-12, atol=1e-12)
+    # gradients: the per-row path is differentiable and agrees with each row's fused call
+    rg, vg = r.double().requires_grad_(), v.double().requires_grad_()
+    adv, ret = llm.compute_gae_advantage_return(rg, vg, m, g6, l6, lam_returns=l6.flip(0))
+    (adv.square().sum() + ret.sum()).backward()
+    for b in range(6):
+        rb, vb = r[b:b + 1].double().requires_grad_(), v[b:b + 1].double().requires_grad_()
+        a, _ = llm.compute_gae_advantage_return(rb, vb, m[b:b + 1], float(g6[b]), float(l6[b]))
+        _, rt = llm.compute_gae_advantage_return(rb, vb, m[b:b + 1], float(g6[b]), float(l6.flip(0)[b]))
+        (a.square().sum() + rt.sum()).backward()
+        assert_close(rg.grad[b:b + 1], rb.grad, rtol=1e-9, atol=1e-9)
+        assert_close(vg.grad[b:b + 1], vb.grad, rtol=1e-9, atol=1e-9)
+
+
+@given(data=st.data())
+@settings(max_examples=40, deadline=None)
+def test_per_row_property_against_the_loop(data):
+    B = data.draw(st.integers(1, 4), label="B")
+    T = data.draw(st.integers(0, 13), label="T")
+    seed = data.draw(st.integers(0, 2 ** 16), label="seed")
+    unit = st.one_of(st.sampled_from([0.0, 1.0]), st.floats(0.0, 1.0))
+    gammas = torch.tensor(data.draw(st.lists(unit, min_size=B, max_size=B), label="gammas"))
+    lams = torch.tensor(data.draw(st.lists(unit, min_size=B, max_size=B), label="lams"))
+    g = torch.Generator().manual_seed(seed)
+    r, v = torch.randn(B, T, generator=g, dtype=torch.float64), torch.randn(B, T, generator=g, dtype=torch.float64)
+    m = torch.rand(B, T, generator=g) < 0.6
+    r, v = torch.where(m, r, NAN), torch.where(m, v, NAN)
+    e_adv, e_ret = gae_rows(r, v, m, gammas, lams)
+    adv, ret = llm.compute_gae_advantage_return(r, v, m, gammas, lams)
+    assert_close(adv, zero_masked(e_adv, m), rtol=1e-10, atol=1e-10)
+    assert_close(ret, zero_masked(e_ret, m), rtol=1e-10, atol=1e-10)
+    assert_close(llm.discounted_returns(r, m, gammas), zero_masked(returns_rows(r, m, gammas), m),
+                 rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("fill", ["zero", "carry"])
+def test_packed_per_sequence_gamma_lam_equal_padded(fill):
+    r, v, m, lengths = packed_case(seed=64)
+    L, S = r.shape[1], len(lengths)
+    in_len = torch.arange(L) < lengths[:, None]
+    mpad = m & in_len
+    gam, lam, lam_ret = (torch.cat([x[:S - 1], torch.tensor([last])]) for x, last in
+                         ((GAMMAS, 0.8), (LAMS, 1.0), (LAM_RETURNS, 0.4)))
+    tr = torch.tensor([False, True, True, True, False, False, True, False])
+    boot = torch.tensor([NAN, 0.4, 1.0, -0.6, NAN, NAN, 2.0, NAN])
+    pr, pv, pm, cu = pack(r, v, mpad, lengths, extra=5)
+    for truncated, bootstrap in ((None, None), (tr, boot)):
+        adv, ret = llm.packed_gae(pr[None], pv[None], pm[None], cu, gam, lam, truncated, bootstrap,
+                                  lam_returns=lam_ret, fill_masked=fill)
+        assert adv.shape == (1, pr.shape[0])
+        e_boot = None if truncated is None else torch.where(tr, boot, 0.0)
+        e_adv, _ = gae_rows(r, v, mpad, gam, lam, bootstrap=e_boot)
+        _, e_ret = gae_rows(r, v, mpad, gam, lam_ret, bootstrap=e_boot)
+        total = int(cu[-1])
+        got_adv, got_ret = unpack(adv[0, :total], lengths, L), unpack(ret[0, :total], lengths, L)
+        if fill == "zero":
+            assert_close(got_adv, zero_masked(e_adv, mpad))
+            assert_close(got_ret, zero_masked(e_ret, mpad))
+        else:  # the carry stays inside each sequence: 0 after its last model token
+            assert_close(got_adv, zero_masked(e_adv, in_len))
+            ok = in_len & torch.isfinite(got_ret)
+            assert_close(got_ret[ok], e_ret[ok])
+        assert (adv[0, total:] == 0).all()  # tokens of no sequence
+        g = llm.packed_discounted_returns(pr, pm, cu, gam, truncated, bootstrap, fill_masked=fill)
+        e_g = returns_rows(r, mpad, gam, bootstrap=e_boot)
+        assert_close(unpack(g[:total], lengths, L), zero_masked(e_g, mpad if fill == "zero" else in_len))
+
+
+def test_packed_per_sequence_zero_mode_is_each_sequence_as_its_own_row():
+    r, v, m, lengths = packed_case(seed=65)
+    L, S = r.shape[1], len(lengths)
+    in_len = torch.arange(L) < lengths[:, None]
+    r, v = torch.nan_to_num(r, 3.0), torch.nan_to_num(v, -2.0)  # finite garbage: OpenRLHF multiplies it by 0
+    gam, lam = torch.linspace(0, 1, S), torch.linspace(1, 0, S)
+    pr, pv, pm, cu = pack(r, v, m & in_len, lengths, extra=3)
+    adv, ret = llm.packed_gae(pr, pv, pm, cu, gam, lam, lam_returns=lam.flip(0), mask_mode="zero", fill_masked="keep")
+    for s, n in enumerate(lengths.tolist()):
+        a, b = int(cu[s]), int(cu[s + 1])
+        if n == 0:
+            continue
+        e_adv, _ = openrlhf_gae_loop(v[s:s + 1, :n], r[s:s + 1, :n], m[s:s + 1, :n].double(), float(gam[s]),
+                                     float(lam[s]))
+        _, e_ret = openrlhf_gae_loop(v[s:s + 1, :n], r[s:s + 1, :n], m[s:s + 1, :n].double(), float(gam[s]),
+                                     float(lam.flip(0)[s]))
+        assert_close(adv[a:b], e_adv[0])
+        assert_close(ret[a:b], e_ret[0])
+    assert (adv[int(cu[-1]):] == 0).all()
+
+
+def test_per_row_hyperparameters_are_checked():
+    r, v, m = multi_turn_batch(B=3, T=12, seed=66)
+    good = torch.full((3,), 0.9)
+    calls = [
+        ("gamma", lambda x: llm.compute_gae_advantage_return(r, v, m, x, 0.9)),
+        ("lam", lambda x: llm.compute_gae_advantage_return(r, v, m, 0.9, x)),
+        ("lam_returns", lambda x: llm.compute_gae_advantage_return(r, v, m, good, 0.9, lam_returns=x)),
+        ("gamma", lambda x: llm.discounted_returns(r, m, x)),
+        ("gamma", lambda x: llm.turn_returns(r, m, x)),
+        ("lam", lambda x: llm.turn_gae(r, v, m, 0.9, x)),
+    ]
+    for name, call in calls:
+        for shape in ((4,), (3, 1), (1, 3)):  # nothing is broadcast
+            with pytest.raises(ValueError, match=rf"{name} must be a number or a tensor of shape \(3,\)"):
+                call(torch.full(shape, 0.9))
+        with pytest.raises(TypeError, match=f"{name} must be a floating-point tensor"):
+            call(torch.ones(3, dtype=torch.int64))
+        for bad in (1.5, -0.1, NAN, math.inf):
+            with pytest.raises(ValueError, match=rf"{name} must lie in \[0, 1\]"):
+                call(torch.tensor([0.9, bad, 0.5]))
+        with pytest.raises(ValueError, match=f"{name} is on meta"):
+            call(torch.full((3,), 0.9, device="meta"))
+    with pytest.raises(ValueError, match=r"lam_returns must lie in \[0, 1\]"):
+        llm.compute_gae_advantage_return(r, v, m, 0.9, 0.9, lam_returns=1.5)
+    with pytest.raises(ValueError, match=r"gamma must lie in \[0, 1\]"):  # a number on the per-row path
+        llm.compute_gae_advantage_return(r, v, m, 1.5, good)
+    with pytest.raises(TypeError, match="out_dtype"):
+        llm.compute_gae_advantage_return(r, v, m, good, 0.9, out_dtype=torch.int32)
+    pr, pm, cu = r.reshape(-1), m.reshape(-1), torch.tensor([0, 10, 36], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"gamma must be a number or a tensor of shape \(2,\)"):
+        llm.packed_gae(pr, pr, pm, cu, good, 0.9)
+    with pytest.raises(ValueError, match=r"lam must lie in \[0, 1\], got -1.0 at row 0"):
+        llm.packed_gae(pr, pr, pm, cu, 0.9, torch.tensor([-1.0, 0.5]))
+    with pytest.raises(ValueError, match=r"gamma must lie in \[0, 1\], got 2.0 at row 1"):
+        llm.packed_discounted_returns(pr, pm, cu, torch.tensor([0.5, 2.0]))
+    # the per-row path reads no data on a device without it (meta): the range check is left to the
+    # arithmetic there (a bad row's outputs NaN, on a GPU), as rollbuf's other data checks
+    x = torch.zeros(3, 12, device="meta")
+    mm = torch.ones(3, 12, dtype=torch.bool, device="meta")
+    adv, ret = llm.compute_gae_advantage_return(x, x, mm, torch.full((3,), 0.9, device="meta"), 0.9, lam_returns=1.0,
+                                                whiten=True, backend="torch")
+    assert adv.device.type == "meta" and ret.shape == (3, 12)
+
+
+def test_per_row_values_out_of_range_give_nan_rows_where_not_read_back():
+    """Where the values are not read back (a GPU, or as here under torch.compile, which traces without
+    host reads), a row (a sequence) whose γ or λ is outside [0, 1] or NaN gets NaN outputs; the
+    others are the eager result."""
+    r, v, m = multi_turn_batch(B=4, T=15, seed=69)
+    gam, lam = torch.tensor([0.9, 1.5, 0.5, 1.0]), torch.tensor([0.8, 0.5, NAN, 0.0])
+    adv, ret = torch.compile(llm.compute_gae_advantage_return, backend="eager")(r, v, m, gam, lam, lam_returns=1.0)
+    ok = torch.tensor([True, False, False, True])
+    assert adv[~ok].isnan().all() and ret[~ok].isnan().all()
+    e_adv, e_ret = llm.compute_gae_advantage_return(r[ok], v[ok], m[ok], gam[ok], lam[ok], lam_returns=1.0)
+    assert_close(adv[ok], e_adv)
+    assert_close(ret[ok], e_ret)
+    pr, pm, cu = r.reshape(-1), m.reshape(-1), torch.tensor([0, 20, 45, 60], dtype=torch.int32)
+    g = torch.compile(llm.packed_discounted_returns, backend="eager")(pr, pm, cu, torch.tensor([0.9, -0.5, 1.0]))
+    assert g[20:45].isnan().all() and not g[:20].isnan().any() and not g[45:].isnan().any()  # nothing leaks
+
+
+def test_length_adaptive_lam():
+    m = torch.zeros(5, 300, dtype=torch.bool)
+    for b, n in enumerate([0, 10, 20, 100, 300]):
+        m[b, :n] = True
+    m[4, 150] = False  # a tool token: not counted
+    lam = llm.length_adaptive_lam(m, 0.05)
+    expected = torch.tensor([0.0, 0.0, 0.0, 1 - 1 / 5, 1 - 1 / (0.05 * 299)])  # < 1/α tokens: clamped to 0
+    assert lam.dtype == torch.float32 and lam.shape == (5,)
+    assert_close(lam, expected, rtol=1e-6, atol=1e-7)
+    n = m.sum(-1).double()
+    assert_close(llm.length_adaptive_lam(m.float(), 1.0), torch.where(n > 0, 1 - 1 / n, 0.0))  # a 0/1 float mask
+    # packed: per sequence, the same numbers
+    lengths = torch.tensor([300, 120, 0, 300, 37])
+    _, _, pm, cu = pack(torch.zeros(5, 300), torch.zeros(5, 300), m, lengths, extra=4)
+    packed = llm.length_adaptive_lam(pm[None], 0.05, cu_seqlens=cu)
+    assert_close(packed, llm.length_adaptive_lam(m & (torch.arange(300) < lengths[:, None]), 0.05), rtol=0, atol=0)
+    # it feeds lam directly
+    r, v, mt = multi_turn_batch(B=4, T=60, seed=67)
+    lam = llm.length_adaptive_lam(mt, 0.1)
+    adv, _ = llm.compute_gae_advantage_return(r, v, mt, 1.0, lam, lam_returns=1.0)
+    assert_close(adv, zero_masked(gae_rows(r, v, mt, torch.ones(4), lam)[0], mt))
+    with pytest.raises(ValueError, match="alpha must be > 0"):
+        llm.length_adaptive_lam(m, 0.0)
+    with pytest.raises(ValueError, match="response_mask"):
+        llm.length_adaptive_lam(m.sum(-1)[0], 0.05)
+    with pytest.raises(ValueError, match=r"\[1, total\]"):
+        llm.length_adaptive_lam(m, 0.05, cu_seqlens=cu)
+
+
+@pytest.mark.skipif(not backends.triton_available(), reason="triton not importable")
+def test_per_row_paths_on_the_triton_backend():
+    """The per-row path's scan on the fused affine kernel (CUDA, or Triton's interpreter on a CPU
+    machine), tiny odd shapes."""
+    dev = _backend_or_skip("triton")
+    r, v, m = multi_turn_batch(B=3, T=19, seed=68)
+    gam, lam = torch.tensor([0.9, 1.0, 0.0]), torch.tensor([0.0, 0.7, 1.0])
+    tr, boot = torch.tensor([True, False, True]), torch.tensor([0.5, NAN, -2.0])
+    e_adv, _ = gae_rows(r, v, m, gam, lam, bootstrap=torch.where(tr, boot, 0.0))
+    _, e_ret = gae_rows(r, v, m, gam, torch.ones(3), bootstrap=torch.where(tr, boot, 0.0))
+
+    def to(*xs):
+        return [x.to(dev) for x in xs]
+
+    adv, ret = llm.compute_gae_advantage_return(*to(r, v, m, gam, lam), lam_returns=1.0,
+                                                **dict(zip(("truncated", "bootstrap_values"), to(tr, boot))),
+                                                backend="triton")
+    assert_close(adv.cpu(), zero_masked(e_adv, m))
+    assert_close(ret.cpu(), zero_masked(e_ret, m))
+    lengths = torch.tensor([19, 5, 13])
+    pr, pv, pm, cu = pack(r, v, m & (torch.arange(19) < lengths[:, None]), lengths, extra=2)
+    got = llm.packed_gae(*to(pr, pv, pm, cu, gam, lam), backend="triton")
+    want = llm.packed_gae(pr, pv, pm, cu, gam, lam, backend="torch")
+    for a, b in zip(got, want):
+        assert_close(a.cpu(), b)
+    got = llm.packed_discounted_returns(*to(pr, pm, cu, gam), backend="triton")
+    assert_close(got.cpu(), llm.packed_discounted_returns(pr, pm, cu, gam, backend="reference"))
+
 
 
 # ------------------------------------------------------------------- the GPU path, interpreted

@@ -130,6 +130,36 @@ def llm_calls(device, backend) -> dict:
             pr, pm, cu, 0.99, mask_mode="zero", fill_masked="keep", backend=backend),
         "masked_whiten": lambda: llm.masked_whiten(v, m),
         "masked_whiten, shift_mean=False": lambda: llm.masked_whiten(v, m, shift_mean=False),
+        **per_row_llm_calls(device, backend),
+    }
+
+
+def per_row_llm_calls(device, backend) -> dict:
+    """Per-row (per-sequence) ``gamma``/``lam`` tensors (their range is not read back off the CPU),
+    ``lam_returns``, VAPO's length-adaptive λ and the turn-level estimators, padded and packed."""
+    r, v, m, tr, bv, cu = _token_rows(device, seed=6)
+    pr, pv, pm = r.reshape(1, -1)[:, :40], v.reshape(1, -1)[:, :40], m.reshape(1, -1)[:, :40]
+    g4 = torch.tensor([0.99, 1.0, 0.0, 0.9], device=device)
+    ids = torch.arange(40, device=device).div(6, rounding_mode="floor").expand(4, 40)
+    return {
+        "GAE, per-row gamma and lam, lam_returns, truncated, whitened": lambda: llm.compute_gae_advantage_return(
+            r, v, m, g4, g4.flip(0), lam_returns=1.0, truncated=tr, bootstrap_values=bv, whiten=True, backend=backend),
+        "GAE, lam_returns only, mask_mode='zero'": lambda: llm.compute_gae_advantage_return(
+            r, v, m, 0.99, 0.95, lam_returns=g4, mask_mode="zero", backend=backend),
+        "discounted_returns, per-row gamma, carry fill": lambda: llm.discounted_returns(r, m, g4, fill_masked="carry",
+                                                                                        backend=backend),
+        "length_adaptive_lam, padded and packed": lambda: (llm.length_adaptive_lam(m, 0.05),
+                                                           llm.length_adaptive_lam(pm, 0.05, cu_seqlens=cu)),
+        "turn_returns, per-row gamma": lambda: llm.turn_returns(r, m, g4, backend=backend),
+        "turn_gae, turn ids, truncated": lambda: llm.turn_gae(r, v, m, 0.99, g4, turn_ids=ids, truncated=tr,
+                                                              bootstrap_values=bv, backend=backend),
+        "packed_gae, per-sequence gamma, lam_returns": lambda: llm.packed_gae(pr, pv, pm, cu, g4, 0.95, tr, bv,
+                                                                              lam_returns=0.9, backend=backend),
+        "packed_discounted_returns, per-sequence gamma": lambda: llm.packed_discounted_returns(pr, pm, cu, g4,
+                                                                                               backend=backend),
+        "packed_turn_returns": lambda: llm.packed_turn_returns(pr, pm, cu, g4, backend=backend),
+        "packed_turn_gae, value at the last token": lambda: llm.packed_turn_gae(pr, pv, pm, cu, 0.99, g4, tr, bv,
+                                                                                value_at="last", backend=backend),
     }
 
 

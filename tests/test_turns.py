@@ -1,12 +1,15 @@
-"""Turn-level returns and GAE (rollbuf.integrations.llm.turn_returns, turn_gae) against a float64 loop
-over each row's turns: turns as maximal runs of model tokens and as explicit turn ids (a turn
-interrupted by tool tokens), empty rows, rows of one turn, truncated rows, both value positions."""
+"""Turn-level returns and GAE (rollbuf.integrations.llm.turn_returns, turn_gae, and packed_turn_returns,
+packed_turn_gae on cu_seqlens) against a float64 loop over each row's turns: turns as maximal runs of
+model tokens and as explicit turn ids (a turn interrupted by tool tokens), empty rows, rows of one
+turn, truncated rows, both value positions, per-row γ, λ and λ_returns (the loop run on each row with
+its own), packed sequences against the same sequences padded."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+import rollbuf
 from rollbuf.integrations import llm
 
 
@@ -95,3 +98,148 @@ def test_turn_arguments_are_checked():
         llm.turn_gae(r, v, m, 0.9, 0.9, value_at="middle")
     with pytest.raises(ValueError, match="response_mask"):
         llm.turn_returns(r, None, 0.9)
+
+
+# ------------------------------------------------------- per-row γ, λ and λ_returns; packed rows
+
+
+def _loop_rows(r, v, m, gammas, lams, ids=None, value_at="first", trunc=None, boot=None):
+    """:func:`_loop` on each row alone with that row's γ and λ."""
+    outs = [_loop(r[b:b + 1], v[b:b + 1], m[b:b + 1], float(gammas[b]), float(lams[b]),
+                  None if ids is None else ids[b:b + 1], value_at, None if trunc is None else trunc[b:b + 1],
+                  None if boot is None else boot[b:b + 1]) for b in range(r.shape[0])]
+    return tuple(torch.cat(parts) for parts in zip(*outs))
+
+
+GAMMAS = torch.tensor([0.9, 1.0, 0.0, 0.5, 1.0, 0.97, 0.3, 0.8, 0.0])  # 0 and 1 included
+LAMS = torch.tensor([0.0, 1.0, 0.95, 1.0, 0.3, 0.0, 0.8, 1.0, 0.5])
+LAM_RETURNS = torch.tensor([1.0, 0.0, 0.5, 0.9, 1.0, 0.2, 0.0, 0.6, 1.0])
+
+
+@pytest.mark.parametrize("explicit", [False, True])
+@pytest.mark.parametrize("value_at", ["first", "last"])
+def test_per_row_gamma_lam_and_lam_returns_equal_the_loop(explicit, value_at):
+    r, v, m, ids = _rows(4)
+    ids = ids if explicit else None
+    trunc = torch.tensor([False, True, False, True, True, False, False, True, False])
+    boot = torch.where(trunc, torch.randn(9, generator=torch.Generator().manual_seed(1)), float("nan"))
+    R, A, G0 = _loop_rows(r.double(), v.double(), m, GAMMAS, LAMS, ids, value_at, trunc, boot)
+    _, _, G = _loop_rows(r.double(), v.double(), m, GAMMAS, LAM_RETURNS, ids, value_at, trunc, boot)
+    torch.testing.assert_close(llm.turn_returns(r, m, GAMMAS, turn_ids=ids).double(), R, rtol=1e-5, atol=1e-5)
+    kw = dict(turn_ids=ids, value_at=value_at, truncated=trunc, bootstrap_values=boot)
+    adv, ret = llm.turn_gae(r, v, m, GAMMAS, LAMS, lam_returns=LAM_RETURNS, **kw)
+    torch.testing.assert_close(adv.double(), A, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ret.double(), G, rtol=1e-5, atol=1e-5)
+    adv, ret = llm.turn_gae(r, v, m, GAMMAS, LAMS, **kw)
+    torch.testing.assert_close(adv.double(), A, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ret.double(), G0, rtol=1e-5, atol=1e-5)
+
+
+def _pack(x, lengths):
+    return torch.cat([x[s, :n] for s, n in enumerate(lengths.tolist())])
+
+
+def _unpack(x, lengths, T):
+    out = torch.zeros(len(lengths), T, dtype=x.dtype)
+    cu = [0, *torch.cumsum(lengths, 0).tolist()]
+    for s, n in enumerate(lengths.tolist()):
+        out[s, :n] = x[cu[s]:cu[s + 1]]
+    return out
+
+
+@pytest.mark.parametrize("explicit", [False, True])
+@pytest.mark.parametrize("per_seq", [False, True])
+def test_packed_turns_equal_the_padded_rows(explicit, per_seq):
+    """Each packed sequence gives what it gives as its own padded row. Sequences 0, 2 and 3 meet on
+    model tokens (a turn must not run on into the next sequence); one is empty, one has no model
+    token, one ends in tool tokens, one is a single run of model tokens."""
+    r, v, m, ids = _rows(5)
+    T = r.shape[1]
+    lengths = torch.tensor([23, 0, 9, 23, 1, 17, 23, 4, 12])
+    m[0, -1] = m[2, 0] = m[2, 8] = m[3, 0] = True  # model tokens at both sides of sequence boundaries
+    m[5, 10:] = False  # tool tokens at the end
+    m[7] = False  # no model token
+    m[8, :] = True  # one run of model tokens across the whole sequence
+    ids = ids if explicit else None
+    inl = torch.arange(T) < lengths[:, None]
+    mp = m & inl
+    cu = torch.cat([torch.zeros(1, dtype=torch.int32), torch.cumsum(lengths, 0).to(torch.int32)])
+    pr, pv, pm = _pack(r, lengths), _pack(v, lengths), _pack(mp, lengths)
+    pids = None if ids is None else _pack(ids, lengths)
+    gam, lam, lam_ret = (GAMMAS, LAMS, LAM_RETURNS) if per_seq else (0.9, 0.8, None)
+    trunc = torch.tensor([True, True, False, True, False, True, False, True, False])
+    boot = torch.where(trunc, torch.linspace(-1, 1, 9), float("nan"))
+    for value_at in ("first", "last"):
+        adv, ret = llm.packed_turn_gae(pr[None], pv[None], pm[None], cu, gam, lam, trunc, boot, lam_returns=lam_ret,
+                                       turn_ids=None if pids is None else pids[None], value_at=value_at)
+        e_adv, e_ret = llm.turn_gae(r, v, mp, gam, lam, lam_returns=lam_ret, turn_ids=ids, value_at=value_at,
+                                    truncated=trunc, bootstrap_values=boot)
+        assert adv.shape == (1, pr.shape[0])
+        torch.testing.assert_close(_unpack(adv[0], lengths, T), e_adv, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(_unpack(ret[0], lengths, T), e_ret, rtol=1e-5, atol=1e-5)
+    got = llm.packed_turn_returns(pr, pm, cu, gam, turn_ids=pids)
+    torch.testing.assert_close(_unpack(got, lengths, T), llm.turn_returns(r, mp, gam, turn_ids=ids), rtol=1e-5,
+                               atol=1e-5)
+    # and the float64 loop over turns, directly
+    g_rows, l_rows = (torch.full((9,), x) if not torch.is_tensor(x) else x for x in (gam, lam))
+    R, A, _ = _loop_rows(r.double(), v.double(), mp, g_rows, l_rows, ids, "first", trunc, boot)
+    torch.testing.assert_close(_unpack(got, lengths, T).double(), R, rtol=1e-5, atol=1e-5)
+    adv, _ = llm.packed_turn_gae(pr, pv, pm, cu, gam, lam, trunc, boot, turn_ids=pids)
+    torch.testing.assert_close(_unpack(adv, lengths, T).double(), A, rtol=1e-5, atol=1e-5)
+
+
+def test_packed_turns_at_sequence_boundaries_by_hand():
+    # two sequences of model tokens only, back to back: two turns, not one
+    r = torch.tensor([0.0, 1.0, 0.0, 2.0, 9.0])
+    m = torch.tensor([1, 1, 1, 1, 1])
+    cu = torch.tensor([0, 2, 4], dtype=torch.int32)  # the fifth token: no sequence
+    assert llm.packed_turn_returns(r, m, cu, 0.5).tolist() == [1.0, 1.0, 2.0, 2.0, 0.0]
+    assert llm.turn_returns(r[None, :4], m[None, :4], 0.5).tolist() == [[2.0] * 4]  # one row: one turn
+    g = llm.packed_turn_returns(r, m, cu, torch.tensor([0.5, 0.0]), turn_ids=torch.tensor([0, 1, 1, 1, 1]))
+    assert g.tolist() == [0.5, 1.0, 2.0, 2.0, 0.0]  # ids split sequence 0 (0 + 0.5·1); sequence 1 is one turn
+
+
+def test_packed_turn_arguments_are_checked():
+    r = torch.zeros(6)
+    m = torch.ones(6, dtype=torch.bool)
+    for bad in ([1, 6], [0, 4, 2], [0, 7]):  # cu_seqlens off the convention: every output NaN
+        cu = torch.tensor(bad, dtype=torch.int32)
+        assert llm.packed_turn_returns(r, m, cu, 0.9).isnan().all()
+        adv, ret = llm.packed_turn_gae(r, r, m, cu, 0.9, 0.9)
+        assert adv.isnan().all() and ret.isnan().all()
+        with rollbuf.check_finite(), pytest.raises(ValueError, match="cu_seqlens"):
+            llm.packed_turn_gae(r, r, m, cu, 0.9, 0.9)
+    cu = torch.tensor([0, 2, 6], dtype=torch.int32)
+    with pytest.raises(ValueError, match="response_mask must be a flag tensor of token_level_rewards' shape"):
+        llm.packed_turn_returns(r, m[None], cu, 0.9)
+    with pytest.raises(ValueError, match="turn_ids"):
+        llm.packed_turn_returns(r, m, cu, 0.9, turn_ids=torch.zeros(5, dtype=torch.int64))
+    with pytest.raises(ValueError, match=r"gamma must be a number or a tensor of shape \(2,\)"):
+        llm.packed_turn_returns(r, m, cu, torch.full((6,), 0.9))
+    with pytest.raises(ValueError, match=r"lam must lie in \[0, 1\]"):
+        llm.packed_turn_gae(r, r, m, cu, 0.9, torch.tensor([0.5, 1.5]))
+    with pytest.raises(ValueError, match="value_at"):
+        llm.packed_turn_gae(r, r, m, cu, 0.9, 0.9, value_at="middle")
+
+
+def test_length_adaptive_lam_in_turns():
+    """``turns=True`` counts a row's (a sequence's) turns as turn_gae takes them: VAPO's λ with the
+    turn as the time step."""
+    _, _, m, ids = _rows(6)
+    for explicit in (None, ids):
+        n = torch.tensor([len(_turn_list(m[b].tolist(), None if explicit is None else explicit[b]))
+                          for b in range(m.shape[0])], dtype=torch.float64)
+        lam = llm.length_adaptive_lam(m, 0.4, turns=True, turn_ids=explicit)
+        e = torch.where(n > 0, (1 - 1 / (0.4 * n.clamp(min=1))).clamp(min=0), 0.0)
+        torch.testing.assert_close(lam.double(), e, rtol=1e-6, atol=1e-7)
+        assert (lam > 0).any() and (lam == 0).any()
+        lengths = torch.tensor([23, 0, 9, 23, 1, 17, 23, 4, 12])
+        cu = torch.cat([torch.zeros(1, dtype=torch.int32), torch.cumsum(lengths, 0).to(torch.int32)])
+        mp = m & (torch.arange(m.shape[1]) < lengths[:, None])
+        packed = llm.length_adaptive_lam(_pack(mp, lengths), 0.4, turns=True,
+                                         turn_ids=None if explicit is None else _pack(explicit, lengths), cu_seqlens=cu)
+        torch.testing.assert_close(packed, llm.length_adaptive_lam(mp, 0.4, turns=True, turn_ids=explicit))
+    with pytest.raises(ValueError, match="turn_ids is read with turns=True only"):
+        llm.length_adaptive_lam(m, 0.4, turn_ids=ids)
+    with pytest.raises(TypeError, match="turns must be a bool"):
+        llm.length_adaptive_lam(m, 0.4, turns=1)

@@ -22,8 +22,12 @@ stay in it with reward and value 0, and the row end is its last position (docs/l
 * :func:`discounted_returns`: REINFORCE-style discounted returns across masked spans.
 * :func:`packed_gae`, :func:`packed_discounted_returns`: several trajectories packed in one row
   without padding, described by ``cu_seqlens`` (the flash-attention varlen convention).
-* :func:`turn_returns`, :func:`turn_gae`: the turn (a run of model tokens) as the time step:
-  ROLL's turn-level returns, turn-level GAE.
+* :func:`turn_returns`, :func:`turn_gae` (:func:`packed_turn_returns`, :func:`packed_turn_gae` on
+  ``cu_seqlens``): the turn (a run of model tokens) as the time step: ROLL's turn-level returns,
+  turn-level GAE.
+* :func:`length_adaptive_lam`: VAPO's per-row λ ``1 − 1/(α·len)``. ``gamma`` and ``lam`` of the token
+  estimators may be ``[*B]`` tensors (one per row; ``[num_seqs]`` when packed), and the GAE functions
+  take a separate ``lam_returns`` for the value targets.
 * :func:`masked_whiten`: verl's ``masked_whiten`` (batch statistics over masked-in tokens).
 
 Inputs may be float32, bfloat16, float16 or float64; rollbuf accumulates in float32 (float64 stays
@@ -32,11 +36,14 @@ float64) and returns the promoted input dtype unless ``out_dtype`` says otherwis
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from rollbuf import functional as F
 from rollbuf import validation
 from rollbuf.boundary.conventions import as_flags, fields_from_verl
+from rollbuf.estimators import positive, unit_interval
 from rollbuf.functional import GAEResult
 
 __all__ = [
@@ -46,6 +53,9 @@ __all__ = [
     "packed_discounted_returns",
     "turn_returns",
     "turn_gae",
+    "packed_turn_returns",
+    "packed_turn_gae",
+    "length_adaptive_lam",
     "masked_whiten",
     "MASK_MODES",
     "FILL_MASKED",
@@ -68,6 +78,33 @@ def _scalar(name, v):
             raise ValueError(f"{name} must be a number or a one-element tensor, got shape {tuple(v.shape)}")
         v = v.item()  # a host sync for a CUDA tensor; pass a Python float to avoid it
     return v  # range/type checks: rollbuf.functional
+
+
+def _hyper(name, v, shape, device):
+    """``gamma``/``lam``: a number for the fused path (:func:`_scalar`: a Python number, a 0-d tensor, or a
+    one-element tensor not of ``shape``), or a floating-point tensor of ``shape`` (``[*B]``: one value per row;
+    ``[num_seqs]``: per packed sequence) for the per-row path (:func:`_coef_scan`). Nothing is broadcast. A
+    per-row value outside [0, 1] (NaN included) is a ``ValueError`` naming the argument where it can be read
+    without a device sync (a CPU tensor, outside ``torch.compile``) or under :class:`rollbuf.check_finite`;
+    otherwise its row's outputs are NaN."""
+    if not isinstance(v, torch.Tensor) or v.dim() == 0 or (v.shape != shape and v.numel() == 1):
+        return _scalar(name, v)
+    if v.shape != shape:
+        raise ValueError(f"{name} must be a number or a tensor of shape {tuple(shape)} (one value per row, or per "
+                         f"sequence of a packed row), got shape {tuple(v.shape)}; nothing is broadcast")
+    _float_tensor(name, v)
+    if v.device != device:
+        raise ValueError(f"{name} is on {v.device} but the rollout is on {device}")
+    if (v.device.type == "cpu" or validation.checking_finite()) and not torch.compiler.is_compiling():
+        bad = ~((v >= 0) & (v <= 1))
+        if bool(bad.any()):
+            at = tuple(int(i) for i in bad.nonzero()[0])
+            raise ValueError(f"{name} must lie in [0, 1], got {float(v[at])} at row {at[0] if len(at) == 1 else at}")
+    return v
+
+
+def _per_row(*params):
+    return any(isinstance(x, torch.Tensor) for x in params)
 
 
 def _float_tensor(name, x):
@@ -213,10 +250,13 @@ def _finish_gae(res, values, m, fill_masked, whiten, segment=None, zeroed=False)
                                    + values.to(torch.promote_types(values.dtype, torch.float32))).to(ret.dtype))
     elif fill_masked == "zero" and zeroed:
         adv, ret = _zero_masked(adv, m), _zero_masked(ret, m)
-    if whiten:
-        adv_w = masked_whiten(adv, m)
-        adv = _zero_masked(adv_w, m) if fill_masked == "zero" else adv_w
-    return GAEResult(adv, ret)
+    return GAEResult(_whitened(adv, m, fill_masked) if whiten else adv, ret)
+
+
+def _whitened(adv, m, fill_masked):
+    """``whiten=True``: :func:`masked_whiten` over the model tokens (masked ones 0 again for ``"zero"``)."""
+    adv_w = masked_whiten(adv, m)
+    return _zero_masked(adv_w, m) if fill_masked == "zero" else adv_w
 
 
 def _fill_returns(g, m, fill_masked, zeroed, segment=None):
@@ -226,10 +266,77 @@ def _fill_returns(g, m, fill_masked, zeroed, segment=None):
     return _zero_masked(g, m) if fill_masked == "zero" and zeroed else g
 
 
+def _successor(s, segment=None):
+    """For every token, the index of the first token of ``s`` after it in the same row (clamped into the row)
+    and whether there is one; with ``segment`` (``[*B, T]`` ids), only one of the same segment."""
+    nxt, valid = _next_unmasked(torch.nn.functional.pad(s, (0, 1))[..., 1:])
+    nxt = (nxt + 1).clamp(max=max(s.shape[-1] - 1, 0))
+    if segment is not None:
+        valid = valid & (segment.gather(-1, nxt) == segment)
+    return nxt, valid
+
+
+def _coef(name, x, ct, seg, device):
+    """A hyper-parameter as a ``ct`` tensor that broadcasts over the tokens, clamped into [0, 1] (NaN: 0), and
+    where it was not in [0, 1] (``None`` for a number, which is checked): a number → 0-d; a ``[*B]`` tensor →
+    ``[*B, 1]``; a ``[num_seqs]`` tensor → per token of the packed row (``seg``: each token's sequence)."""
+    if not isinstance(x, torch.Tensor):
+        return torch.full((), unit_interval(name, x), dtype=ct, device=device), None
+    x = x.to(ct)
+    x = x.unsqueeze(-1) if seg is None else torch.cat([x, x.new_zeros(1)]).gather(0, seg.reshape(-1)).reshape(seg.shape)
+    safe = x.nan_to_num(0.0).clamp(0.0, 1.0)
+    return safe, safe != x
+
+
+def _coef_scan(r, v, lay, coefs, fill_masked, out_dtype, backend):
+    r"""The token estimators with per-row (per-sequence) ``gamma``/``lam`` tensors or a separate ``lam_returns``.
+
+    Built elementwise, per token: ``α_t = δ_t = r_t + γ·V_{t'} − V_t`` (``t'`` the next token of the recursion
+    ``scan`` in the same row or segment; past the last one ``V_{t'}`` is ``boot``, ``V(s')`` of a truncated row,
+    else 0) and ``β_t = γλ``; then **one** :func:`rollbuf.functional.affine_scan` ``y_t = α_t + β_t·y_{t'}``
+    over one channel per λ of ``coefs`` (``{"gamma": γ, "lam": λ[, "lam_returns": λ']}``). A token outside the
+    recursion has ``α = 0, β = 1`` (it carries the next token's ``y``: verl's value there), ``β = 0`` where no
+    token follows in its row or segment. ``v=None``: discounted returns (``V ≡ 0``, ``λ = 1``). ``lay`` is
+    ``(m, scan, segment, boot)``. Returns ``(y of the first channel, y of the last + V)`` (``None`` for the
+    second when ``v`` is ``None``), ``fill_masked`` applied, in the promoted dtype (or ``out_dtype``); a row
+    (sequence) whose γ or λ is outside [0, 1] gets NaN everywhere."""
+    m, s, seg, boot = lay
+    dts = [x.dtype for x in (r, v, boot) if x is not None]
+    if out_dtype is not None and out_dtype not in validation.FLOATS:
+        raise TypeError(f"out_dtype must be a floating-point dtype, got {out_dtype}")
+    ct = torch.float64 if torch.float64 in dts else torch.float32
+    out = out_dtype or functools.reduce(torch.promote_types, dts)
+    (gamma, bad), *lams = (_coef(name, x, ct, seg, r.device) for name, x in coefs.items())
+    for _, b in lams:
+        if b is not None:
+            bad = b if bad is None else bad | b
+    zero = torch.zeros((), dtype=ct, device=r.device)
+    v0 = torch.zeros_like(r, dtype=ct) if v is None else torch.where(m, v.to(ct), zero)
+    nxt, valid = _successor(s, seg)
+    v_next = torch.where(valid, v0.gather(-1, nxt), zero if boot is None else boot.to(ct))
+    alpha = torch.where(s, torch.where(m, r.to(ct), zero) + gamma * v_next - v0, zero)
+    beta = torch.stack([torch.where(valid, torch.where(s, gamma * lam, 1.0), 0.0) for lam, _ in lams])
+    y = F.affine_scan(alpha.expand_as(beta), beta, reverse=True, backend=backend)
+    nan = torch.full((), float("nan"), dtype=ct, device=r.device)
+
+    def finish(x):
+        x = _zero_masked(x, m) if fill_masked == "zero" else x
+        return (x if bad is None else torch.where(bad, nan, x)).to(out)
+
+    return finish(y[0]), None if v is None else finish(y[-1] + (v.to(ct) if fill_masked == "carry" else v0))
+
+
 # -------------------------------------------------------------------------- padded rows [*B, T]
 
 
-def compute_gae_advantage_return(token_level_rewards, values, response_mask, gamma, lam, *,
+def _padded(m, boot, mask_mode):
+    """:func:`_coef_scan`'s ``lay`` for padded rows: the recursion runs over the model tokens (``"skip"``) or
+    every token (``"zero"``); past its end ``boot`` (``[*B]``, or ``None``: terminal)."""
+    scan = m if mask_mode == "skip" else torch.ones_like(m)
+    return m, scan, None, None if boot is None else boot.unsqueeze(-1)
+
+
+def compute_gae_advantage_return(token_level_rewards, values, response_mask, gamma, lam, *, lam_returns=None,
                                  truncated=None, bootstrap_values=None, whiten: bool = False,
                                  mask_mode: str = "skip", fill_masked: str = "zero", out_dtype=None,
                                  backend: str = "auto"):
@@ -238,10 +345,12 @@ def compute_gae_advantage_return(token_level_rewards, values, response_mask, gam
 
     ``token_level_rewards``, ``values``, ``response_mask``: ``[bs, response_length]`` (any
     ``[*B, T]``, time last). ``response_mask`` may be bool, integer or 0/1 float (nonzero = model
-    token). ``gamma``, ``lam``: numbers in [0, 1] (or one-element tensors).
+    token). ``gamma``, ``lam``: numbers in [0, 1] (or one-element tensors), or ``[*B]`` float tensors, one
+    value per row (VAPO's length-adaptive λ, :func:`length_adaptive_lam`; see ``lam_returns``).
 
     Returns ``GAEResult(advantages, returns)`` (a named tuple: ``adv, ret = ...`` works), ``[*B, T]``,
-    ``returns = advantages + values`` before any whitening. On every token with
+    ``returns = advantages + values`` before any whitening (with ``lam_returns``: the advantages of
+    ``λ = lam_returns`` + values). On every token with
     ``response_mask = 1`` they equal verl's loop (to fp32 rounding; verl computes in the input
     dtype, rollbuf accumulates in fp32):
 
@@ -281,13 +390,29 @@ def compute_gae_advantage_return(token_level_rewards, values, response_mask, gam
       as verl does (statistics over every model token of the batch); masked tokens then hold 0
       (``"zero"``) or verl's whitened carried values (``"carry"``). verl always whitens; pass
       ``whiten=True`` for its exact output.
+    * ``lam_returns`` (a number or ``[*B]``; default ``None``: ``lam``): the critic's own λ, as VAPO
+      (AReaL, NeMo-RL) decouple them: the value targets are ``returns = A(γ, lam_returns) + V``, the
+      advantages ``A(γ, lam)`` (e.g. ``lam_returns=1.0``: unbiased Monte-Carlo targets with a
+      length-adaptive actor λ).
+    * per-row ``gamma``/``lam`` tensors or ``lam_returns``: δ and ``β = γλ`` are built per token and
+      **one** :func:`rollbuf.functional.affine_scan` runs the advantage and return recursions together
+      (two channels), the same values as the fused path (to fp32 rounding). A per-row value outside
+      [0, 1] is a ``ValueError`` naming the argument for CPU tensors (and under :class:`rollbuf.check_finite`);
+      on a GPU (and under ``torch.compile``) it is not read back (no host sync): that row's outputs are NaN.
     * ``out_dtype``, ``backend``: as in :func:`rollbuf.functional.gae`.
     """
-    gamma, lam = _scalar("gamma", gamma), _scalar("lam", lam)
     _modes(mask_mode, fill_masked)
     f = fields_from_verl(token_level_rewards, values, response_mask)
     m = f["mask"]
-    boot = _window_end_bootstrap(truncated, bootstrap_values, m.shape[:-1], m.device)
+    B, dev = m.shape[:-1], m.device
+    gamma, lam = _hyper("gamma", gamma, B, dev), _hyper("lam", lam, B, dev)
+    boot = _window_end_bootstrap(truncated, bootstrap_values, B, dev)
+    if lam_returns is not None or _per_row(gamma, lam):
+        coefs = dict(gamma=gamma, lam=lam, lam_returns=lam if lam_returns is None else
+                     _hyper("lam_returns", lam_returns, B, dev))
+        adv, ret = _coef_scan(f["rewards"], f["values"], _padded(m, boot, mask_mode), coefs, fill_masked,
+                              out_dtype, backend)
+        return GAEResult(_whitened(adv, m, fill_masked) if whiten else adv, ret)
     if boot is not None:
         f["window_end"] = "bootstrap"
         f["bootstrap_values"] = boot
@@ -322,11 +447,14 @@ def discounted_returns(token_level_rewards, response_mask, gamma, *, truncated=N
     inside a row. For REINFORCE++ advantages whiten the result:
     ``masked_whiten(returns, response_mask) * response_mask``.
     """
-    gamma = _scalar("gamma", gamma)
     _modes(mask_mode, fill_masked)
     rewards = _float_tensor("token_level_rewards", token_level_rewards)
     m = fields_from_verl(rewards, rewards, response_mask)["mask"]
+    gamma = _hyper("gamma", gamma, m.shape[:-1], m.device)
     boot = _window_end_bootstrap(truncated, bootstrap_values, m.shape[:-1], m.device)
+    if _per_row(gamma):
+        return _coef_scan(rewards, None, _padded(m, boot, mask_mode), dict(gamma=gamma, lam=1.0), fill_masked,
+                          out_dtype, backend)[0]
     end = dict(window_end="terminal") if boot is None else dict(window_end="bootstrap", bootstrap_values=boot)
     zeroed = mask_mode == "zero"
     g = F.discounted_returns(gamma, rewards=_zero_masked(rewards, m) if zeroed else rewards,
@@ -338,31 +466,35 @@ def discounted_returns(token_level_rewards, response_mask, gamma, *, truncated=N
 # ------------------------------------------------------------------ turn-level estimators [*B, T]
 
 
-def _turns(response_mask, turn_ids):
+def _turns(response_mask, turn_ids, segment=None):
     """``(on, start, end)`` ``[*B, T]`` bool: the model tokens, each turn's first and last model token.
     A turn is a maximal run of model tokens, or (``turn_ids``, ``[*B, T]`` integers) the model tokens
     of a row that share an id, consecutive among the row's model tokens (an id that comes back later
-    starts a new turn)."""
+    starts a new turn); with ``segment`` (packed rows: each token's sequence), within one sequence."""
     if not isinstance(response_mask, torch.Tensor) or response_mask.dim() < 1 or response_mask.is_complex():
         raise ValueError("response_mask must be a [*B, T] flag tensor (bool, integer or 0/1 float)")
     on = as_flags(response_mask, "response_mask")
+    if turn_ids is not None:
+        if not isinstance(turn_ids, torch.Tensor) or turn_ids.shape != on.shape or turn_ids.is_floating_point():
+            raise ValueError(f"turn_ids must be an integer tensor of response_mask's shape {tuple(on.shape)}")
+        if turn_ids.device != on.device:
+            raise ValueError(f"turn_ids is on {turn_ids.device} but response_mask is on {on.device}")
     T = on.shape[-1]
-    if turn_ids is None:
-        before = torch.nn.functional.pad(on, (1, 0))[..., :T]
-        after = torch.nn.functional.pad(on, (0, 1))[..., 1:]
-        return on, on & ~before, on & ~after
-    if not isinstance(turn_ids, torch.Tensor) or turn_ids.shape != on.shape or turn_ids.is_floating_point():
-        raise ValueError(f"turn_ids must be an integer tensor of response_mask's shape {tuple(on.shape)}")
-    if turn_ids.device != on.device:
-        raise ValueError(f"turn_ids is on {turn_ids.device} but response_mask is on {on.device}")
-    pos = torch.arange(T, device=on.device)
-    nxt, has_next = _next_unmasked(torch.nn.functional.pad(on, (0, 1))[..., 1:])  # the next model token after t
-    nxt = (nxt + 1).clamp(max=T - 1)
-    prev = torch.cummax(torch.where(on, pos, -1), dim=-1).values  # the last model token at or before t
-    prev = torch.nn.functional.pad(prev, (1, 0), value=-1)[..., :T]  # ... before t
-    end = on & (~has_next | (turn_ids.gather(-1, nxt) != turn_ids))
-    start = on & ((prev < 0) | (turn_ids.gather(-1, prev.clamp(min=0)) != turn_ids))
-    return on, start, end
+    if turn_ids is None:  # a run: the next (previous) token is a model token
+        nxt = torch.arange(1, T + 1, device=on.device).clamp(max=max(T - 1, 0)).expand_as(on)
+        prev = torch.arange(-1, T - 1, device=on.device).clamp(min=0).expand_as(on)
+        has_next = torch.nn.functional.pad(on, (0, 1))[..., 1:]
+        has_prev = torch.nn.functional.pad(on, (1, 0))[..., :T]
+    else:  # the next (previous) model token has the same id
+        nxt, has_next = _successor(on)
+        prev = torch.cummax(torch.where(on, torch.arange(T, device=on.device), -1), dim=-1).values  # at or before t
+        prev = torch.nn.functional.pad(prev, (1, 0), value=-1)[..., :T]  # ... before t
+        has_prev, prev = prev >= 0, prev.clamp(min=0)
+    for ids in (turn_ids, segment):  # and the same sequence
+        if ids is not None:
+            has_next = has_next & (ids.gather(-1, nxt) == ids)
+            has_prev = has_prev & (ids.gather(-1, prev) == ids)
+    return on, on & ~has_prev, on & ~has_next
 
 
 def turn_returns(token_level_rewards, response_mask, gamma, *, turn_ids=None, out_dtype=None, backend="auto"):
@@ -370,34 +502,48 @@ def turn_returns(token_level_rewards, response_mask, gamma, *, turn_ids=None, ou
     run of model tokens, or ``turn_ids``) gets ``R_k = r_k + γ·R_{k+1}``, ``r_k`` the reward at the
     turn's last model token (where the frameworks put a turn's reward; other rewards are not read),
     ``R`` of a row's last turn its own reward, broadcast over the turn's model tokens; 0 at the other
-    tokens. One masked scan over the turn ends (:func:`discounted_returns`) and the carry to the turn's
-    other tokens. ``[*B, T]``; docs/llm.md, section 12."""
+    tokens. ``gamma``: a number, or ``[*B]`` (one per row). One masked scan over the turn ends
+    (:func:`discounted_returns`) and the carry to the turn's other tokens. ``[*B, T]``; docs/llm.md,
+    section 12."""
     on, _, end = _turns(response_mask, turn_ids)
     g = discounted_returns(token_level_rewards, end, gamma, fill_masked="carry", out_dtype=out_dtype, backend=backend)
     return _zero_masked(g, on)
 
 
-def turn_gae(token_level_rewards, values, response_mask, gamma, lam, *, turn_ids=None, value_at="first",
-             truncated=None, bootstrap_values=None, out_dtype=None, backend="auto"):
+def turn_gae(token_level_rewards, values, response_mask, gamma, lam, *, lam_returns=None, turn_ids=None,
+             value_at="first", truncated=None, bootstrap_values=None, out_dtype=None, backend="auto"):
     r"""Turn-level GAE: the turn is the time step. ``δ_k = r_k + γ·V_{k+1} − V_k``,
     ``A_k = δ_k + γλ·A_{k+1}`` over a row's turns (a maximal run of model tokens, or ``turn_ids``),
     ``r_k`` the reward at the turn's last model token, ``V_k`` the value at its first model token
     (``value_at="first"``, the state the turn was generated from) or its last (``"last"``); the row's
     last turn is terminal unless the row is ``truncated`` (then ``V_{K}`` = ``bootstrap_values[row]``).
-    Returns ``GAEResult(advantages, returns)``, ``returns = A_k + V_k``, broadcast over each turn's
-    model tokens, 0 elsewhere. One masked GAE scan over the turn ends
-    (:func:`compute_gae_advantage_return`); docs/llm.md, section 12."""
+    Returns ``GAEResult(advantages, returns)``, ``returns = A_k + V_k`` (``A`` of ``λ = lam_returns``
+    when given), broadcast over each turn's model tokens, 0 elsewhere. ``gamma``, ``lam``,
+    ``lam_returns``: numbers or ``[*B]``, as in :func:`compute_gae_advantage_return`. One masked GAE scan
+    over the turn ends (:func:`compute_gae_advantage_return`); docs/llm.md, section 12."""
+    on, start, end = _turns(response_mask, turn_ids)
+    v = _turn_values(values, on, start, value_at)
+    adv, ret = compute_gae_advantage_return(token_level_rewards, v, end, gamma, lam, lam_returns=lam_returns,
+                                            truncated=truncated, bootstrap_values=bootstrap_values,
+                                            fill_masked="carry", out_dtype=out_dtype, backend=backend)
+    return _turn_outputs(adv, ret, on, end, value_at)
+
+
+def _turn_values(values, on, start, value_at):
+    """``values`` with each token holding its turn's first model token's value (``value_at="first"``)."""
     if value_at not in ("first", "last"):
         raise ValueError(f"value_at must be 'first' or 'last', got {value_at!r}")
-    on, start, end = _turns(response_mask, turn_ids)
     v = _float_tensor("values", values)
-    if value_at == "first":  # each token reads its turn's first model token's value
+    if value_at == "first" and v.shape == on.shape:
         pos = torch.arange(on.shape[-1], device=on.device)
         v = v.gather(-1, torch.cummax(torch.where(start, pos, 0), dim=-1).values)
-    adv, ret = compute_gae_advantage_return(token_level_rewards, v, end, gamma, lam, truncated=truncated,
-                                            bootstrap_values=bootstrap_values, fill_masked="carry",
-                                            out_dtype=out_dtype, backend=backend)
-    if value_at == "last":  # the carried returns read the token's own value: the turn's end value instead
+    return v
+
+
+def _turn_outputs(adv, ret, on, end, value_at):
+    """Turn GAE's outputs: 0 off the model tokens; with ``value_at="last"`` the carried returns read the
+    token's own value, so the turn's end return is carried instead."""
+    if value_at == "last":
         ret = _carry_fill(_zero_masked(ret, end), end)
     return GAEResult(_zero_masked(adv, on), _zero_masked(ret, on))
 
@@ -439,6 +585,11 @@ def _cu_seqlens(cu_seqlens, total, device, check):
     return cu, bad
 
 
+def _segment_of(cu, total):
+    """Each token's sequence (``num_seqs`` for the tokens past ``cu_seqlens[-1]``), from int64 ``cu``."""
+    return torch.searchsorted(cu[1:].contiguous(), torch.arange(total, device=cu.device), right=True)
+
+
 def _sequence_ends(candidates, seg, num_seqs):
     """Per token: it is the last of the ``candidates`` tokens of its sequence (``scatter_reduce``
     amax of the positions into ``num_seqs + 1`` slots, the last one for tokens of no sequence)."""
@@ -476,7 +627,7 @@ def _packed_layout(rewards, response_mask, cu_seqlens, truncated, bootstrap_valu
     S = cu.numel() - 1
     m = response_mask.reshape(-1) if isinstance(response_mask, torch.Tensor) else response_mask
     m = fields_from_verl(rewards.reshape(-1), rewards.reshape(-1), m)["mask"]
-    seg = torch.searchsorted(cu[1:].contiguous(), torch.arange(total, device=rewards.device), right=True)
+    seg = _segment_of(cu, total)
     in_seq = seg < S  # tokens past cu_seqlens[-1] belong to no sequence
     m = m & in_seq
     scan = m if mask_mode == "skip" else in_seq
@@ -489,13 +640,20 @@ def _packed_layout(rewards, response_mask, cu_seqlens, truncated, bootstrap_valu
     return flags, m.reshape(shape), seg.reshape(shape), bad
 
 
+def _packed_lay(flags, m, seg):
+    """:func:`_coef_scan`'s ``lay`` for a packed row (from :func:`_packed_layout`'s flags): past a sequence's end,
+    its bootstrap value if truncated, else 0."""
+    tr = flags.get("truncated")
+    return m, flags["mask"], seg, None if tr is None else _zero_masked(flags["bootstrap_values"], tr)
+
+
 def _poisoned(x, bad):
     """``x`` with every element NaN where ``bad`` (a 0-d bool tensor: cu_seqlens broke the convention)."""
     return x if bad is None else torch.where(bad, torch.full((), float("nan"), dtype=x.dtype, device=x.device), x)
 
 
 def packed_gae(token_level_rewards, values, response_mask, cu_seqlens, gamma, lam, truncated=None,
-               bootstrap_values=None, *, whiten: bool = False, mask_mode: str = "skip",
+               bootstrap_values=None, *, lam_returns=None, whiten: bool = False, mask_mode: str = "skip",
                fill_masked: str = "zero", out_dtype=None, check: bool = True, backend: str = "auto"):
     r"""GAE on packed sequences: several trajectories concatenated in one row without padding.
 
@@ -519,15 +677,26 @@ def packed_gae(token_level_rewards, values, response_mask, cu_seqlens, gamma, la
     output NaN (no device sync; under :class:`rollbuf.check_finite` a ``ValueError`` naming
     cu_seqlens instead); ``check=False`` skips the check.
 
+    ``gamma``, ``lam``, ``lam_returns``: as in :func:`compute_gae_advantage_return`, per sequence
+    (``[num_seqs]`` tensors) instead of per row.
+
     Returns ``GAEResult(advantages, returns)`` in the input's shape.
     """
-    gamma, lam = _scalar("gamma", gamma), _scalar("lam", lam)
     _modes(mask_mode, fill_masked)
     flags, m, seg, bad = _packed_layout(token_level_rewards, response_mask, cu_seqlens, truncated,
                                         bootstrap_values, check, mask_mode)
     _float_tensor("values", values)
     if tuple(values.shape) != tuple(token_level_rewards.shape):
         raise ValueError(f"values must have shape {tuple(token_level_rewards.shape)}, got {tuple(values.shape)}")
+    S, dev = (cu_seqlens.shape[0] - 1,), m.device
+    gamma, lam = _hyper("gamma", gamma, S, dev), _hyper("lam", lam, S, dev)
+    if lam_returns is not None or _per_row(gamma, lam):
+        coefs = dict(gamma=gamma, lam=lam, lam_returns=lam if lam_returns is None else
+                     _hyper("lam_returns", lam_returns, S, dev))
+        adv, ret = _coef_scan(token_level_rewards, values, _packed_lay(flags, m, seg), coefs, fill_masked,
+                              out_dtype, backend)
+        adv = _whitened(adv, m, fill_masked) if whiten else adv
+        return GAEResult(_poisoned(adv, bad), _poisoned(ret, bad))
     r, v, zeroed = token_level_rewards, values, mask_mode == "zero"
     if zeroed:
         r, v = _zero_masked(r, m), _zero_masked(v, m)
@@ -541,12 +710,83 @@ def packed_discounted_returns(token_level_rewards, response_mask, cu_seqlens, ga
                               bootstrap_values=None, *, mask_mode: str = "skip", fill_masked: str = "zero",
                               out_dtype=None, check: bool = True, backend: str = "auto"):
     """:func:`discounted_returns` on packed sequences (``cu_seqlens`` as in :func:`packed_gae`;
-    ``mask_mode``, ``fill_masked`` as in :func:`discounted_returns`, within each sequence)."""
-    gamma = _scalar("gamma", gamma)
+    ``mask_mode``, ``fill_masked`` as in :func:`discounted_returns`, within each sequence; ``gamma`` a number or
+    ``[num_seqs]``)."""
     _modes(mask_mode, fill_masked)
     flags, m, seg, bad = _packed_layout(token_level_rewards, response_mask, cu_seqlens, truncated,
                                         bootstrap_values, check, mask_mode)
+    gamma = _hyper("gamma", gamma, (cu_seqlens.shape[0] - 1,), m.device)
+    if _per_row(gamma):
+        g = _coef_scan(token_level_rewards, None, _packed_lay(flags, m, seg), dict(gamma=gamma, lam=1.0),
+                       fill_masked, out_dtype, backend)[0]
+        return _poisoned(g, bad)
     zeroed = mask_mode == "zero"
     g = F.discounted_returns(gamma, rewards=_zero_masked(token_level_rewards, m) if zeroed else token_level_rewards,
                              bootstrap=True, window_end="terminal", out_dtype=out_dtype, backend=backend, **flags)
     return _poisoned(_fill_returns(g, m, fill_masked, zeroed, seg), bad)
+
+
+def _packed_turns(token_level_rewards, response_mask, cu_seqlens, turn_ids, check):
+    """:func:`_turns` of a packed row (turns end at sequence boundaries; tokens past ``cu_seqlens[-1]`` form a
+    sequence of their own) and :func:`_cu_seqlens`'s check."""
+    total = _packed_rewards(token_level_rewards).shape[-1]
+    cu, bad = _cu_seqlens(cu_seqlens, total, token_level_rewards.device, check)
+    if not isinstance(response_mask, torch.Tensor) or response_mask.shape != token_level_rewards.shape:
+        raise ValueError(f"response_mask must be a flag tensor of token_level_rewards' shape "
+                         f"{tuple(token_level_rewards.shape)}")
+    seg = _segment_of(cu, total)
+    return (*_turns(response_mask, turn_ids, seg.reshape(response_mask.shape)), bad)
+
+
+def packed_turn_returns(token_level_rewards, response_mask, cu_seqlens, gamma, *, turn_ids=None, out_dtype=None,
+                        check: bool = True, backend: str = "auto"):
+    """:func:`turn_returns` on packed sequences (``cu_seqlens`` and ``check`` as in :func:`packed_gae`; a turn
+    never spans two sequences; ``gamma`` a number or ``[num_seqs]``): each sequence gives what it gives as
+    its own padded row."""
+    on, _, end, bad = _packed_turns(token_level_rewards, response_mask, cu_seqlens, turn_ids, check)
+    g = packed_discounted_returns(token_level_rewards, end, cu_seqlens, gamma, fill_masked="carry",
+                                  out_dtype=out_dtype, check=False, backend=backend)
+    return _poisoned(_zero_masked(g, on), bad)
+
+
+def packed_turn_gae(token_level_rewards, values, response_mask, cu_seqlens, gamma, lam, truncated=None,
+                    bootstrap_values=None, *, lam_returns=None, turn_ids=None, value_at="first", out_dtype=None,
+                    check: bool = True, backend: str = "auto"):
+    """:func:`turn_gae` on packed sequences (``cu_seqlens``, ``truncated``, ``bootstrap_values`` and ``check``
+    as in :func:`packed_gae`; a turn never spans two sequences; ``gamma``, ``lam``, ``lam_returns``
+    numbers or ``[num_seqs]``): each sequence gives what it gives as its own padded row."""
+    on, start, end, bad = _packed_turns(token_level_rewards, response_mask, cu_seqlens, turn_ids, check)
+    v = _turn_values(values, on, start, value_at)
+    adv, ret = packed_gae(token_level_rewards, v, end, cu_seqlens, gamma, lam, truncated, bootstrap_values,
+                          lam_returns=lam_returns, fill_masked="carry", out_dtype=out_dtype, check=False,
+                          backend=backend)
+    adv, ret = _turn_outputs(adv, ret, on, end, value_at)
+    return GAEResult(_poisoned(adv, bad), _poisoned(ret, bad))
+
+
+def length_adaptive_lam(response_mask, alpha, *, turns: bool = False, turn_ids=None, cu_seqlens=None):
+    r"""VAPO's length-adaptive λ for the actor's GAE: ``λ_i = 1 − 1/(α·ℓ_i)``, clamped to [0, 1], ``ℓ_i`` the
+    number of model tokens of row ``i`` (``response_mask`` ``[*B, T]`` → ``[*B]``), or its number of turns
+    (``turns=True``, as :func:`turn_gae` counts them: runs of model tokens, or ``turn_ids``); with
+    ``cu_seqlens``, per packed sequence (``response_mask`` ``[1, total]`` or ``[total]`` → ``[num_seqs]``).
+    ``alpha > 0`` (VAPO: 0.05); a row of at most ``1/α`` model tokens (none included) gets ``λ = 0``.
+    float32, on ``response_mask``'s device, no host read: pass it as ``lam`` (docs/llm.md, section 13)."""
+    alpha = positive("alpha", alpha)
+    validation.check_bool("turns", turns)
+    if not isinstance(response_mask, torch.Tensor) or response_mask.dim() < 1:
+        raise ValueError("response_mask must be a [*B, T] flag tensor (bool, integer or 0/1 float)")
+    on = as_flags(response_mask, "response_mask")
+    seg, total = None, on.shape[-1]
+    if cu_seqlens is not None:
+        if on.dim() > 2 or (on.dim() == 2 and on.shape[0] != 1):
+            raise ValueError(f"response_mask of packed sequences must be [1, total] or [total], got {tuple(on.shape)}")
+        cu, _ = _cu_seqlens(cu_seqlens, total, on.device, False)
+        seg = _segment_of(cu, total).reshape(on.shape)
+    if turns:
+        on = _turns(response_mask, turn_ids, seg)[1]  # each turn's first model token
+    elif turn_ids is not None:
+        raise ValueError("turn_ids is read with turns=True only (the lengths are then counted in turns)")
+    on = on.to(torch.float32)
+    n = on.sum(-1) if seg is None else on.new_zeros(cu.shape[0]).index_add_(0, seg.reshape(-1), on.reshape(-1))[:-1]
+    return (1.0 - 1.0 / (alpha * n)).clamp(0.0, 1.0)
+
