@@ -13,7 +13,9 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+import os
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -345,6 +347,10 @@ def test_benchmark_tables_are_the_committed_results():
 #   -->                      code run at that point of the page (stand-ins for the objects a
 #                            fragment assumes, e.g. a trained `agent`), so that fragments are run too.
 #
+#   <!-- doc-requires: MODULE -->   the page's blocks need MODULE, which the README's test command
+#                            installs only on some Pythons (TRL: Python >= 3.11): without it the page
+#                            is skipped, except in CI on such a Python (a failure there).
+#
 # Signatures and other text that is not code are fenced as ```text, not ```python.
 
 _PAGES = sorted([ROOT / "README.md", *DOCS.rglob("*.md")])
@@ -508,6 +514,7 @@ def test_python_blocks_run(page, tmp_path, monkeypatch):
     import torch
 
     text = page.read_text(encoding="utf-8")
+    _skip_without_required_modules(page, text)
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(ROOT / "examples"))
     namespace = {"__name__": f"docs_{page.stem}"}
@@ -522,6 +529,43 @@ def test_python_blocks_run(page, tmp_path, monkeypatch):
                 f"the Python block at {_page_id(page)}:{line} fails: {type(exc).__name__}: {exc}") from exc
         ran += 1
     assert ran or "```python" not in text
+
+
+# the modules a page may require (<!-- doc-requires: MODULE -->) and the Python from which the README's
+# test command installs each (tests/requirements-verl.txt)
+_OPTIONAL_MODULES = {"trl": (3, 11)}
+
+
+def _skip_without_required_modules(page: Path, text: str) -> None:
+    for module in re.findall(r"^<!-- doc-requires: (\S+) -->$", text, re.M):
+        assert module in _OPTIONAL_MODULES, f"{_page_id(page)} requires {module}, which is not in _OPTIONAL_MODULES"
+        if importlib.util.find_spec(module) is not None:
+            continue
+        if os.environ.get("CI") == "true" and sys.version_info >= _OPTIONAL_MODULES[module]:
+            pytest.fail(f"{_page_id(page)} needs {module}, which the README's test command installs here")
+        pytest.skip(f"{_page_id(page)} needs {module} (tests/requirements-verl.txt)")
+
+
+def test_doc_requires_skips_or_fails_without_the_module(monkeypatch):
+    """A page that requires a module is skipped without it, and fails without it in CI on a Python that
+    the README's test command installs it on."""
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "trl" else real(name, *a))
+    page, text = DOCS / "howto" / "trl.md", "x\n<!-- doc-requires: trl -->\n"
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception):
+        _skip_without_required_modules(page, text)
+    monkeypatch.setenv("CI", "true")
+    monkeypatch.setattr(sys, "version_info", (3, 11, 0))
+    with pytest.raises(pytest.fail.Exception, match="needs trl"):
+        _skip_without_required_modules(page, text)
+    monkeypatch.setattr(sys, "version_info", (3, 10, 0))
+    with pytest.raises(pytest.skip.Exception):
+        _skip_without_required_modules(page, text)
+    monkeypatch.setattr(importlib.util, "find_spec", real)
+    _skip_without_required_modules(page, text)  # present: runs
+    with pytest.raises(AssertionError, match="_OPTIONAL_MODULES"):
+        _skip_without_required_modules(page, "<!-- doc-requires: numpy -->\n")
 
 
 def test_block_conventions_are_seen():
@@ -582,11 +626,11 @@ def test_docs_cite_nothing_outside_the_repository(page):
         assert name not in text, f"{_page_id(page)} cites {name}, which is not in the repository"
 
 
-@pytest.mark.parametrize("module", ["gym", "llm", "torchrl", "sb3"])
+@pytest.mark.parametrize("module", ["gym", "llm", "torchrl", "sb3", "trl"])
 def test_integrations_documented(api, module):
     """Every public name of rollbuf.integrations.* is in docs/api.md, functions with their signature."""
-    if module in ("torchrl", "sb3"):
-        pytest.importorskip({"torchrl": "torchrl", "sb3": "stable_baselines3"}[module])
+    if module in ("torchrl", "sb3", "trl"):
+        pytest.importorskip({"torchrl": "torchrl", "sb3": "stable_baselines3", "trl": "trl"}[module])
     mod = importlib.import_module(f"rollbuf.integrations.{module}")
     assert f"rollbuf.integrations.{module}" in api
     for name in mod.__all__:

@@ -33,6 +33,17 @@ def test_ci_has_the_third_party_oracles():
     import rollbuf.integrations.torchrl  # noqa: F401
 
 
+@pytest.mark.skipif(os.environ.get("CI") != "true", reason="CI only: a developer may run without it")
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="TRL 1.16 needs Python >= 3.11")
+def test_ci_has_trl():
+    """CI installs TRL 1.16.0 (tests/requirements-verl.txt), so tests/test_trl.py runs whole there."""
+    import trl
+
+    import rollbuf.integrations.trl  # noqa: F401
+
+    assert trl.__version__ == "1.16.0"
+
+
 def _tensordict_before_0_15():
     import tensordict
 

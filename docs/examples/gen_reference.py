@@ -23,13 +23,14 @@ import rollbuf.integrations.sb3
 import rollbuf.integrations.skyrl
 import rollbuf.integrations.slime
 import rollbuf.integrations.torchrl
+import rollbuf.integrations.trl
 import rollbuf.integrations.verl
 import rollbuf.testing
 
 MODULES = [rollbuf.functional, rollbuf.groups, rollbuf.integrations.llm, rollbuf.integrations.verl, rollbuf.distributed,
            rollbuf.boundary.conventions, rollbuf.integrations.gym, rollbuf.integrations.torchrl,
-           rollbuf.integrations.sb3, rollbuf.testing, rollbuf.integrations.openrlhf, rollbuf.integrations.areal,
-           rollbuf.integrations.slime, rollbuf.integrations.skyrl]
+           rollbuf.integrations.sb3, rollbuf.integrations.trl, rollbuf.testing, rollbuf.integrations.openrlhf,
+           rollbuf.integrations.areal, rollbuf.integrations.slime, rollbuf.integrations.skyrl]
 ROLLOUT_METHODS = ["empty", "record", "bootstrap", "gae", "advantages", "lambda_returns", "discounted_returns",
                    "vtrace", "retrace", "eligibility_traces", "episodic_sums", "from_torchrl", "to_torchrl"]
 

@@ -22,5 +22,8 @@ optional dependency only matters to the module that needs it:
   TorchRL's constructor and call, usable by TorchRL's losses; needs ``torchrl``.
 * :mod:`rollbuf.integrations.sb3` — Stable-Baselines3's ``RolloutBuffer.compute_returns_and_advantage``
   and a ``RolloutBuffer`` that uses it; needs ``stable-baselines3``.
+* :mod:`rollbuf.integrations.trl` — TRL's ``GRPOTrainer`` with its advantages from
+  :mod:`rollbuf.groups` (every ``scale_rewards`` mode, float32 statistics, ``tool_mask`` checked) and
+  the advantage function alone; needs ``trl`` (1.16).
 """
 
