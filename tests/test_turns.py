@@ -243,3 +243,25 @@ def test_length_adaptive_lam_in_turns():
         llm.length_adaptive_lam(m, 0.4, turn_ids=ids)
     with pytest.raises(TypeError, match="turns must be a bool"):
         llm.length_adaptive_lam(m, 0.4, turns=1)
+
+
+@pytest.mark.parametrize("backend", ["torch", "numba", "reference"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_turn_returns_backends_dtypes_and_rewards_off_the_turn_ends(backend, dtype):
+    """turn_returns is one affine scan: every CPU backend gives the loop's numbers in the rewards' dtype
+    (``out_dtype`` overrides it); rewards away from a turn's last token and at tool tokens are not read
+    (NaN there changes nothing)."""
+    r, _, m, _ = _rows(7)
+    r = r.to(dtype)
+    end = m & ~torch.nn.functional.pad(m, (0, 1))[..., 1:]  # each run's last model token
+    got = llm.turn_returns(r, m, 0.9, backend=backend)
+    assert got.dtype == dtype
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-5
+    torch.testing.assert_close(got.double(), _loop(r.double(), r.double(), m, 0.9, 1.0)[0], rtol=tol, atol=tol)
+    noisy = llm.turn_returns(torch.where(end, r, float("nan")), m, 0.9, backend=backend)
+    torch.testing.assert_close(noisy, got, rtol=0, atol=0)
+    assert llm.turn_returns(r, m, 0.9, out_dtype=torch.float64, backend=backend).dtype == torch.float64
+    with pytest.raises(TypeError, match="out_dtype"):
+        llm.turn_returns(r, m, 0.9, out_dtype=torch.int64)
+    with pytest.raises(ValueError, match="token_level_rewards"):
+        llm.turn_returns(r[:, :-1], m, 0.9)

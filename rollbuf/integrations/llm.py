@@ -502,12 +502,23 @@ def turn_returns(token_level_rewards, response_mask, gamma, *, turn_ids=None, ou
     run of model tokens, or ``turn_ids``) gets ``R_k = r_k + γ·R_{k+1}``, ``r_k`` the reward at the
     turn's last model token (where the frameworks put a turn's reward; other rewards are not read),
     ``R`` of a row's last turn its own reward, broadcast over the turn's model tokens; 0 at the other
-    tokens. ``gamma``: a number, or ``[*B]`` (one per row). One masked scan over the turn ends
-    (:func:`discounted_returns`) and the carry to the turn's other tokens. ``[*B, T]``; docs/llm.md,
-    section 12."""
+    tokens. ``gamma``: a number, or ``[*B]`` (one per row). One affine scan over the tokens,
+    ``y_t = α_t + β_t·y_{t+1}`` with ``(α, β) = (r_t, γ)`` at a turn's last token and ``(0, 1)`` elsewhere
+    (a token carries the return of its turn's end). ``[*B, T]``; docs/llm.md, section 12."""
     on, _, end = _turns(response_mask, turn_ids)
-    g = discounted_returns(token_level_rewards, end, gamma, fill_masked="carry", out_dtype=out_dtype, backend=backend)
-    return _zero_masked(g, on)
+    rewards = _float_tensor("token_level_rewards", token_level_rewards)
+    if rewards.shape != on.shape:
+        raise ValueError(f"token_level_rewards must have response_mask's shape {tuple(on.shape)}, "
+                         f"got {tuple(rewards.shape)}")
+    if out_dtype is not None and out_dtype not in validation.FLOATS:
+        raise TypeError(f"out_dtype must be a floating-point dtype, got {out_dtype}")
+    ct = torch.float64 if rewards.dtype == torch.float64 else torch.float32
+    g, bad = _coef("gamma", _hyper("gamma", gamma, on.shape[:-1], on.device), ct, None, on.device)
+    zero = torch.zeros((), dtype=ct, device=on.device)
+    y = F.affine_scan(torch.where(end, rewards.to(ct), zero), torch.where(end, g, 1.0),
+                      reverse=True, backend=backend)
+    y = torch.where(on, y, zero)
+    return (y if bad is None else torch.where(bad, float("nan"), y)).to(out_dtype or rewards.dtype)
 
 
 def turn_gae(token_level_rewards, values, response_mask, gamma, lam, *, lam_returns=None, turn_ids=None,
