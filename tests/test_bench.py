@@ -708,6 +708,37 @@ def test_llm_agents_benchmark_dry_run(tmp_path, capsys):
     assert (tmp_path / "llm_agents.csv").read_text().count("\n") == 6
 
 
+def test_frameworks_benchmark_dry_run(tmp_path, capsys):
+    """benchmarks/frameworks.py runs on a GPU; its CPU dry run checks OpenRLHF's and AReaL's loops against
+    rollbuf's calls (exit 1 if any differs), writes the CSV and prints the table."""
+    from benchmarks import frameworks
+
+    assert frameworks.main(["--dry-run", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert all(case in out for case in ("openrlhf_gae", "openrlhf_returns", "areal_gae"))
+    assert (tmp_path / "frameworks.csv").read_text().count("\n") == 4
+
+
+def test_frameworks_benchmark_restates_openrlhf_verbatim():
+    """The benchmark's OpenRLHF loops are the statements of the methods tests/test_openrlhf.py copies from
+    OpenRLHF 0.11.2 verbatim (the syntax trees of their bodies, docstrings aside, are equal)."""
+    import ast
+    import inspect
+    import textwrap
+
+    import test_openrlhf
+    from benchmarks import frameworks
+
+    def body(fn):
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0]
+        stmts = [s for s in tree.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+        return [ast.dump(s) for s in stmts]
+
+    maker = test_openrlhf.RemoteExperienceMaker
+    assert body(frameworks.openrlhf_gae) == body(maker.get_advantages_and_returns)
+    assert body(frameworks.openrlhf_returns) == body(maker.get_cumulative_returns)
+
+
 def test_host_path_benchmark_dry_run(tmp_path):
     """benchmarks/host_path.py runs on a GPU; its CPU dry run (torch backend, tiny shapes, no graphs)
     checks its plumbing: every part's rows in the CSV with the provenance, and the table last."""
