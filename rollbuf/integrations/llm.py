@@ -480,6 +480,8 @@ def _turns(response_mask, turn_ids, segment=None):
         if turn_ids.device != on.device:
             raise ValueError(f"turn_ids is on {turn_ids.device} but response_mask is on {on.device}")
     T = on.shape[-1]
+    if turn_ids is None and segment is None and T:  # a run's edges, by shifted views (no padded copies)
+        return on, _edge(on, on[..., 1:], on[..., :-1], 0), _edge(on, on[..., :-1], on[..., 1:], -1)
     if turn_ids is None:  # a run: the next (previous) token is a model token
         nxt = torch.arange(1, T + 1, device=on.device).clamp(max=max(T - 1, 0)).expand_as(on)
         prev = torch.arange(-1, T - 1, device=on.device).clamp(min=0).expand_as(on)
@@ -495,6 +497,15 @@ def _turns(response_mask, turn_ids, segment=None):
             has_next = has_next & (ids.gather(-1, nxt) == ids)
             has_prev = has_prev & (ids.gather(-1, prev) == ids)
     return on, on & ~has_prev, on & ~has_next
+
+
+def _edge(on, inner, neighbour, at):
+    """``on`` where the neighbouring token is not a model token: ``inner``/``neighbour`` are ``on`` without
+    its first and last token (or the reverse), ``at`` the end a row's neighbour is missing at (0 or −1)."""
+    out = torch.empty_like(on)
+    torch.logical_and(inner, torch.logical_not(neighbour), out=out[..., 1:] if at == 0 else out[..., :-1])
+    out[..., at] = on[..., at]
+    return out
 
 
 def turn_returns(token_level_rewards, response_mask, gamma, *, turn_ids=None, out_dtype=None, backend="auto"):
