@@ -41,16 +41,18 @@ def _poison_and_chunk(request):
 
 
 @pytest.fixture(params=[(False, False, False), (False, True, False), (True, False, False), (True, True, False),
-                        (True, False, True), (True, True, True)],
+                        (True, False, 2), (True, True, 2), (True, False, True), (True, True, True)],
                 ids=["walk-gather", "walk-reload", "split-gather", "split-reload", "presolve-gather",
-                     "presolve-reload"])
+                     "presolve-reload", "resolving-gather", "resolving-reload"])
 def split(request):
     """Rows walked in chunks by one program, or split across programs (one pass chained by the
-    decoupled look-back, or three passes with the chunk carries resolved in between, two chunks per
-    block of the middle pass so that it loops); the exclusive state from an in-register shift, or
-    from re-loading the neighbouring step. (Rows of one chunk take the loop-free pass.)"""
+    decoupled look-back; three passes with the chunk carries resolved in between, two chunks per
+    block of the middle pass so that it loops; or two, the outputs' pass composing the aggregates
+    before its chunk itself, in blocks of two 16-step chunks so that it loops); the exclusive state
+    from an in-register shift, or from re-loading the neighbouring step. (Rows of one chunk take the
+    loop-free pass.)"""
     sp, sl, pre = request.param
-    with K.forced(split=sp, shift_load=sl, presolve=pre, resolve_block_r=2 if pre else None):
+    with K.forced(split=sp, shift_load=sl, presolve=bool(pre), resolve_block_r=2 if pre == 2 else None):
         yield request.param[:2]
 
 
@@ -166,7 +168,9 @@ FLIP_PASSES = {"one-chunk": dict(block_t=64), "one-chunk-reload": dict(block_t=6
                "lookback-gather": dict(block_t=16, split=True, shift_load=False),
                "lookback-reload": dict(block_t=16, split=True, shift_load=True),
                "presolve-gather": dict(block_t=16, split=True, shift_load=False, presolve=True, resolve_block_r=2),
-               "presolve-reload": dict(block_t=16, split=True, shift_load=True, presolve=True, resolve_block_r=2)}
+               "presolve-reload": dict(block_t=16, split=True, shift_load=True, presolve=True, resolve_block_r=2),
+               "resolving-gather": dict(block_t=16, split=True, shift_load=False, presolve=True),
+               "resolving-reload": dict(block_t=16, split=True, shift_load=True, presolve=True)}
 
 
 @pytest.mark.parametrize("layout", ["env", "time"])
@@ -640,10 +644,10 @@ def test_launch_cache_bookkeeping(monkeypatch):
     assert len(cache.PLANS) == 2
     check(f, 1)  # built anew
     monkeypatch.setattr(cache, "MAX", 4096)
-    with K.forced(split=True, presolve=True):  # three passes: two family launches and the resolve kernel
-        check(f, 1, 3)
-        check(f, 0, 3)
-        with K.forced(resolve_block_r=1):  # another launch
+    with K.forced(split=True, presolve=True):  # two passes: the aggregates, the outputs resolving their carries
+        check(f, 1, 2)
+        check(f, 0, 2)
+        with K.forced(resolve_block_r=1):  # another launch: three passes (the resolve kernel between them)
             check(f, 1, 3)
             check(f, 0, 3)
 

@@ -96,6 +96,7 @@ WALK = tl.constexpr(0)  # whole rows, chunk after chunk, the carry in registers
 LOOKBACK = tl.constexpr(1)  # one chunk of a row; the carry from the chunks before it (decoupled look-back)
 AGGREGATES = tl.constexpr(2)  # three passes, 1st: one chunk's aggregate map into the scratch
 OUTPUTS = tl.constexpr(3)  # three passes, 3rd: one chunk's outputs from its resolved carry
+RESOLVING = tl.constexpr(5)  # two passes, 2nd: one chunk's carry from the 1st pass's aggregates, then its outputs
 ONE_CHUNK = tl.constexpr(4)  # whole rows of at most BLOCK_T steps: one chunk, no loop
 
 
@@ -323,6 +324,50 @@ def _load_state(base, o_b, BLOCK_N: tl.constexpr, PAIR: tl.constexpr):
     else:
         u = tl.load(base + 2 * BLOCK_N + o_b, volatile=True)
         return u, u
+
+
+@triton.jit
+def _last(c, last):
+    """Row ``BLOCK_R − 1`` of ``c`` (``[BLOCK_R, BLOCK_N]``): the composition of a block's maps."""
+    return tl.sum(tl.where(last, c, 0.0), axis=0)
+
+
+@triton.jit
+def _resolved(p_ws, tile, rank, NUM_SEG, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, PAIR: tl.constexpr):
+    """The inclusive state of chunk ``rank − 1`` of row tile ``tile`` from the first pass's scratch (the first
+    chunk's state, the later chunks' aggregate maps): the maps of chunks ``1 … rank − 1`` composed in scan
+    order, ``BLOCK_R`` at a time, applied to the first chunk's state; the middle pass's work for one chunk,
+    read from L2 (``RESOLVING``: rows of at most :data:`rollbuf.kernels.host.RESOLVE_MAX_SEG` chunks).
+    ``BLOCK_R``: 256 chunks (over ``BLOCK_N`` rows) with the longest chunks, ``BLOCK_T / 8`` with shorter ones
+    (so that the tests' 16-step chunks loop over blocks of two)."""
+    W: tl.constexpr = 3 + 4 * PAIR  # slot width: map components + state
+    if BLOCK_T >= 2048:
+        BLOCK_R: tl.constexpr = 256 // BLOCK_N
+    elif BLOCK_T >= 16:
+        BLOCK_R: tl.constexpr = BLOCK_T // 8
+    else:
+        BLOCK_R: tl.constexpr = 2
+    base = p_ws + tile * NUM_SEG * (W * BLOCK_N)
+    o_b = tl.arange(0, BLOCK_N)
+    cu, cv = _load_state(base, o_b, BLOCK_N, PAIR)
+    ranks = tl.arange(0, BLOCK_R)[:, None]
+    last = ranks == BLOCK_R - 1
+    for r0 in range(1, rank, BLOCK_R):
+        rr = r0 + ranks
+        ok = (rr < rank) & (o_b[None, :] >= 0)
+        p = base + rr * (W * BLOCK_N) + o_b[None, :]
+        if PAIR:  # identity past chunk rank − 1: (1, 0, 1, 0, 0)
+            m = tl.associative_scan((tl.load(p, mask=ok, other=1.0), tl.load(p + BLOCK_N, mask=ok, other=0.0),
+                                     tl.load(p + 2 * BLOCK_N, mask=ok, other=1.0),
+                                     tl.load(p + 3 * BLOCK_N, mask=ok, other=0.0),
+                                     tl.load(p + 4 * BLOCK_N, mask=ok, other=0.0)), 0, combine_pair_lanes)
+            g = PairMap(_last(m[0], last), _last(m[1], last), _last(m[2], last), _last(m[3], last), _last(m[4], last))
+        else:  # identity: (0, 1)
+            m = tl.associative_scan((tl.load(p, mask=ok, other=0.0), tl.load(p + BLOCK_N, mask=ok, other=1.0)), 0,
+                                    combine_lanes)
+            g = Map(_last(m[0], last), _last(m[1], last))
+        cu, cv = apply(g, cu, cv, PAIR)
+    return cu, cv
 
 
 @triton.jit
@@ -641,6 +686,9 @@ def drive(fam, R, T, F, strides, p_ci, p_co, p_ws, scan, cfg):
         if PASS == OUTPUTS:  # the carry resolved by the earlier passes: the predecessor's inclusive state
             if rank > 0:
                 cu, cv = _load_state(p_ws + (slot - 1) * (W * BLOCK_N), o_b, BLOCK_N, PAIR)
+        elif PASS == RESOLVING:  # the predecessor's inclusive state, from the aggregates of the first pass
+            if rank > 0:
+                cu, cv = _resolved(p_ws, tile, rank, NUM_SEG, BLOCK_N, BLOCK_T, PAIR)
         else:
             g = _edge_map(e, lanes, EDGE, PAIR)  # this chunk's aggregate map
             if PASS == AGGREGATES:

@@ -53,6 +53,10 @@ MAX_CHUNK = 2048
 # one row; they read the chunks twice, and with several rows the chains overlap, so from four rows on
 # they lose (docs/kernel-choices.md, 'Long rows split: look-back or three passes').
 PRESOLVE_MAX_ROWS = 1
+# Split rows of at most this many chunks take two passes, not three: the outputs' pass composes the aggregates
+# of the chunks before its own itself (at most four blocks of 256, read from L2), so the middle kernel and its
+# launch go (docs/kernel-choices.md, 'Long rows split: look-back or three passes').
+RESOLVE_MAX_SEG = 1024
 
 
 @attrs.frozen
@@ -227,7 +231,7 @@ def forced_choices() -> dict:
 
 # CARRY_IN and PASS values (rollbuf.kernels.core holds the same as constexprs)
 ZERO, STATE, END_COLUMN, END_STEP = 0, 1, 2, 3
-WALK, LOOKBACK, AGGREGATES, OUTPUTS, ONE_CHUNK = 0, 1, 2, 3, 4
+WALK, LOOKBACK, AGGREGATES, OUTPUTS, ONE_CHUNK, RESOLVING = 0, 1, 2, 3, 4, 5
 
 
 # ---- layout ------------------------------------------------------------------------------------
@@ -473,6 +477,10 @@ class Launch:
         elif not st.presolve:
             self.passes = (Kernel(jit, const(LOOKBACK), st.num_warps, names),)
             self.scratch_words = 1 + self.grid  # ticket counter, one flag per chunk
+        elif st.num_seg <= RESOLVE_MAX_SEG and not st.resolve_block_r:  # two passes: each output chunk composes its predecessors' aggregates
+            self.passes = (Kernel(jit, const(AGGREGATES), st.num_warps, names),
+                           Kernel(jit, const(RESOLVING), st.num_warps, names))
+            self.scratch_words = 0
         else:
             from rollbuf.kernels.resolve import resolve_kernel
 
@@ -580,8 +588,9 @@ class Launch:
             with torch.cuda.device(self.dev_index):
                 return self.launch(arguments, ws, grid)
         dev = self.dev_index
-        if len(self.passes) == 1:
-            self.passes[0](grid, arguments, dev)
+        if len(self.passes) < 3:
+            for k in self.passes:
+                k(grid, arguments, dev)
         else:  # the three passes: chunk aggregates, their scan over the scratch, the outputs
             self.passes[0](grid, arguments, dev)
             self.passes[1](self.grid // self.strategy.num_seg, dict(p_ws=ws, NUM_SEG=self.strategy.num_seg), dev)
