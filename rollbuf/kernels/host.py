@@ -53,10 +53,6 @@ MAX_CHUNK = 2048
 # one row; they read the chunks twice, and with several rows the chains overlap, so from four rows on
 # they lose (docs/kernel-choices.md, 'Long rows split: look-back or three passes').
 PRESOLVE_MAX_ROWS = 1
-# Split rows of at most this many chunks take two passes, not three: the outputs' pass composes the aggregates
-# of the chunks before its own itself (at most four blocks of 256, read from L2), so the middle kernel and its
-# launch go (docs/kernel-choices.md, 'Long rows split: look-back or three passes').
-RESOLVE_MAX_SEG = 1024
 
 
 @attrs.frozen
@@ -69,7 +65,7 @@ class Strategy:
     num_seg: int  # chunks per row when split
     num_warps: int
     shift_load: bool  # the exclusive state by re-loading the neighbouring step (else an in-register shift)
-    presolve: bool = False  # split rows: three passes instead of the look-back chain
+    presolve: int = False  # split rows: three passes (True) instead of the look-back chain; 2: two passes
     resolve_block_r: int = 0  # chunks per block of the three passes' middle kernel (0: the rule)
     flip: bool = False  # backward scans: each chunk held in reverse, lane j at its step BLOCK_T−1−j
 
@@ -81,7 +77,7 @@ def _pow2(x: int) -> int:
 @functools.lru_cache(maxsize=4096)
 def strategy(R: int, T: int, time_contiguous: bool = True, block_t: int | None = None,
              split: bool | None = None, shift_load: bool | None = None, max_chunk: int | None = None,
-             block_n: int | None = None, presolve: bool | None = None, *, sms: int = CPU_SMS,
+             block_n: int | None = None, presolve: int | None = None, *, sms: int = CPU_SMS,
              num_warps: int | None = None, resolve_block_r: int = 0, long_rows: LongRows | None = None,
              whole_rows: WholeRows | None = None, flip: bool | None = None, flip_chunks: tuple = ()) -> Strategy:
     """Tile sizes, split and warps for ``R`` rows of ``T`` steps on a GPU of ``sms`` SMs.
@@ -155,7 +151,7 @@ def _table(R, T, time_contiguous, block_t, split, shift_load, max_chunk, block_n
             bt = max(_pow2(T), 2)
             return Strategy(16, bt, False, 1, num_warps or max(1, min(8, 16 * bt // 256)), bt > GATHER_MAX_T,
                             resolve_block_r=resolve_block_r)
-        return Strategy(32, 128, True, -(-T // 128), num_warps or 8, False, bool(presolve),
+        return Strategy(32, 128, True, -(-T // 128), num_warps or 8, False, presolve or False,
                         resolve_block_r=resolve_block_r)
     bt = block_t or (min(_pow2(T), mc) if time_contiguous else min(_pow2(T), 32))
     bt = max(bt, 2)
@@ -211,7 +207,10 @@ def forced(**choices):
     (``block_t``, ``split``, ``shift_load``, ``max_chunk``, ``block_n``, ``presolve``, ``num_warps``,
     ``resolve_block_r``, ``flip``), and with ``poison=True`` fills its outputs with NaN before the launch (an
     element the kernel does not write then fails a comparison); ``layout="env"`` makes a time-major
-    call env-major (its fields copied first). For tests and A/B experiments; nested blocks merge."""
+    call env-major (its fields copied first). ``presolve=True``: split rows in three passes; ``presolve=2``:
+    in two, the outputs' pass composing the aggregates of the chunks before its own (no resolve kernel, one
+    launch fewer; not a default until timed on a GPU: docs/kernel-choices.md). For tests and A/B
+    experiments; nested blocks merge."""
     bad = set(choices) - set(_FORCE_KEYS)
     if bad:
         raise TypeError(f"unknown kernel choice(s): {sorted(bad)}; known: {_FORCE_KEYS}")
@@ -477,7 +476,7 @@ class Launch:
         elif not st.presolve:
             self.passes = (Kernel(jit, const(LOOKBACK), st.num_warps, names),)
             self.scratch_words = 1 + self.grid  # ticket counter, one flag per chunk
-        elif st.num_seg <= RESOLVE_MAX_SEG and not st.resolve_block_r:  # two passes: each output chunk composes its predecessors' aggregates
+        elif st.presolve == 2:  # two passes: each output chunk composes the aggregates before it (forced only)
             self.passes = (Kernel(jit, const(AGGREGATES), st.num_warps, names),
                            Kernel(jit, const(RESOLVING), st.num_warps, names))
             self.scratch_words = 0
