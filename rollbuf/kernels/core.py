@@ -361,12 +361,12 @@ def _resolved(p_ws, tile, rank, NUM_SEG, BLOCK_N: tl.constexpr, BLOCK_T: tl.cons
                                      tl.load(p + 2 * BLOCK_N, mask=ok, other=1.0),
                                      tl.load(p + 3 * BLOCK_N, mask=ok, other=0.0),
                                      tl.load(p + 4 * BLOCK_N, mask=ok, other=0.0)), 0, combine_pair_lanes)
-            g = PairMap(_last(m[0], last), _last(m[1], last), _last(m[2], last), _last(m[3], last), _last(m[4], last))
+            cu, cv = apply(PairMap(_last(m[0], last), _last(m[1], last), _last(m[2], last), _last(m[3], last),
+                                   _last(m[4], last)), cu, cv, PAIR)
         else:  # identity: (0, 1)
             m = tl.associative_scan((tl.load(p, mask=ok, other=0.0), tl.load(p + BLOCK_N, mask=ok, other=1.0)), 0,
                                     combine_lanes)
-            g = Map(_last(m[0], last), _last(m[1], last))
-        cu, cv = apply(g, cu, cv, PAIR)
+            cu, cv = apply(Map(_last(m[0], last), _last(m[1], last)), cu, cv, PAIR)
     return cu, cv
 
 
