@@ -48,6 +48,7 @@ If a later TRL no longer scores through ``_calculate_rewards``, the trainer rais
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 from typing import Any
 
@@ -106,8 +107,9 @@ def _weights(reward_weights, x) -> torch.Tensor:
 
 
 def _generations(num_generations, n: int) -> int:
-    if isinstance(num_generations, bool) or not isinstance(num_generations, int) or num_generations < 1:
+    if isinstance(num_generations, bool) or not isinstance(num_generations, numbers.Integral) or num_generations < 1:
         raise ValueError(f"num_generations must be an int >= 1, got {num_generations!r}")
+    num_generations = int(num_generations)
     if n % num_generations:
         raise ValueError(f"num_generations ({num_generations}) must divide the number of completions ({n}): "
                          "a group is num_generations consecutive rows of rewards_per_func")
