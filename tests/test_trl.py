@@ -108,6 +108,24 @@ def test_against_trl_formula(scale, aggregation, n_groups, g, f):
     assert_rows_close(got, want, g, aggregation)
 
 
+@pytest.mark.interpret
+@pytest.mark.filterwarnings("ignore::RuntimeWarning:triton.runtime.interpreter")  # NumPy on the kernel's idle lanes
+@pytest.mark.parametrize(("scale", "aggregation"), CASES)
+def test_the_kernel_backend_gives_the_same(scale, aggregation):
+    """backend="triton" (the group-statistics kernel, which "auto" picks on CUDA tensors; here under
+    Triton's interpreter on the CPU) against the torch path: equal groups exactly 0 on both."""
+    pytest.importorskip("triton")
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    x = _random_rewards(9, 4, 2, seed=7).to(dev)
+    kw = {"scale_rewards": scale, "multi_objective_aggregation": aggregation}
+    got = rb_trl.grpo_advantages(x, 4, [1.0, 0.5], backend="triton", **kw)
+    want = rb_trl.grpo_advantages(x, 4, [1.0, 0.5], backend="torch", **kw)
+    assert got.device.type == dev and got.dtype == torch.float32
+    assert_rows_close(got.cpu(), want.cpu(), 4, aggregation, rtol=2e-6)
+    if aggregation == "sum_then_normalize":
+        assert (got[:4] == 0).all() and (want[:4] == 0).all()
+
+
 @pytest.mark.parametrize("scale", SCALES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
 def test_equal_reward_groups_are_exactly_zero(scale, dtype):
@@ -181,6 +199,7 @@ def test_epsilon_and_float64():
     ({"scale_rewards": None}, ValueError, "scale_rewards"),
     ({"multi_objective_aggregation": "sum"}, ValueError, "multi_objective_aggregation"),
     ({"epsilon": -1.0}, ValueError, "epsilon"),
+    ({"backend": "numba"}, ValueError, "backend"),
 ])
 def test_bad_arguments_are_named(kwargs, err, match):
     args = {"rewards_per_func": torch.ones(4, 1), "num_generations": 2, **kwargs}

@@ -48,6 +48,7 @@ If a later TRL no longer scores through ``_calculate_rewards``, the trainer rais
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 from typing import Any
 
@@ -106,15 +107,16 @@ def _weights(reward_weights, x) -> torch.Tensor:
 
 
 def _generations(num_generations, n: int) -> int:
-    if isinstance(num_generations, bool) or not isinstance(num_generations, int) or num_generations < 1:
+    if isinstance(num_generations, bool) or not isinstance(num_generations, numbers.Integral) or num_generations < 1:
         raise ValueError(f"num_generations must be an int >= 1, got {num_generations!r}")
+    num_generations = int(num_generations)
     if n % num_generations:
         raise ValueError(f"num_generations ({num_generations}) must divide the number of completions ({n}): "
                          "a group is num_generations consecutive rows of rewards_per_func")
     return num_generations
 
 
-def _sum_then_normalize(x, w, g: int, mode: str, eps: float) -> torch.Tensor:
+def _sum_then_normalize(x, w, g: int, mode: str, eps: float, backend: str) -> torch.Tensor:
     """TRL's default: the weighted sum of the rewards, its group mean, the group's or the batch's std;
     one group call (the batch's statistics are a group of their own, over a second copy of the scores)."""
     n, dev = x.shape[0], x.device
@@ -126,12 +128,12 @@ def _sum_then_normalize(x, w, g: int, mode: str, eps: float) -> torch.Tensor:
     if mode == "batch":
         scores, ids = torch.cat([scores, scores]), torch.cat([ids, torch.where(scored, num, num + 1 + row)])
         num = num + 1 + n
-    s = groups.group_stats(scores, ids, num)
+    s = groups.group_stats(scores, ids, num, backend=backend)
     adv = torch.where(scored, r, math.nan) - s.mean[:n]
     return adv if mode == "none" else adv / (s.std[-n:] + eps)  # "batch": the second copy's std
 
 
-def _normalize_then_sum(x, w, g: int, eps: float) -> torch.Tensor:
+def _normalize_then_sum(x, w, g: int, eps: float, backend: str) -> torch.Tensor:
     """TRL's ``"normalize_then_sum"``: each reward function standardised within its group (one group call
     over ``[N·F]`` cells), the weighted sum, then standardised over the batch (a second call)."""
     n, f = x.shape
@@ -139,17 +141,19 @@ def _normalize_then_sum(x, w, g: int, eps: float) -> torch.Tensor:
     unscored = x.isnan()
     cell = torch.arange(n * f, device=dev).view(n, f)
     ids = torch.where(unscored, n // g * f + cell, (cell // f) // g * f + cell % f)
-    s = groups.group_stats(torch.where(unscored, 0, x).reshape(-1), ids.reshape(-1), n // g * f + n * f)
+    s = groups.group_stats(torch.where(unscored, 0, x).reshape(-1), ids.reshape(-1), n // g * f + n * f,
+                           backend=backend)
     z = (x - s.mean.view(n, f)) / (s.std.view(n, f) + eps)
     r = (z * w).nansum(1)
     scored = ~unscored.all(1)
     row = torch.arange(n, device=dev)
-    b = groups.group_stats(torch.where(scored, r, 0), torch.where(scored, 0, 1 + row), 1 + n)
+    b = groups.group_stats(torch.where(scored, r, 0), torch.where(scored, 0, 1 + row), 1 + n, backend=backend)
     return (torch.where(scored, r, math.nan) - b.mean) / (b.std + eps)
 
 
 def grpo_advantages(rewards_per_func, num_generations: int, reward_weights=None, *, scale_rewards="group",
-                    multi_objective_aggregation: str = "sum_then_normalize", epsilon: float = 1e-4) -> torch.Tensor:
+                    multi_objective_aggregation: str = "sum_then_normalize", epsilon: float = 1e-4,
+                    backend: str = "auto") -> torch.Tensor:
     """TRL 1.16's GRPO advantages ``[N]`` from ``rewards_per_func`` ``[N, num_reward_funcs]`` (or ``[N]``: one
     function), NaN where a reward function returned None; a group is ``num_generations`` consecutive rows.
     ``reward_weights`` ``[num_reward_funcs]`` (None: ones); ``scale_rewards``: :data:`SCALE_REWARDS` or a
@@ -157,8 +161,9 @@ def grpo_advantages(rewards_per_func, num_generations: int, reward_weights=None,
     ``scale_rewards``, as TRL does); ``epsilon``: the std's offset, TRL's 1e-4. Statistics by
     :func:`rollbuf.groups.group_stats` (float64 sums, float32 results; float64 rewards stay float64):
     equal rewards give exactly 0; a completion no function scored gets 0 and is left out of its group's
-    statistics, as is a NaN reward out of its function's (TRL's nanmean and nanstd). Bad arguments are a
-    ``ValueError`` (``TypeError`` for ``rewards_per_func`` not a float tensor) naming the argument."""
+    statistics, as is a NaN reward out of its function's (TRL's nanmean and nanstd). ``backend``:
+    :func:`rollbuf.groups.group_stats`'s (``"auto"``: its Triton kernel for CUDA tensors). Bad arguments are
+    a ``ValueError`` (``TypeError`` for ``rewards_per_func`` not a float tensor) naming the argument."""
     x = _rewards(rewards_per_func)
     g = _generations(num_generations, x.shape[0])
     w = _weights(reward_weights, x)
@@ -167,10 +172,12 @@ def grpo_advantages(rewards_per_func, num_generations: int, reward_weights=None,
         raise ValueError(f"multi_objective_aggregation must be one of {AGGREGATIONS}, "
                          f"got {multi_objective_aggregation!r}")
     eps = groups.outcome_epsilon(epsilon)
+    if backend not in groups.BACKENDS:
+        raise ValueError(f"backend must be one of {groups.BACKENDS}, got {backend!r}")
     if x.shape[0] == 0:
         return x.new_zeros(0)
-    adv = _sum_then_normalize(x, w, g, mode, eps) if multi_objective_aggregation == AGGREGATIONS[0] \
-        else _normalize_then_sum(x, w, g, eps)
+    adv = _sum_then_normalize(x, w, g, mode, eps, backend) if multi_objective_aggregation == AGGREGATIONS[0] \
+        else _normalize_then_sum(x, w, g, eps, backend)
     return torch.nan_to_num(adv, nan=0.0)
 
 
@@ -199,7 +206,7 @@ class GRPOTrainer(trl.GRPOTrainer):
     def compute_advantages(self, rewards_per_func: torch.Tensor, num_generations: int) -> torch.Tensor:
         """The advantages ``[N]`` of every process's completions from their rewards ``[N, num_reward_funcs]``
         (NaN: unscored); a subclass may return others (``[N]``, or ``[N, completion length]``: TRL's loss
-        takes both)."""
+        takes both; the completions table then keeps the ``[N]`` advantages TRL logged)."""
         return grpo_advantages(rewards_per_func, num_generations, self.reward_weights,
                                scale_rewards=self.scale_rewards,
                                multi_objective_aggregation=self.multi_objective_aggregation)
