@@ -7,7 +7,8 @@
   (episode-start flags, TorchRL TensorDicts, verl response masks).
 
 Where ``bootstrap_values`` is read and where each window ends: :mod:`rollbuf.windows`. The list of
-estimators and their rows of the docs table: :mod:`rollbuf.estimators`.
+estimators: :mod:`rollbuf.estimators`, which gathers the families' entries and their rows of the docs table
+(``rollbuf/kernels/<family>/estimators.py``).
 """
 
 from rollbuf.boundary import coefficients

@@ -78,8 +78,8 @@ def compose_pair(p_o, q_o, s_o, a_o, w_o, p_i, q_i, s_i, a_i, w_i):
 
 
 # ----------------------------------------------------------------------------------------------
-# One row of the boundary-model table (docs/semantics.md). The rows themselves live in the estimator
-# registry (rollbuf.estimators), one per estimator.
+# One row of the boundary-model table (docs/semantics.md). The rows themselves are in the registry entries
+# (rollbuf/kernels/<family>/estimators.py, gathered by rollbuf.estimators), one per estimator.
 # ----------------------------------------------------------------------------------------------
 
 

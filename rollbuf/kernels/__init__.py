@@ -2,7 +2,8 @@
 CPU loop, its analytic adjoint and its row of the kernel table.
 
 * one package per family, each holding ``triton.py`` (the ``@triton.jit`` entry and its three device
-  functions), ``cpu.py`` (the numba step), ``adjoint.py`` (the backward) and its
+  functions), ``cpu.py`` (the numba step), ``adjoint.py`` (the backward), ``torch_path.py`` (the torch
+  backend's maps and epilogue), ``estimators.py`` (its registry entries) and its
   :class:`~rollbuf.kernels.row.Row`: :mod:`~rollbuf.kernels.td_lambda` (GAE, TD(λ), discounted
   and Monte-Carlo returns, and their adjoint), :mod:`~rollbuf.kernels.vtrace`,
   :mod:`~rollbuf.kernels.retrace`, :mod:`~rollbuf.kernels.traces` (eligibility traces, episodic

@@ -50,5 +50,8 @@ class Row:
     step_data: tuple[str, ...] = ()  # the data fields it reads after the main input,
     step_outputs: int | None = None  # its outputs (None: as the problem asks)
     adjoint: Callable[..., list] | None = None  # the analytic adjoint(a, grads, out0) (None: the generic one)
+    # the torch backend's path (torch_path.py): steps(t) -> (maps, env), outputs(t, maps, env) -> (outputs, carry)
+    torch_steps: Callable[..., tuple] | None = None
+    torch_outputs: Callable[..., tuple] | None = None
     saves_output: bool = False  # the adjoint reads the first output (out0): the forward saves it
     state: int = attrs.field(init=False, default=attrs.Factory(lambda row: 2 if row.pair else 1, takes_self=True))

@@ -1,5 +1,6 @@
 """Retrace(λ) (Munos et al., 2016)."""
 
+from rollbuf.kernels.retrace import torch_path
 from rollbuf.kernels.retrace.adjoint import backward
 from rollbuf.kernels.row import Row, WholeRows
 from rollbuf.kernels.td_lambda import BOUNDARY
@@ -25,4 +26,4 @@ ROW = Row(Family.RETRACE, kernel, ("rewards", "values", *BOUNDARY, "log_probs", 
           ("q_targets",), ("p_q",), scalars=("gamma", "lam", "c_bar"),
           whole_rows=WholeRows(1025, 2048, False, ((2048, 16),), 1),
           step=step, step_data=("values", "q_values", "log_probs", "target_log_probs"), step_outputs=1,
-          adjoint=backward, saves_output=True)
+          adjoint=backward, saves_output=True, torch_steps=torch_path.steps, torch_outputs=torch_path.outputs)

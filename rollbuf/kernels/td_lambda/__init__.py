@@ -2,6 +2,7 @@
 ``TD_LAMBDA_ADJOINT`` (``adjoint_triton.py``; its CPU step ``cpu.adjoint_step``)."""
 
 from rollbuf.kernels.row import Row, WholeRows
+from rollbuf.kernels.td_lambda import torch_path
 from rollbuf.kernels.td_lambda.adjoint import backward
 from rollbuf.problem import Family
 
@@ -35,7 +36,8 @@ def adjoint_step():
 # family' and 'Flipped chunks').
 ROW = Row(Family.TD_LAMBDA, kernel, ("rewards", "values", *BOUNDARY), ("advantages", "returns"), ("p_adv", "p_ret"),
           scalars=("gamma", "lam"), whole_rows=WholeRows(2049, 4096, True, ((4096, 16),), 2), flip_chunks=(512,),
-          step=step, step_data=("values",), adjoint=backward)
+          step=step, step_data=("values",), adjoint=backward, torch_steps=torch_path.steps,
+          torch_outputs=torch_path.outputs)
 ADJOINT = Row(Family.TD_LAMBDA_ADJOINT, adjoint_kernel, ("grad_returns", "grad_advantages", "terminated", "truncated",
                                                         None, "mask"),
               ("rewards", "values"), ("p_gr", "p_gv"), scalars=("gamma", "lam"), backward=False,

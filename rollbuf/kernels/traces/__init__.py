@@ -1,6 +1,7 @@
 """The forward estimators: eligibility traces and episodic sums."""
 
 from rollbuf.kernels.row import Row, WholeRows
+from rollbuf.kernels.traces import torch_path
 from rollbuf.kernels.traces.adjoint import backward
 from rollbuf.problem import Family
 
@@ -19,4 +20,5 @@ def step():
 # table's chunks (docs/kernel-choices.md, 'Eligibility traces and episodic sums').
 ROW = Row(Family.FORWARD, kernel, ("x", None, "terminated", "truncated", None, "mask"), ("traces", "sums"),
           ("p_out", "p_out"), scalars=("decay",), backward=False,
-          whole_rows=WholeRows(2049, 4096, False, ((4096, 8),), 1), step=step, step_outputs=1, adjoint=backward)
+          whole_rows=WholeRows(2049, 4096, False, ((4096, 8),), 1), step=step, step_outputs=1, adjoint=backward,
+          torch_steps=torch_path.steps, torch_outputs=torch_path.outputs)

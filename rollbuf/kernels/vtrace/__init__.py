@@ -2,6 +2,7 @@
 
 from rollbuf.kernels.row import LongRows, Row, WholeRows
 from rollbuf.kernels.td_lambda import BOUNDARY
+from rollbuf.kernels.vtrace import torch_path
 from rollbuf.kernels.vtrace.adjoint import backward
 from rollbuf.problem import Family
 
@@ -29,4 +30,4 @@ ROW = Row(Family.VTRACE, kernel, ("rewards", "values", *BOUNDARY, "log_probs", "
           pair=True, whole_rows=WholeRows(1024, 4096, False, ((1024, 8), (2048, 16), (4096, 16)), 2),
           long_rows=LongRows(2, 16, 4), max_chunk=1024, flip_chunks=(512,),
           step=step, step_data=("values", "log_probs", "target_log_probs"), step_outputs=2,
-          adjoint=backward, saves_output=True)
+          adjoint=backward, saves_output=True, torch_steps=torch_path.steps, torch_outputs=torch_path.outputs)
