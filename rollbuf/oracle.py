@@ -2,7 +2,8 @@
 reference.py``, gathered in :mod:`rollbuf.reference`) does to a row before its recursion: compact the
 unmasked steps, work out each step's ``k``, ``d`` and successor value ``V'`` (docs/semantics.md), read
 the entries as Python floats (or 0-d float64 tensors when an input requires grad), and put the results
-back into a tensor. It imports nothing of rollbuf, and the loops share no arithmetic with the backends.
+back into a tensor. It imports nothing of rollbuf, and the loops share no arithmetic with the backends
+but the truncated importance weights (V-trace's ``truncated_weights`` over :func:`clip`).
 """
 
 from __future__ import annotations
@@ -39,12 +40,15 @@ def exp(x):
         return math.inf
 
 
-def clip(bar: float, log_ratio):
-    """``min(bar, exp(log_ratio))``, NaN for a NaN ratio (Python's ``min`` would return ``bar``), so a
-    NaN log-probability gives NaN as on every other backend; an overflowed ``exp`` (inf) gives
-    ``bar``. On 0-d tensors (``torch.clamp``'s gradient): where the clip is active the value is
-    ``bar`` plus a zero that still depends on ``log_ratio`` (its gradient is 0, not missing, and no
-    ``exp`` that may have overflowed is in its graph); elsewhere the ratio itself."""
+def clip(log_ratio, bar: float | None):
+    """``min(bar, exp(log_ratio))``, the float64 loops' clip (V-trace's ``truncated_weights`` is written
+    over it): NaN for a NaN ratio (Python's ``min`` would return ``bar``), so a NaN log-probability gives
+    NaN as on every other backend; an overflowed ``exp`` (inf) gives ``bar``; a ``None`` bar ``None``. On
+    0-d tensors (``torch.clamp``'s gradient): where the clip is active the value is ``bar`` plus a zero
+    that still depends on ``log_ratio`` (its gradient is 0, not missing, and no ``exp`` that may have
+    overflowed is in its graph); elsewhere the ratio itself."""
+    if bar is None:
+        return None
     ratio = exp(log_ratio)
     if ratio != ratio:  # NaN
         return ratio

@@ -2,7 +2,8 @@
 
 Each estimator is a plain sequential loop over time, one row at a time, on Python floats (float64),
 written to read like the recursions of docs/semantics.md. It is deliberately slow and uses no scan, no
-vectorisation and no shared algebraic rewrite with the other backends.
+vectorisation and no shared algebraic rewrite with the other backends (the truncated importance weights aside:
+V-trace's ``truncated_weights``, over the loops' own clip).
 
 Assumptions (the caller has validated the inputs):
 

@@ -1,10 +1,7 @@
-"""What an estimator's registry entry is made of: :class:`Estimator`, its :class:`Field` and
-:class:`Param` entries, the parameter checks, the result types.
-
-The registry itself (:data:`rollbuf.estimators.REGISTRY`, ``register``, ``get``) is
-:mod:`rollbuf.estimators`; the built-in entries live in their families' folders
-(``rollbuf/kernels/<family>/estimators.py``), which read this module. The end of the module holds what
-the built-in entries share: the fields of the backward estimators, γ and λ, the reference call.
+"""What an estimator's registry entry is made of: :class:`Estimator`, its :class:`Field` and :class:`Param`
+entries, the parameter checks, the result types; the fields and parameters the built-in entries share. The
+registry itself is :mod:`rollbuf.estimators`; the built-in entries are in their families' folders
+(``rollbuf/kernels/<family>/estimators.py``).
 """
 
 from __future__ import annotations
@@ -19,9 +16,7 @@ import torch
 from rollbuf.boundary.coefficients import EstimatorSpec
 from rollbuf.problem import Family, Problem
 
-# ---------------------------------------------------------------------------------------------
 # result types
-# ---------------------------------------------------------------------------------------------
 
 
 class GAEResult(NamedTuple):
@@ -44,9 +39,7 @@ class SumsResult(NamedTuple):
     final: torch.Tensor
 
 
-# ---------------------------------------------------------------------------------------------
 # parameter checks: each returns the validated value or raises naming the parameter
-# ---------------------------------------------------------------------------------------------
 
 
 def _real(name, v):
@@ -175,9 +168,7 @@ class Estimator:
         return None
 
 
-# ---------------------------------------------------------------------------------------------
 # what the built-in entries share
-# ---------------------------------------------------------------------------------------------
 
 FLAGS = (Field("terminated", "flag", False), Field("truncated", "flag", False), Field("mask", "flag", False))
 #: the fields of the backward estimators, in the reference loops' order

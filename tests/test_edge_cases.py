@@ -224,6 +224,34 @@ def test_an_undefined_ratio_is_not_clipped_to_the_bar(backend, case):
     torch.testing.assert_close(vs.cpu()[1], torch.tensor([3.439, 2.71, 1.9, 1.0]))
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", ["vtrace", "retrace"])
+def test_an_undefined_ratio_gives_the_gradients_of_the_torch_backend(backend, name):
+    """A NaN log-probability: every backend's gradients (the analytic adjoints of the ``triton`` backend
+    included, whose clipped ratio keeps the NaN as the forward's does) are the torch backend's autograd's,
+    NaN where it gives NaN."""
+    dev = _dev(backend)
+    f = make_rollout(2, 6, seed=5, p_masked=None, p_truncated=0.0)
+    f["target_log_probs"] = f["target_log_probs"].clone()
+    f["target_log_probs"][0, 3] = float("nan")
+
+    def grads(b):
+        kw = {k: f[k].to(dev) for k in ("rewards", "values", "q_values", "log_probs", "target_log_probs")
+              if name == "retrace" or k != "q_values"}
+        for x in kw.values():
+            x.requires_grad_()
+        out = F.estimate(name, backend=b, gamma=0.9, lam=0.8, c_bar=0.9, terminated=f["terminated"].to(dev),
+                         bootstrap_values=f["bootstrap_values"].to(dev), **kw)
+        out = out if isinstance(out, tuple) else (out,)
+        loss = sum((o.nan_to_num() * (i + 1.5)).sum() for i, o in enumerate(out))
+        return [g.cpu() for g in torch.autograd.grad(loss, list(kw.values()))]
+
+    got, want = grads(backend), grads("torch")
+    assert any(g.isnan().any() for g in want)
+    for a, e in zip(got, want, strict=True):
+        torch.testing.assert_close(a, e, equal_nan=True)
+
+
 @pytest.mark.parametrize("backend", ALL)
 @pytest.mark.parametrize("name", ["eligibility_traces", "episodic_sums"])
 @pytest.mark.parametrize("value", [float("nan"), float("inf")], ids=["nan", "inf"])

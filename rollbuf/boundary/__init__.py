@@ -1,8 +1,9 @@
 """The boundary model: the arithmetic of every boundary, written once.
 
-* :mod:`rollbuf.boundary.coefficients` — for every estimator, the own-step scan coefficients
-  ``(α_t, β_t)`` and the output epilogue. The same functions are compiled into the Triton kernels
-  and called by the vectorised torch backend.
+* :mod:`rollbuf.boundary.coefficients` — the scan operators, ``rebind`` (a coefficient function over a
+  backend's primitives) and the docs table's row type; each family's own-step coefficients ``(α_t, β_t)``
+  and output epilogue are in its folder (``rollbuf/kernels/<family>/coefficients.py``), compiled into the
+  Triton kernels and the CPU loop and called by the vectorised torch backend.
 * :mod:`rollbuf.boundary.conventions` — converters from the flag conventions users already have
   (episode-start flags, TorchRL TensorDicts, verl response masks).
 

@@ -47,7 +47,18 @@ traces, no mask    ``e_t`` itself         ``x``, ``decay·nd_{t−1}``      ``e`
 
 from __future__ import annotations
 
+import types
+
 import attrs
+
+
+def rebind(fn, **names):
+    """A copy of the function ``fn`` (same code) whose globals ``names`` are replaced: how a backend runs a
+    coefficient function over its own primitives (Triton's ``tl``, a clip written with the backend's ops)."""
+    f = types.FunctionType(fn.__code__, dict(fn.__globals__, **names), fn.__name__, fn.__defaults__, fn.__closure__)
+    f.__doc__, f.__module__, f.__qualname__ = fn.__doc__, fn.__module__, fn.__qualname__
+    return f
+
 
 # ----------------------------------------------------------------------------------------------
 # The scan operator. An element (a, b) is the affine map y -> a + b*y. ``compose(outer, inner)``

@@ -22,8 +22,8 @@ CPU loop, its analytic adjoint and its row of the kernel table.
 * :mod:`~rollbuf.kernels.group_stats`: the group statistics of :func:`rollbuf.groups.group_stats`
   (and verl's GRPO and vectorized RLOO fused), one launch over ``[B]`` scores; apart from the scans.
 
-The arithmetic of every estimator comes from :mod:`rollbuf.boundary.coefficients`, compiled into
-the kernels from the same source the torch backend runs.
+The arithmetic of every estimator comes from its family's ``coefficients.py``, compiled into the
+kernels from the same source the torch backend runs.
 """
 
 from rollbuf.kernels.families import FAMILIES  # noqa: F401

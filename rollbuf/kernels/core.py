@@ -43,7 +43,6 @@ named ``values`` or ``type``, which Triton's tuple holds as attributes of its ow
 would compile to the list of its values; the interpreter would read the field).
 """
 
-import types
 from collections import namedtuple
 
 import triton
@@ -52,16 +51,14 @@ import triton.language as tl
 from rollbuf.boundary import coefficients as C
 
 
-def jit_boundary(fn):
+def jit_boundary(fn, **names):
     """Compile a boundary function as a Triton device function (same source, same code object).
 
     The boundary module does not import Triton (the torch backend must work without it), so the
-    function is rebound to globals that also hold ``tl``, as the Triton interpreter requires.
+    function is rebound to globals that also hold ``tl``, as the Triton interpreter requires, and
+    ``names``: the Triton primitives it is written over (V-trace's ``clip``).
     """
-    g = dict(fn.__globals__, tl=tl, triton=triton)
-    f = types.FunctionType(fn.__code__, g, fn.__name__, fn.__defaults__, fn.__closure__)
-    f.__doc__, f.__module__, f.__qualname__ = fn.__doc__, fn.__module__, fn.__qualname__
-    return triton.jit(f)
+    return triton.jit(C.rebind(fn, tl=tl, triton=triton, **names))
 
 
 compose = jit_boundary(C.compose)

@@ -16,7 +16,7 @@ it loads the step's own fields (:func:`ld`), calls the coefficient functions of
 a bootstrap value, is a type, so its branch is compiled out) and returns the state one step further
 along the scan and the step's outputs. A done step stops the state by multiplying it by 0, so a NaN
 or inf in the state goes on as ``0·NaN = NaN`` as on the other backends (docs/semantics.md); a
-clipped ratio (:func:`clip`) keeps a NaN ratio NaN and clips an overflowed one (``inf``). The state
+clipped ratio (V-trace's ``truncated_weights``) keeps a NaN ratio NaN and clips an overflowed one (``inf``). The state
 is two numbers ``(z0, z1)``: V-trace's pair ``(u, V)``, which starts at ``(0, V(s_T))``; the other
 families leave ``z1`` at 0 (``NS = 1``: neither stored nor carried). The driver is specialised by
 binding the step as a global of a copy of its code (numba caches a function that takes compiled
@@ -180,13 +180,6 @@ def _write0(outs, at, zero):
     i = at[0] * s[0] + at[1] * s[1] + at[2] * s[2]
     for o in range(len(addrs)):
         _store(addrs[o], i, zero, zero)
-
-
-@njit(**INLINE)
-def clip(ratio, bar):
-    """``min(bar, ratio)`` that keeps a NaN ratio NaN (``ratio if ratio < bar else bar`` would give
-    ``bar``: every comparison with NaN is false); an overflowed ratio (inf) is clipped to ``bar``."""
-    return bar if ratio > bar else ratio
 
 
 # ---------------------------------------------------------------------------------------------

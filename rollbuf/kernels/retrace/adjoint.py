@@ -2,6 +2,8 @@
 
 import torch
 
+from rollbuf.kernels.vtrace.adjoint import weights
+
 
 def backward(a, grads, out0):
     """The analytic adjoint of Retrace, from its inputs and its output ``Q`` (no forward recompute).
@@ -21,7 +23,7 @@ def backward(a, grads, out0):
     g_carry = grads[1] if len(grads) > 1 and grads[1] is not None else None
     ratio = torch.exp(a.load("target_log_probs") - a.load("log_probs"))
     unclipped = ratio <= p.c_bar
-    c = p.lam * torch.where(unclipped, ratio, p.c_bar)
+    _, c, _ = weights(ratio, p.lam, None, p.c_bar, None)
     gn = p.gamma * (1.0 - k) * (1.0 - tr)
     beta = gn * c
     if m is not None:

@@ -5,7 +5,8 @@
 
 from __future__ import annotations
 
-from rollbuf.oracle import as_output, clip, compact, zeros
+from rollbuf.kernels.vtrace.reference import weights
+from rollbuf.oracle import as_output, compact, zeros
 
 
 def retrace(rewards, values, terminated, truncated, bootstrap_values, mask, log_probs, target_log_probs,
@@ -30,7 +31,7 @@ def retrace(rewards, values, terminated, truncated, bootstrap_values, mask, log_
             # the other recursions (so a NaN there reaches Q_j as 0·NaN, on every backend alike)
             nxt = 0.0  # V_{t+1} + c_{t+1}(Q_{t+1} − q_{t+1}); the window end (d = 1) has no next step
             if j + 1 < m:
-                c_next = lam * clip(c_bar, pi[j + 1] - mu[j + 1])
+                _, c_next, _ = weights(pi[j + 1] - mu[j + 1], lam, None, c_bar, None)
                 nxt = row.v[j + 1] + c_next * (Q[j + 1] - q[j + 1])
             # inside an episode V'_t = V_{t+1}: Q_t = r_t + γ(1-k_t)[d_t V'_t + (1-d_t)·nxt]
             Q[j] = row.r[j] + gamma * (1 - row.k[j]) * (row.d[j] * row.vn[j] + (1 - row.d[j]) * nxt)

@@ -5,14 +5,14 @@ import torch
 
 from rollbuf.kernels.retrace.coefficients import retrace_step
 from rollbuf.kernels.td_lambda.coefficients import lambda_out
-from rollbuf.kernels.vtrace.torch_path import clipped_ratio
+from rollbuf.kernels.vtrace.torch_path import weights
 
 
 def steps(t):
     """The own-step maps of ``W_t = V_t + c_t(Q^ret_t − q_t)`` and the fields the output reads."""
     p = t.p
     r, k, tr, boot = t.backward_fields()
-    c = p.lam * clipped_ratio(t.load("target_log_probs") - t.load("log_probs"), p.c_bar)
+    _, c, _ = weights(t.load("target_log_probs") - t.load("log_probs"), p.lam, None, p.c_bar, None)
     elems = retrace_step(r, t.load("values"), k, tr, boot, t.load("q_values"), c, p.gamma)
     return torch.broadcast_tensors(*elems), dict(r=r, k=k, tr=tr, boot=boot)
 

@@ -1,6 +1,7 @@
 """Retrace(λ) (Munos et al., 2016): ``Q^ret_t = local_t + γ·nd_t·W_{t+1}``, state
 ``W_t = V_t + c_t(Q^ret_t − q_t)`` scanned backward with the coefficients of
-:func:`rollbuf.boundary.coefficients.retrace_step`, ``c_t = λ·min(c̄, π/μ)``.
+:func:`rollbuf.kernels.retrace.coefficients.retrace_step`, ``c_t = λ·min(c̄, π/μ)`` (V-trace's
+:func:`~rollbuf.kernels.vtrace.coefficients.truncated_weights`).
 """
 
 from collections import namedtuple
@@ -11,6 +12,7 @@ import triton.language as tl
 from rollbuf.kernels import core
 from rollbuf.kernels.retrace import coefficients as C
 from rollbuf.kernels.td_lambda.coefficients import lambda_out as td_lambda_out
+from rollbuf.kernels.vtrace.triton import truncated_weights
 
 retrace_step = core.jit_boundary(C.retrace_step)
 lambda_out = core.jit_boundary(td_lambda_out)
@@ -35,8 +37,7 @@ def _load(fam, geo, o, ok, end, ACC: tl.constexpr):
     tlp = core.load(fields.p_tlp, off, ok, live, HAS_M, ACC)
     ratio = tl.exp(tlp - core.load(fields.p_lp, off, ok, live, HAS_M, ACC))
     q = core.load(fields.p_q, off, ok, live, HAS_M, ACC)
-    # the clip propagates a NaN ratio (the GPU's min would drop it), as on every backend
-    c = scal.lam * tl.minimum(ratio, scal.c_bar, propagate_nan=tl.PropagateNan.ALL)
+    _, c, _ = truncated_weights(ratio, scal.lam, None, scal.c_bar, None)
     return Steps(r, v, k, tr, boot, live, q, c)
 
 

@@ -2,6 +2,12 @@
 
 import torch
 
+from rollbuf.boundary.coefficients import rebind
+from rollbuf.kernels.vtrace.coefficients import truncated_weights
+
+# the adjoints' clip: torch.clamp's (a NaN ratio NaN, an overflowed one the bar); None for a None bar
+weights = rebind(truncated_weights, clip=lambda ratio, bar: None if bar is None else torch.clamp(ratio, max=bar))
+
 
 def _next_live(a, x, m, carry):
     """For every step, ``x`` at the next unmasked step (``carry`` past the last one)."""
@@ -42,9 +48,7 @@ def backward(a, grads, out0):
     read_bootstrap, carry_in = a.window()
     local = a.load("rewards") + p.gamma * (1.0 - k) * tr * read_bootstrap
     ratio = torch.exp(a.load("target_log_probs") - a.load("log_probs"))
-    rho = torch.clamp(ratio, max=p.rho_bar)
-    c = p.lam * torch.clamp(ratio, max=p.c_bar)
-    rpg = torch.clamp(ratio, max=p.pg_rho_bar)
+    rho, c, rpg = weights(ratio, p.lam, p.rho_bar, p.c_bar, p.pg_rho_bar)
     gn = p.gamma * (1.0 - k) * (1.0 - tr)
     cu, cv = carry_in[..., 0], carry_in[..., 1]
     v_next = _next_live(a, v, m, cv)

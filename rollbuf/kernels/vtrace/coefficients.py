@@ -14,6 +14,25 @@ source. ``boot = None``: no step reads a bootstrap value, so ``local = r``.
 # ----------------------------------------------------------------------------------------------
 
 
+def clip(ratio, bar):
+    """``min(bar, ratio)``: the primitive :func:`truncated_weights` is written over, here on Python floats. A NaN
+    ratio gives NaN (``min`` would give ``bar``: every comparison with NaN is false), an infinite one ``bar``; a
+    ``None`` bar gives ``None`` (a weight not asked for). Each backend binds its own, written with its ops
+    (:func:`rollbuf.boundary.coefficients.rebind`; numba's is an overload of this one, ``cpu.py``)."""
+    if bar is None:
+        return None
+    return bar if ratio > bar else ratio
+
+
+def truncated_weights(ratio, lam, rho_bar, c_bar, pg_rho_bar):
+    """The truncated importance weights ``(ρ, c, ρ_pg) = (min(ρ̄, r), λ·min(c̄, r), min(ρ̄_pg, r))`` of
+    ``r = π/μ``, written once for every backend: V-trace's three and Retrace's trace ``c`` (``ρ̄``, ``ρ̄_pg``
+    given as ``None``: those weights ``None``, not computed). ``ratio`` is ``r`` as the backend's :func:`clip`
+    takes it: ``r`` itself (Triton, numba, the adjoints) or ``log r`` (the torch path, the float64 loop: their
+    clip takes ``exp`` itself, so that a clipped weight's gradient is 0 and never ``0·inf``)."""
+    return clip(ratio, rho_bar), lam * clip(ratio, c_bar), clip(ratio, pg_rho_bar)
+
+
 def vtrace_step(r, v, k, tr, boot, rho, c, gamma):
     """Own-step map ``(p, q, s, a, w)`` of V-trace's pair state (u, V)."""
     local = r if boot is None else r + gamma * (1.0 - k) * tr * boot

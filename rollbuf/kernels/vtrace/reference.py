@@ -5,7 +5,11 @@
 
 from __future__ import annotations
 
+from rollbuf.boundary.coefficients import rebind
+from rollbuf.kernels.vtrace.coefficients import truncated_weights
 from rollbuf.oracle import as_output, clip, compact, zeros
+
+weights = rebind(truncated_weights, clip=clip)  # of the log-ratio, on floats or 0-d tensors
 
 
 def vtrace(rewards, values, terminated, truncated, bootstrap_values, mask, log_probs, target_log_probs,
@@ -25,11 +29,10 @@ def vtrace(rewards, values, terminated, truncated, bootstrap_values, mask, log_p
                    extra=(log_probs, target_log_probs))
         mu, pi = row.extra
         m = len(row.idx)
-        vs = [0.0] * m
+        vs, rho_pg = [0.0] * m, [0.0] * m
         u = 0.0  # u_{t+1}
         for j in reversed(range(m)):
-            rho = clip(rho_bar, pi[j] - mu[j])
-            c = lam * clip(c_bar, pi[j] - mu[j])
+            rho, c, rho_pg[j] = weights(pi[j] - mu[j], lam, rho_bar, c_bar, pg_rho_bar)
             delta = row.r[j] + gamma * (1 - row.k[j]) * row.vn[j] - row.v[j]
             u = rho * delta + gamma * (1 - row.d[j]) * c * u
             vs[j] = row.v[j] + u
@@ -38,7 +41,7 @@ def vtrace(rewards, values, terminated, truncated, bootstrap_values, mask, log_p
             # other recursions (so a NaN in vs_{t+1} reaches pg_t as 0·NaN, on every backend alike)
             vs_next = vs[j + 1] if j + 1 < m else 0.0
             q = row.d[j] * row.vn[j] + (1 - row.d[j]) * vs_next
-            pg = clip(pg_rho_bar, pi[j] - mu[j]) * (row.r[j] + gamma * (1 - row.k[j]) * q - row.v[j])
+            pg = rho_pg[j] * (row.r[j] + gamma * (1 - row.k[j]) * q - row.v[j])
             vs_out[n][row.idx[j]] = vs[j]
             pg_out[n][row.idx[j]] = pg
     return as_output(vs_out, rewards), as_output(pg_out, rewards)

@@ -5,16 +5,23 @@ import math
 
 import torch
 
-from rollbuf.kernels.vtrace.coefficients import vtrace_out, vtrace_step
+from rollbuf.boundary.coefficients import rebind
+from rollbuf.kernels.vtrace.coefficients import truncated_weights, vtrace_out, vtrace_step
 
 
-def clipped_ratio(log_ratio, bar: float):
-    """``min(bar, exp(log_ratio))`` without forming ``exp`` where it is clipped: where the clip is
-    active the value is ``bar`` and the gradient 0 (as ``torch.clamp``), and no overflowed
-    ``exp`` (≥ 88.8 in float32) turns that 0 into NaN; a NaN log-ratio gives NaN."""
+def clipped_ratio(log_ratio, bar: float | None):
+    """The torch path's clip (:func:`~rollbuf.kernels.vtrace.coefficients.clip`): ``min(bar, exp(log_ratio))``
+    without forming ``exp`` where it is clipped: where the clip is active the value is ``bar`` and the gradient 0
+    (as ``torch.clamp``), and no overflowed ``exp`` (≥ 88.8 in float32) turns that 0 into NaN; a NaN log-ratio
+    gives NaN; a ``None`` bar ``None``."""
+    if bar is None:
+        return None
     log_bar = math.log(bar)
     clipped = log_ratio > log_bar  # at the threshold the gradient passes, as torch.clamp
     return torch.where(clipped, bar, torch.exp(torch.clamp(log_ratio, max=log_bar)))
+
+
+weights = rebind(truncated_weights, clip=clipped_ratio)  # of the log-ratio
 
 
 def steps(t):
@@ -22,9 +29,7 @@ def steps(t):
     p = t.p
     r, k, tr, boot = t.backward_fields()
     v = t.load("values")
-    log_ratio = t.load("target_log_probs") - t.load("log_probs")
-    c = p.lam * clipped_ratio(log_ratio, p.c_bar)
-    rho, rho_pg = clipped_ratio(log_ratio, p.rho_bar), clipped_ratio(log_ratio, p.pg_rho_bar)
+    rho, c, rho_pg = weights(t.load("target_log_probs") - t.load("log_probs"), p.lam, p.rho_bar, p.c_bar, p.pg_rho_bar)
     elems = [torch.as_tensor(e, dtype=t.dt, device=r.device) for e in vtrace_step(r, v, k, tr, boot, rho, c, p.gamma)]
     return torch.broadcast_tensors(*elems), dict(r=r, k=k, tr=tr, boot=boot, v=v, rho=rho, c=c, rho_pg=rho_pg)
 

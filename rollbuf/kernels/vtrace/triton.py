@@ -2,7 +2,8 @@
 advantages, from the maps of :func:`rollbuf.boundary.coefficients.vtrace_step`
 (``(u, V) → (a + p·u + q·V, w + s·V)``: ``u_t = a_t + p_t·u_{t+1} + q_t·V_{t+1}``) and the outputs of
 :func:`~rollbuf.boundary.coefficients.vtrace_out`. Clipped ratios ``ρ = min(ρ̄, π/μ)``,
-``c = λ·min(c̄, π/μ)``, ``ρ_pg = min(ρ̄_pg, π/μ)``.
+``c = λ·min(c̄, π/μ)``, ``ρ_pg = min(ρ̄_pg, π/μ)``: :func:`~rollbuf.kernels.vtrace.coefficients.truncated_weights`
+over :func:`clip`.
 
 With a mask, the pair state ``(u_t, V_t)`` is scanned (``V_{t+1}`` is the next *unmasked* step's,
 carried by the scan). Without one, ``V_{t+1}`` is read from the next step in memory (the window-end
@@ -19,6 +20,15 @@ import triton.language as tl
 from rollbuf.kernels import core
 from rollbuf.kernels.vtrace import coefficients as C
 
+
+@triton.jit
+def clip(ratio, bar):
+    """``min(bar, ratio)`` propagating a NaN ratio (the GPU's min would drop it), as on every backend;
+    ``None`` for a ``None`` bar (:func:`~rollbuf.kernels.vtrace.coefficients.clip`)."""
+    return None if bar is None else tl.minimum(ratio, bar, propagate_nan=tl.PropagateNan.ALL)
+
+
+truncated_weights = core.jit_boundary(C.truncated_weights, clip=clip)
 vtrace_step = core.jit_boundary(C.vtrace_step)
 vtrace_out = core.jit_boundary(C.vtrace_out)
 vtrace_pg = core.jit_boundary(C.vtrace_pg)
@@ -46,10 +56,8 @@ def _load(fam, geo, o, ok, end, ACC: tl.constexpr):
     tlp = core.load(fields.p_tlp, off, ok, live, HAS_M, ACC)
     ratio = tl.exp(tlp - core.load(fields.p_lp, off, ok, live, HAS_M, ACC))
     v_next = v if HAS_M else core.next_value(fields.p_v, geo, o, ok, end.v, ACC)
-    # the clips propagate a NaN ratio (the GPU's min would drop it), as on every backend
-    return Steps(r, v, k, tr, boot, live, tl.minimum(ratio, scal.rho_bar, propagate_nan=tl.PropagateNan.ALL),
-                 scal.lam * tl.minimum(ratio, scal.c_bar, propagate_nan=tl.PropagateNan.ALL),
-                 tl.minimum(ratio, scal.pg_rho_bar, propagate_nan=tl.PropagateNan.ALL), v_next)
+    rho, c, rho_pg = truncated_weights(ratio, scal.lam, scal.rho_bar, scal.c_bar, scal.pg_rho_bar)
+    return Steps(r, v, k, tr, boot, live, rho, c, rho_pg, v_next)
 
 
 @triton.jit
