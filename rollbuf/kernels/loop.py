@@ -21,8 +21,9 @@ is two numbers ``(z0, z1)``: V-trace's pair ``(u, V)``, which starts at ``(0, V(
 families leave ``z1`` at 0 (``NS = 1``: neither stored nor carried). The driver is specialised by
 binding the step as a global of a copy of its code (numba caches a function that takes compiled
 functions as arguments under a new key in every process, so ``cache=True`` would never hit); the
-copies' names hold a hash of ``coefficients.py``, so that editing it recompiles them (numba checks
-only the source file of the function it caches).
+copies' names hold a hash of the sources compiled into them (``boundary/coefficients.py`` and every
+family's ``coefficients.py`` and ``cpu.py``), so that editing one recompiles them (numba checks only
+the source file of the function it caches).
 
 **Two loop orders.** Rows one after the other, the state in registers (``lanes`` None), or time
 outermost and the rows innermost, each row's state in a small array (the lanes order, vectorised;
@@ -40,6 +41,7 @@ bootstrap_values), data)``, the outputs, the carry in and out, ``prm`` ``(zero, 
 parameters)`` and ``lanes``; no compiled function takes more than eight arguments.
 """
 
+import pathlib
 import types as pytypes
 import zlib
 
@@ -252,9 +254,11 @@ def _drive(rows, fields, outs, cin, cout, prm, lanes):
                 _leave(cout, g, j, S[0, j - j0], S[1, j - j0], prm[0])
 
 
-# the compiled copies are named after this hash of coefficients.py (see the module docstring)
-with open(C.__file__, "rb") as _src:
-    _TAG = format(zlib.crc32(_src.read()), "08x")
+# the compiled copies are named after a hash of the sources compiled into them: the shared operators
+# (rollbuf/boundary/coefficients.py) and each family's arithmetic and CPU step (see the module docstring)
+_KERNELS = pathlib.Path(C.__file__).parents[1] / "kernels"
+_SOURCES = sorted([*_KERNELS.glob("*/coefficients.py"), *_KERNELS.glob("*/cpu.py")])
+_TAG = format(zlib.crc32(b"".join(p.read_bytes() for p in [pathlib.Path(C.__file__), *_SOURCES])), "08x")
 
 
 def specialise(name, reverse, step, ns):
