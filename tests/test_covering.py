@@ -60,7 +60,7 @@ def test_default_and_exhaustive_runs_split_the_matrix():
 
     env = {"RB_EXHAUSTIVE": ""}
     default, rest = _collect(env=env), _collect("-m", "exhaustive", env=env)
-    n_strategies = 6  # the split fixture: walk, look-back, three passes x gather, reload
+    n_strategies = 8  # the split fixture: walk, look-back, three passes, two passes x gather, reload
     assert not default & rest and 0 < len(default) < len(rest) // 4, (len(default), len(rest))
     assert len(default) + len(rest) == len(TK.ESTIMATORS) * len(TK.MIXES) * len(TK.SHAPES) * n_strategies
 
