@@ -21,13 +21,10 @@ printed last with the device, versions and commit.
 from __future__ import annotations
 
 import argparse
-import csv
-import os
 
 import torch
 
-from benchmarks.llm_agents import _diff, _time
-from benchmarks.suite import provenance
+from benchmarks.llm_agents import _diff, _time, report
 from rollbuf.integrations import areal, openrlhf
 
 # ---- the frameworks' loops, restated
@@ -129,23 +126,7 @@ def main(argv=None) -> int:
     device = "cpu" if args.dry_run else "cuda"
     sizes = [(8, 37)] if args.dry_run else [(256, 8192), (64, 32768)]
     rows = rows_for(sizes, device, min(args.budget_s, 0.05) if args.dry_run else args.budget_s)
-    prov = provenance(device)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "frameworks.csv"), "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=[*rows[0], *prov])
-        w.writeheader()
-        for row in rows:
-            w.writerow({**row, **prov})
-    print(f"full calls, ms ({', '.join(f'{k}={v}' for k, v in prov.items())})")
-    print(f"{'case':18s} {'size':12s} {'rollbuf':>10s} {'loop':>10s} {'speedup':>9s} {'max rel diff':>12s}")
-    for r in rows:
-        print(f"{r['case']:18s} {r['size']:12s} {r['rollbuf_ms']:10.3f} {r['loop_ms']:10.3f} {r['speedup']:9.1f} "
-              f"{r['max_rel_diff']:12.2e}")
-    bad = [r for r in rows if r["max_rel_diff"] > 1e-4]
-    if bad:
-        print(f"outputs differ: {[(r['case'], r['size']) for r in bad]}")
-    return 1 if bad else 0
-
+    return report(rows, args.out, "frameworks.csv", device, widths=(18, 12))
 
 if __name__ == "__main__":
     raise SystemExit(main())

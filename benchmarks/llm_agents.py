@@ -252,24 +252,30 @@ def main(argv=None) -> int:
         args.turn_size, args.turns = (256, 131072), 120
     g, rng = torch.Generator().manual_seed(0), np.random.default_rng(0)
     rows = _otb_rows(args, device, g, rng) + _gigpo_rows(args, device, g, rng) + _turn_rows(args, device, g)
+    return report(rows, args.out, "llm_agents.csv", device, "; turn rows: 'loop' is the token-level masked GAE on "
+                  "the same rows")
+
+
+def report(rows, out, name, device, note="", widths=(14, 14)):
+    """Write ``rows`` (with the run's provenance) to ``out/name``, print the table last; 1 if any case's
+    outputs differ (max relative difference above 1e-4), else 0."""
     prov = provenance(device)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "llm_agents.csv"), "w", newline="") as fh:
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, name), "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=[*rows[0], *prov])
         w.writeheader()
         for row in rows:
             w.writerow({**row, **prov})
-    print(f"full calls, ms ({', '.join(f'{k}={v}' for k, v in prov.items())}); turn rows: 'loop' is the "
-          "token-level masked GAE on the same rows")
-    print(f"{'case':14s} {'size':14s} {'rollbuf':>10s} {'loop':>10s} {'speedup':>9s} {'max rel diff':>12s}")
+    c, z = widths
+    print(f"full calls, ms ({', '.join(f'{k}={v}' for k, v in prov.items())}){note}")
+    print(f"{'case':{c}s} {'size':{z}s} {'rollbuf':>10s} {'loop':>10s} {'speedup':>9s} {'max rel diff':>12s}")
     for r in rows:
-        print(f"{r['case']:14s} {r['size']:14s} {r['rollbuf_ms']:10.3f} {r['loop_ms']:10.3f} {r['speedup']:9.1f} "
+        print(f"{r['case']:{c}s} {r['size']:{z}s} {r['rollbuf_ms']:10.3f} {r['loop_ms']:10.3f} {r['speedup']:9.1f} "
               f"{r['max_rel_diff']:12.2e}")
     bad = [r for r in rows if r["max_rel_diff"] > 1e-4]
     if bad:
         print(f"outputs differ: {[(r['case'], r['size']) for r in bad]}")
     return 1 if bad else 0
-
 
 if __name__ == "__main__":
     raise SystemExit(main())
