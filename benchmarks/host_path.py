@@ -23,7 +23,9 @@ Parts (every time in µs; CSV ``DIR/host_path.csv``, a short table printed last)
   back to back, wall clock) against the calls' device time (each call's own: a graph of 20 copies
   of it, timed with CUDA events, per copy).
 * ``split`` (CUDA only): at 128 × 128, 4096 × 128 and 8192 × 1024, an eager ``functional.advantages``
-  call beside its Triton launch alone (the kernel's JIT call with the arguments one call passes),
+  call (and the same call with every launch through Triton's JIT by keyword, ``host.DIRECT = False``)
+  beside its Triton launch alone (the kernel's JIT call with the arguments one call passes; and the
+  plan's compiled kernel called with them, as the call's later launches go),
   the call with that launch replaced by nothing (rollbuf's own host code), the least a call that
   checks its inputs could cost (:func:`floor_call`), and rl-triton's ``compute_gae`` beside its
   kernel's launch alone; and a 1000-iteration Python loop (the host's speed).
@@ -338,9 +340,20 @@ def split_part(rows, device, most, rl_triton, backend="auto"):
         finally:
             host.Kernel.__call__ = launch
         k, grid, args = seen["k"], seen["grid"], seen["arguments"]
+        def by_keyword(call=call):
+            host.DIRECT = False
+            try:
+                return call()
+            finally:
+                host.DIRECT = True
+
         timed = {"functional.advantages": call,
+                 "functional.advantages, every launch by keyword": by_keyword,
                  "  rollbuf's Triton launch alone": lambda k=k, g=grid, a=args: k.jit[(g,)](
                      **a, **k.const, num_warps=k.warps)}
+        if k.runner is not None:  # the plan's compiled kernel, as its later calls launch it
+            timed["  rollbuf's compiled-kernel launch alone"] = lambda k=k, a=args: k.runner(
+                *[a[n] for n in k.names], *k.tail)
         if rl_triton is not None:
             import triton
             from rl_triton.kernels.gae import gae_fused_kernel

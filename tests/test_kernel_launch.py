@@ -110,6 +110,74 @@ def test_kernels_are_launched_by_keyword_with_their_parameter_names():
                 call(name, f, "triton")
 
 
+class _Compiled:
+    """A stand-in of Triton's CompiledKernel: ``binary[grid](*args)`` records positional launches."""
+
+    def __init__(self):
+        self.calls = []
+
+    def run(self, *args):  # present on Triton's CompiledKernel; never called here
+        raise AssertionError
+
+    def __getitem__(self, grid):
+        return lambda *args: self.calls.append((grid, args))
+
+
+class _CompilingJit(_Jit):
+    def __init__(self, names):
+        super().__init__(names)
+        self.binary = _Compiled()
+
+    def __getitem__(self, grid):
+        def launch(**kwargs):
+            self.calls.append((grid, kwargs))
+            return self.binary
+        return launch
+
+
+def test_a_plans_later_launches_go_to_its_compiled_kernel():
+    """On a GPU, a plan's kernel is launched by keyword once; later calls of the same grid with every
+    field and the carry 16-byte aligned call the compiled kernel that launch returned, with the same
+    arguments in the kernel's parameter order (constexprs last); a misaligned field, another grid,
+    ``DIRECT = False`` or a kernel not made ``direct`` (integer arguments the plan does not fix) go
+    by keyword again; the interpreter always does."""
+    from rollbuf.kernels import host as H
+
+    jit = _CompilingJit(["fields", "p_out", "p_ci", "R", "BLOCK"])
+    k = H.Kernel(jit, dict(BLOCK=16), 4, ("fields", "p_out", "p_ci", "R"), direct=True)
+    a, b, out = torch.zeros(8), torch.zeros(8), torch.zeros(8)
+    args = dict(fields=(a, None, b), p_out=out, p_ci=None, R=3)
+    k(7, args, 0)
+    k(7, args, 0)
+    assert len(jit.calls) == 1 and jit.binary.calls == [((7, 1, 1), ((a, None, b), out, None, 3, 16))]
+    k(7, dict(args, p_ci=torch.zeros(8)[1:]), 0)  # a carry 4 bytes past an aligned address
+    k(7, dict(args, fields=(a[1:], None, b)), 0)
+    k(5, args, 0)
+    assert len(jit.calls) == 4 and len(jit.binary.calls) == 1
+    k(5, args, 0)  # the runner follows the last aligned keyword launch's grid
+    assert len(jit.calls) == 4 and jit.binary.calls[-1][0] == (5, 1, 1)
+    H.DIRECT = False
+    try:
+        k(5, args, 0)
+    finally:
+        H.DIRECT = True
+    assert len(jit.calls) == 5
+    k(5, args, None)  # the interpreter
+    assert len(jit.calls) == 6
+    plain = H.Kernel(jit, dict(BLOCK=16), 4, ("fields", "p_out", "p_ci", "R"))
+    plain(5, args, 0)
+    plain(5, args, 0)
+    assert len(jit.calls) == 8
+    # every family's kernels declare their constexprs last, so each of their launches can go direct
+    f = make(3, 37, "term+trunc+mask", seed=8)
+    for force in ({}, dict(split=True, presolve=False, block_t=16), dict(split=True, presolve=True, block_t=16)):
+        with K.forced(**force):
+            for name in ("gae", "vtrace", "retrace", "eligibility_traces", "episodic_sums", "discounted_returns"):
+                call(name, f, "triton")
+    launches = [v for key, v in cache.PLANS.items() if key[0] == "launch" and not v.empty]
+    assert launches and all(k.names is not None for la in launches for k in la.passes)
+
+
 def test_strategy_reads_the_device():
     """The table's split threshold is 8 programs per SM of the device: fewer SMs, fewer rows split."""
     assert K.device_sms(torch.device("cpu")) == 132

@@ -299,27 +299,61 @@ def _parameter_names(jit) -> list:
 
 class Kernel:
     """One jitted kernel of a launch with its constexprs and warps, launched by keyword
-    (``jit[(grid,)](**arguments, **const, num_warps=warps)``). ``binary``: the compiled kernel the
-    last GPU launch returned (Triton's return value of the launch; read by register reports only)."""
+    (``jit[(grid,)](**arguments, **const, num_warps=warps)``) the first time, and on a GPU from then on
+    through the compiled kernel that launch returned (Triton's ``CompiledKernel``, the object its
+    public ``warmup`` returns), called with the same arguments in the kernel's parameter order: the
+    JIT's argument binding, specialisation and cache look-up are done once per plan instead of on
+    every call. The compiled kernel is specialised on what the plan's key fixes (dtypes, shapes,
+    strides, which fields are absent) and on the 16-byte alignment of the pointers; a call whose
+    fields or carry are not all 16-byte aligned takes the keyword launch (Triton specialises it
+    itself). Only for kernels whose integer arguments are fixed by the plan (``direct=True``: a
+    :class:`Launch`'s; Triton specialises integers on their value too). ``binary``: the compiled kernel
+    of the last keyword launch."""
 
-    __slots__ = ("jit", "const", "warps", "binary")
+    __slots__ = ("jit", "const", "warps", "binary", "names", "tail", "runner", "runner_grid")
 
-    def __init__(self, jit, const: dict, warps: int, arguments=()):
+    def __init__(self, jit, const: dict, warps: int, arguments=(), direct: bool = False):
         """``arguments``: the names of the runtime arguments every launch passes; with ``const``
         they must be exactly the kernel's parameters (a ValueError names the difference)."""
         given = set(arguments) | set(const)
-        want = set(_parameter_names(jit))
-        if given != want:
-            raise ValueError(f"the launch of {getattr(jit, '__name__', jit)} passes {sorted(given - want)} "
-                             f"that it does not take and misses {sorted(want - given)}")
+        order = _parameter_names(jit)
+        if given != set(order):
+            raise ValueError(f"the launch of {getattr(jit, '__name__', jit)} passes {sorted(given - set(order))} "
+                             f"that it does not take and misses {sorted(set(order) - given)}")
         self.jit, self.const, self.warps, self.binary = jit, const, warps, None
+        self.runner, self.runner_grid = None, -1
+        # the direct launch passes the runtime arguments in order, then the constexprs: only where the
+        # kernel declares its constexprs last (every rollbuf kernel does; a test keeps it so)
+        k = len(order) - len(const)
+        self.names = tuple(order[:k]) if direct and set(order[k:]) == set(const) else None
+        self.tail = tuple(const[n] for n in order[k:])
 
     def __call__(self, grid: int, arguments: dict, device: int | None):
         if device is None:  # the interpreter
             with _INTERPRET_LOCK:
                 self.jit[(grid,)](**arguments, **self.const, num_warps=self.warps)
             return
-        self.binary = self.jit[(grid,)](**arguments, **self.const, num_warps=self.warps)
+        aligned = DIRECT and self.names is not None and _aligned(arguments)
+        if aligned and grid == self.runner_grid:
+            self.runner(*[arguments[n] for n in self.names], *self.tail)
+            return
+        self.binary = binary = self.jit[(grid,)](**arguments, **self.const, num_warps=self.warps)
+        if aligned and hasattr(binary, "run") and hasattr(binary, "__getitem__"):
+            self.runner, self.runner_grid = binary[(grid, 1, 1)], grid
+
+
+#: launch a plan's compiled kernel directly after its first keyword launch (:class:`Kernel`); False:
+#: every launch by keyword (A/B measurements, benchmarks/host_path.py)
+DIRECT = True
+
+
+def _aligned(arguments: dict) -> bool:
+    """Every field and the carry in at a 16-byte aligned address (the outputs, the carry out and the
+    scratch are allocated here, from PyTorch's allocator: always aligned)."""
+    ci = arguments.get("p_ci")
+    if ci is not None and ci.data_ptr() % 16:
+        return False
+    return all(t is None or t.data_ptr() % 16 == 0 for t in arguments.get("fields", ()))
 
 
 def _nan_fill(outs):
@@ -471,24 +505,24 @@ class Launch:
         self.slot_values = W * st.block_n * self.grid if st.split else 0
         if not st.split:  # whole rows: one chunk each (no loop) or walked chunk by chunk
             self.passes: tuple[Kernel, ...] = (Kernel(jit, const(ONE_CHUNK if st.block_t >= T else WALK),
-                                                      st.num_warps, names),)
+                                                      st.num_warps, names, True),)
             self.scratch_words = 0
         elif not st.presolve:
-            self.passes = (Kernel(jit, const(LOOKBACK), st.num_warps, names),)
+            self.passes = (Kernel(jit, const(LOOKBACK), st.num_warps, names, True),)
             self.scratch_words = 1 + self.grid  # ticket counter, one flag per chunk
         elif st.presolve == 2:  # two passes: each output chunk composes the aggregates before it (forced only)
-            self.passes = (Kernel(jit, const(AGGREGATES), st.num_warps, names),
-                           Kernel(jit, const(RESOLVING), st.num_warps, names))
+            self.passes = (Kernel(jit, const(AGGREGATES), st.num_warps, names, True),
+                           Kernel(jit, const(RESOLVING), st.num_warps, names, True))
             self.scratch_words = 0
         else:
             from rollbuf.kernels.resolve import resolve_kernel
 
             bn = st.block_n
             br = st.resolve_block_r or max(1, min(_pow2(st.num_seg - 1), (2048 if pair_maps else 4096) // bn))
-            self.passes = (Kernel(jit, const(AGGREGATES), st.num_warps, names),
+            self.passes = (Kernel(jit, const(AGGREGATES), st.num_warps, names, True),
                            Kernel(resolve_kernel, dict(BLOCK_N=bn, BLOCK_R=br, PAIR=pair_maps),
-                                  max(1, min(8, br * bn // 256)), ("p_ws", "NUM_SEG")),
-                           Kernel(jit, const(OUTPUTS), st.num_warps, names))
+                                  max(1, min(8, br * bn // 256)), ("p_ws", "NUM_SEG"), True),
+                           Kernel(jit, const(OUTPUTS), st.num_warps, names, True))
             self.scratch_words = 0
         itemsize = 8 if acc is float64 else 4
         self.scratch_len = self.slot_values + -(-self.scratch_words * 4 // itemsize)
