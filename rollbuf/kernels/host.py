@@ -24,6 +24,7 @@ import functools
 import inspect
 import math
 import threading
+from collections.abc import Callable
 
 import attrs
 import torch
@@ -321,7 +322,8 @@ class Kernel:
             raise ValueError(f"the launch of {getattr(jit, '__name__', jit)} passes {sorted(given - set(order))} "
                              f"that it does not take and misses {sorted(set(order) - given)}")
         self.jit, self.const, self.warps, self.binary = jit, const, warps, None
-        self.runner, self.runner_grid = None, -1
+        self.runner: Callable | None = None
+        self.runner_grid = -1
         # the direct launch passes the runtime arguments in order, then the constexprs: only where the
         # kernel declares its constexprs last (every rollbuf kernel does; a test keeps it so)
         k = len(order) - len(const)
@@ -334,7 +336,7 @@ class Kernel:
                 self.jit[(grid,)](**arguments, **self.const, num_warps=self.warps)
             return
         aligned = DIRECT and self.names is not None and _aligned(arguments)
-        if aligned and grid == self.runner_grid:
+        if aligned and grid == self.runner_grid and self.runner is not None:
             self.runner(*[arguments[n] for n in self.names], *self.tail)
             return
         self.binary = binary = self.jit[(grid,)](**arguments, **self.const, num_warps=self.warps)
