@@ -335,9 +335,10 @@ class Kernel:
             with _INTERPRET_LOCK:
                 self.jit[(grid,)](**arguments, **self.const, num_warps=self.warps)
             return
-        aligned = DIRECT and self.names is not None and _aligned(arguments)
+        names = self.names if DIRECT else None
+        aligned = names is not None and _aligned(arguments)
         if aligned and grid == self.runner_grid and self.runner is not None:
-            self.runner(*[arguments[n] for n in self.names], *self.tail)
+            self.runner(*[arguments[n] for n in names], *self.tail)
             return
         self.binary = binary = self.jit[(grid,)](**arguments, **self.const, num_warps=self.warps)
         if aligned and hasattr(binary, "run") and hasattr(binary, "__getitem__"):
