@@ -337,7 +337,7 @@ class Kernel:
             return
         names = self.names if DIRECT else None
         aligned = names is not None and _aligned(arguments)
-        if aligned and grid == self.runner_grid and self.runner is not None:
+        if aligned and grid == self.runner_grid and self.runner is not None and names is not None:
             self.runner(*[arguments[n] for n in names], *self.tail)
             return
         self.binary = binary = self.jit[(grid,)](**arguments, **self.const, num_warps=self.warps)
