@@ -402,19 +402,24 @@ def test_single_row_default_strategy(name):
 
 @contextlib.contextmanager
 def _launches():
-    """The :class:`rollbuf.kernels.Launch` objects run inside the block."""
+    """The :class:`rollbuf.kernels.Launch` objects run inside the block (a first call's
+    ``Launch.__call__``, and on a GPU the later calls of its plan's ``Launch.run``)."""
     seen = []
-    real = H.Launch.__call__
+    real, real_run = H.Launch.__call__, H.Launch.run
 
     def spy(self, p):
         seen.append(self)
         return real(self, p)
 
-    H.Launch.__call__ = spy
+    def spy_run(self, get, carry, params):
+        seen.append(self)
+        return real_run(self, get, carry, params)
+
+    H.Launch.__call__, H.Launch.run = spy, spy_run
     try:
         yield seen
     finally:
-        H.Launch.__call__ = real
+        H.Launch.__call__, H.Launch.run = real, real_run
 
 
 @pytest.mark.parametrize("layout", ["env", "time", "strided", "padded", "mixed"])

@@ -26,7 +26,7 @@ import torch
 from rollbuf import windows
 from rollbuf.backends import torch_backend
 from rollbuf.backends.scan import scan_values
-from rollbuf.kernels.families import FAMILIES
+from rollbuf.kernels.families import row_of
 from rollbuf.problem import Family, Problem
 
 __all__ = ["needs_grad", "run", "KernelFunction", "Adjoint", "adjoint", "DIFFERENTIABLE"]
@@ -64,7 +64,7 @@ class KernelFunction(torch.autograd.Function):
         outs, carry = plain_run(p)
         ctx.n_out = len(outs)
         # the adjoints of Retrace and V-trace read their first output (Q; vs): kept, not recomputed
-        row = FAMILIES.get(p.family)
+        row = row_of(p.family)
         keep = (outs[0],) if row is not None and row.saves_output else ()
         ctx.save_for_backward(*tensors, *keep)
         return tuple(outs) + ((carry,) if carry is not None else ())
@@ -73,7 +73,7 @@ class KernelFunction(torch.autograd.Function):
     def backward(ctx, *grads):
         saved, out0 = ctx.saved_tensors, None
         p = ctx.p
-        row = FAMILIES.get(p.family)
+        row = row_of(p.family)
         if row is not None and row.saves_output:
             saved, out0 = saved[:-1], saved[-1]
         if row is not None and row.adjoint is not None and p.num_steps > 0:
@@ -107,7 +107,8 @@ def adjoint(p: Problem, names: tuple, saved: tuple, grads: tuple, out0=None, fus
     ``names`` (``saved``: those tensors, ``"carry"`` the carry in), ``None`` for one that does not
     require grad, from the gradients of the outputs and the carry out (``grads``). ``out0``: the
     first output, for an adjoint that reads it (``Row.saves_output``)."""
-    fn = FAMILIES[p.family].adjoint
+    row = row_of(p.family)
+    fn = None if row is None else row.adjoint
     if fn is None:
         raise ValueError(f"the {p.family} family has no analytic adjoint")
     return fn(Adjoint(p, names, saved, fused), grads, out0)

@@ -22,7 +22,7 @@ import torch
 from rollbuf import windows
 from rollbuf.backends.scan import affine_scan, compose_all
 from rollbuf.boundary import coefficients as C
-from rollbuf.kernels.families import FAMILIES
+from rollbuf.kernels.families import row_of
 from rollbuf.kernels.row import Row
 from rollbuf.problem import Family, Problem
 
@@ -102,7 +102,7 @@ class Loader:
 
 def _path(p: Problem) -> tuple[Callable[..., tuple], Callable[..., tuple], Row]:
     """The family's torch path (its row's ``torch_steps`` and ``torch_outputs``) and its row."""
-    row = FAMILIES.get(p.family)
+    row = row_of(p.family)
     if row is None or row.torch_steps is None or row.torch_outputs is None:
         raise ValueError(f"the torch backend has no family {p.family!r}")
     return row.torch_steps, row.torch_outputs, row

@@ -37,7 +37,7 @@ def _load(fam, geo, o, ok, end, ACC: tl.constexpr):
     tlp = core.load(fields.p_tlp, off, ok, live, HAS_M, ACC)
     ratio = tl.exp(tlp - core.load(fields.p_lp, off, ok, live, HAS_M, ACC))
     q = core.load(fields.p_q, off, ok, live, HAS_M, ACC)
-    _, c, _ = truncated_weights(ratio, scal.lam, None, scal.c_bar, None)
+    _, c, _ = truncated_weights(ratio, scal.lam, scal.c_bar, scal.c_bar, scal.c_bar)  # c alone is used
     return Steps(r, v, k, tr, boot, live, q, c)
 
 

@@ -24,8 +24,9 @@ from rollbuf.kernels.vtrace import coefficients as C
 @triton.jit
 def clip(ratio, bar):
     """``min(bar, ratio)`` propagating a NaN ratio (the GPU's min would drop it), as on every backend;
-    ``None`` for a ``None`` bar (:func:`~rollbuf.kernels.vtrace.coefficients.clip`)."""
-    return None if bar is None else tl.minimum(ratio, bar, propagate_nan=tl.PropagateNan.ALL)
+    every bar given (a Triton function cannot return ``None`` on Triton 3.6: a kernel that needs one weight
+    passes its bar for the others, and the compiler drops what is not used)."""
+    return tl.minimum(ratio, bar, propagate_nan=tl.PropagateNan.ALL)
 
 
 truncated_weights = core.jit_boundary(C.truncated_weights, clip=clip)
