@@ -194,7 +194,7 @@ class Plan:
     A field in the accumulation dtype and the loop's layout is read in place (``direct``); any other is
     converted on each call (:func:`_field`)."""
 
-    __slots__ = ("N", "T", "nj", "G", "J", "npdt", "data", "bounds", "cin", "scalars", "n_out", "pick", "cast",
+    __slots__ = ("N", "T", "nj", "G", "J", "npdt", "data", "bounds", "cin", "scalars", "alloc", "pick", "cast",
                  "out_dtype", "end_boot", "zero", "driver", "carry_shape", "forward", "direct")
 
     def __init__(self, p: Problem):
@@ -226,10 +226,12 @@ class Plan:
         n_out = row.step_outputs
         if n_out is None:  # TD(λ): the returns always (G is its first output); the adjoint: as asked
             n_out = (2 if "advantages" in p.outputs else 1) if p.family == _TD_LAMBDA else len(p.outputs)
-        self.n_out = n_out
         # TD(λ)'s loop writes (G, A): each asked-for output's index among them (None: all, in order)
         pick = tuple(1 if o == "advantages" else 0 for o in p.outputs) if p.family == _TD_LAMBDA else None
         self.pick = None if pick == tuple(range(n_out)) else pick
+        # the loop's outputs allocated: those asked for (a 0 address is not written: GAE advantages alone
+        # leave the returns unwritten)
+        self.alloc = tuple(pick is None or i in pick for i in range(n_out))
         self.out_dtype = p.out_dtype
         self.cast = p.out_dtype is not dt
         self.forward = p.family in (_FORWARD, _AFFINE)  # the carry out is their last output, final
@@ -253,11 +255,11 @@ class Plan:
                                                                                                 False)
         N, T, npdt = self.N, self.T, self.npdt
         if nj:  # written in memory order: [N, T] views of [T, N] arrays
-            res = [torch.from_numpy(np.empty((T, N), npdt).T) for _ in range(self.n_out)]
-            outs = (tuple([o.data_ptr() for o in res]), (0, 1, N))
+            res = [torch.from_numpy(np.empty((T, N), npdt).T) if a else None for a in self.alloc]
+            outs = (tuple([0 if o is None else o.data_ptr() for o in res]), (0, 1, N))
         else:
-            res = [torch.from_numpy(np.empty((N, T), npdt)) for _ in range(self.n_out)]
-            outs = (tuple([o.data_ptr() for o in res]), (T, 0, 1))
+            res = [torch.from_numpy(np.empty((N, T), npdt)) if a else None for a in self.alloc]
+            outs = (tuple([0 if o is None else o.data_ptr() for o in res]), (T, 0, 1))
         co = cout = None
         if self.carry_shape is not None:
             co = torch.from_numpy(np.empty(self.carry_shape, npdt))

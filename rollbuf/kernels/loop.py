@@ -169,11 +169,12 @@ def _window_end(b, k, m, row, T, zero):
 @njit(**INLINE)
 def _write(outs, at, vals, zero):
     """The step's outputs into ``outs`` ``(addresses, (stride_g, stride_j, stride_t))``, in ``zero``'s
-    type."""
+    type; an output at address 0 is not written (not asked for)."""
     addrs, s = outs
     i = at[0] * s[0] + at[1] * s[1] + at[2] * s[2]
     for o in range(len(addrs)):
-        _store(addrs[o], i, vals[o], zero)
+        if addrs[o]:
+            _store(addrs[o], i, vals[o], zero)
 
 
 @njit(**INLINE)
@@ -181,7 +182,8 @@ def _write0(outs, at, zero):
     addrs, s = outs
     i = at[0] * s[0] + at[1] * s[1] + at[2] * s[2]
     for o in range(len(addrs)):
-        _store(addrs[o], i, zero, zero)
+        if addrs[o]:
+            _store(addrs[o], i, zero, zero)
 
 
 # ---------------------------------------------------------------------------------------------
