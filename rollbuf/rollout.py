@@ -192,7 +192,9 @@ class Rollout:
         object.__setattr__(ro, "_pending", pending)  # an instance attribute, not a field
         # the all-False truncated flags, while nothing writes them, go to the estimators as None: the same
         # result with one field fewer to read (:meth:`_field_tensors`)
-        object.__setattr__(ro, "_clean_truncated", _stamp(ro.truncated))
+        flags = ro.truncated
+        assert flags is not None
+        object.__setattr__(ro, "_clean_truncated", _stamp(flags))
         return ro
 
     def _unwritten(self, name, current=None) -> bool:
@@ -335,10 +337,11 @@ class Rollout:
         step truncated either way; the kernels then read one field fewer)."""
         if torch.compiler.is_compiling():  # Dynamo traces the fields one by one
             return {name: getattr(self, name) for name in _STEP_FIELDS}
-        d = dict(self.items())
+        d: dict[str, torch.Tensor | None] = dict(self.items())
         clean = self.__dict__.get("_clean_truncated")
         if clean is not None:
-            if d.get("truncated") is clean[0] and _stamp(clean[0]) == clean:
+            flags = d.get("truncated")
+            if flags is not None and flags is clean[0] and _stamp(flags) == clean:
                 d["truncated"] = None
             else:  # recorded, written in place or assigned: read from now on
                 self.__dict__.pop("_clean_truncated", None)

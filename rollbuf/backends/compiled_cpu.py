@@ -254,6 +254,7 @@ class Plan:
         cin = None if s is None else (carry.data_ptr(), *s[3]) if s[3] is not None else _field(carry, s[1], nj, keep,
                                                                                                 False)
         N, T, npdt = self.N, self.T, self.npdt
+        res: list
         if nj:  # written in memory order: [N, T] views of [T, N] arrays
             res = [torch.from_numpy(np.empty((T, N), npdt).T) if a else None for a in self.alloc]
             outs = (tuple([0 if o is None else o.data_ptr() for o in res]), (0, 1, N))
