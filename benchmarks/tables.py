@@ -18,7 +18,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from benchmarks.cases import LONG, MEDIUM, PEER_SHAPES, SHORT
+from benchmarks.cases import LONG, PEER_SHAPES
 from benchmarks.suite import read_csv, scoreboard, speedups
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,9 +40,9 @@ SOURCES = {
     "beyond": ["peers_p0_00a2400.csv", "peers_p1_00a2400.csv"],
     "pufferlib": ["peers_p0_00a2400.csv", "peers_p1_00a2400.csv", "peers_puff16_4fa49f4.csv"],
     "naive": ["kernels_h200_7bce722.csv"],
-    "host": ["host_path_fb5a526.csv"],
+    "host": ["host_path_gpu_eb573bf.csv"],
+    "wall": ["wall_gpu_eb573bf.csv"],
     "scoreboard": None,  # _scoreboard_csvs()
-    "bandwidth": None,
     "long": None,
     "llm": ["llm_gpu_1f929cf.csv"],
     "llm-groups": ["llm_groups_gpu_ee36fa8.csv"],
@@ -308,6 +308,25 @@ def host() -> str:
     return "\n".join(lines)
 
 
+def wall() -> str:
+    """The survey at the memory wall (``wall_gpu_*.csv``): each estimator's % of copy bandwidth in device
+    time at 2^24 elements, every aspect ratio, the default strategy (rows without a forced choice)."""
+    paths = sources("wall")
+    rows = [r for r in read_rows(paths) if not r.get("force")]
+    shapes = sorted(dict.fromkeys((int(r["n"]), int(r["t"])) for r in rows))
+    cases = list(dict.fromkeys((r["estimator"], r["mix"], r["dtype"]) for r in rows))
+    by = {(r["estimator"], r["mix"], r["dtype"], int(r["n"]), int(r["t"])): float(r["pct_copy"]) for r in rows}
+    out = []
+    for e, m, d in cases:
+        cells = [by.get((e, m, d, n, t)) for n, t in shapes]
+        got = [c for c in cells if c is not None]
+        name = f"`{e}` {m}{'' if d == 'float32' else ', ' + d}"
+        met = f"{sum(c >= 85 for c in got)} of {len(got)}"
+        out.append([name, *("–" if c is None else f"{c:.0f}" for c in cells), met])
+    return "\n".join([_gpu_provenance(rows, paths, copy_key="copy_GBps"), ""] + _table(
+        ["% of copy (device time)", *(f"{n}×{t}" for n, t in shapes), "≥ 85%"], out))
+
+
 # ------------------------------------------------------------------------------ the GPU scoreboard
 
 
@@ -335,29 +354,6 @@ def scoreboard_table() -> str:
 def _pct(rows, sel):
     v = [r["pct_copy"] for r in rows if sel(r) and r.get("pct_copy") is not None]
     return [len(v), f"{min(v):.0f}", f"{statistics.median(v):.0f}", f"{max(v):.0f}"] if v else [0, "–", "–", "–"]
-
-
-def bandwidth() -> str:
-    rows, paths = _merged_scoreboard()
-    ours = [r for r in rows if r["impl"] == "rollbuf-triton" and r.get("status") == "ok"]
-    short, medium, long_ = set(SHORT), set(MEDIUM) - set(SHORT), set(LONG)
-    env = [r for r in ours if (r.get("layout") or "env") == "env"]
-    tm = [r for r in ours if r.get("layout") == "time"]
-    regimes = [("env-major, T ≤ 128 (N 4096–32768)", env, lambda r: (r["n"], r["t"]) in short),
-               ("env-major, N 64–16384 × T 128–4096", env, lambda r: (r["n"], r["t"]) in medium),
-               ("env-major, N 1–256 × T 16384–2^20", env, lambda r: (r["n"], r["t"]) in long_),
-               ("time-major, T ≤ 128", tm, lambda r: r["t"] <= 128),
-               ("time-major, T > 128", tm, lambda r: r["t"] > 128),
-               ("every layout, ≥ 2^24 elements", ours, lambda r: r["n"] * r["t"] >= 2**24)]
-    out = [[name] + _pct(sel_rows, sel) for name, sel_rows, sel in regimes]
-    by = {(r["estimator"], r["n"], r["t"], r["dtype"], r["mix"]): r["device_us"] for r in env if _ok(r["device_us"])}
-    ratio = [r["device_us"] / by[k] for r in tm if _ok(r["device_us"]) and
-             (k := (r["estimator"], r["n"], r["t"], r["dtype"], r["mix"])) in by]
-    lines = [_gpu_provenance(rows, [Path(p) for p in paths], copy_key="copy_GBps"), ""] + _table(
-        ["rollbuf-triton, every estimator", "cases", "min % of copy", "median", "max"], out)
-    lines += ["", f"Time-major against env-major, same case, device time: median {statistics.median(ratio):.2f}× "
-                  f"({min(ratio):.2f}–{max(ratio):.2f}×, {len(ratio)} cases)."]
-    return "\n".join(lines)
 
 
 def long_rows() -> str:
@@ -547,8 +543,8 @@ def gpu_tests() -> str:
 # ------------------------------------------------------------------------------------ the page
 
 TABLES = {"peers": peers, "beyond": beyond, "pufferlib": pufferlib, "naive": naive, "host": host,
-          "scoreboard": scoreboard_table, "bandwidth": bandwidth, "long": long_rows, "llm": llm,
-          "llm-groups": llm_groups, "backward": backward, "memory": memory, "cpu": cpu_grid, "first-call": first_call,
+          "scoreboard": scoreboard_table, "long": long_rows, "llm": llm, "llm-groups": llm_groups,
+          "backward": backward, "memory": memory, "cpu": cpu_grid, "first-call": first_call, "wall": wall,
           "gpu-tests": gpu_tests}
 
 
