@@ -1,6 +1,6 @@
-"""``python -m benchmarks frameworks``: the token loops of OpenRLHF 0.11.2 and AReaL 1.0.4 against the rollbuf
-calls that replace them (``rollbuf.integrations.openrlhf``, ``rollbuf.integrations.areal``), same inputs,
-outputs checked first.
+"""``python -m benchmarks frameworks``: the advantage code of OpenRLHF 0.11.2, AReaL 1.0.4, SkyRL, slime and TRL
+1.16.0 against the rollbuf calls that replace it (``rollbuf.integrations.*``), same inputs, outputs checked
+first.
 
     python -m benchmarks frameworks [--out DIR]          # a CUDA GPU: rows of 8,192 and 32,768 tokens
     python -m benchmarks frameworks --dry-run --out DIR  # the same plumbing on the CPU, tiny sizes
@@ -10,10 +10,21 @@ outputs checked first.
   ``openrlhf.get_advantages_and_returns``;
 * **OpenRLHF REINFORCE**: ``get_cumulative_returns`` (a loop) against ``openrlhf.get_cumulative_returns``;
 * **AReaL GAE**: the GAE loop of ``PPOActor._compute_advantages`` (``areal/trainer/ppo/actor.py``) restated
-  below from ``lastgaelam = 0`` to ``returns``, against ``areal.gae`` on the same rolled loss mask.
+  below from ``lastgaelam = 0`` to ``returns``, against ``areal.gae`` on the same rolled loss mask;
+* **SkyRL GAE**: ``compute_gae_advantage_return`` (a loop over token positions, then the masked whitening),
+  as tests/test_skyrl.py holds it verbatim, against ``skyrl.compute_gae_advantage_return``;
+* **slime PPO / REINFORCE++**: slime's ``compute_advantages_and_returns`` (a list of samples in, per-sample
+  tensors out: ``get_advantages_and_returns_batch``'s chunked scan, ``get_reinforce_plus_plus_returns``'
+  loop over samples), as tests/test_slime.py holds it verbatim (Megatron's ``mpu`` a one-process stand-in),
+  its own branch against the same function calling ``slime.gae`` / ``slime.reinforce_plus_plus`` through
+  ``--custom-advantage-function-path``; rows of 256 and 64 samples of up to ``L`` tokens;
+* **TRL GRPO**: the advantages of ``GRPOTrainer._generate_and_score_completions`` (``scale_rewards="group"``,
+  one reward function; restated below with TRL's ``nanstd``), against ``trl.grpo_advantages``, on
+  ``B · L / 256`` completions in groups of 16 (TRL's statistics are vectorised torch, not a loop).
 
 The restated loops are the frameworks' lines (tests/test_bench.py holds them equal to the copies of
-tests/test_openrlhf.py and tests/test_areal.py, which are the shipped functions verbatim). Every time is
+tests/test_openrlhf.py and tests/test_areal.py, which are the shipped functions verbatim, and ``nanstd`` to
+TRL's); SkyRL's and slime's are loaded from their test files. Every time is
 the full call (synchronised before and after, median of batches). CSV ``DIR/frameworks.csv``; a table
 printed last with the device, versions and commit.
 """
@@ -21,11 +32,20 @@ printed last with the device, versions and commit.
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import sys
+import types
+from argparse import Namespace
+from functools import cache
+from pathlib import Path
 
 import torch
 
 from benchmarks.llm_agents import _diff, _time, report
-from rollbuf.integrations import areal, openrlhf
+from rollbuf.integrations import areal, openrlhf, skyrl
+from rollbuf.integrations import trl as rb_trl
+
+TESTS = Path(__file__).resolve().parents[1] / "tests"
 
 # ---- the frameworks' loops, restated
 
@@ -78,6 +98,98 @@ def areal_gae(rewards, values, loss_mask, seq_no_eos_mask, discount, gae_lambda)
     return advantages, advantages + values
 
 
+def nanstd(tensor: torch.Tensor, dim: int | tuple[int, ...] | None = None, keepdim: bool = False) -> torch.Tensor:
+    """
+    Compute the standard deviation of a tensor, ignoring NaNs.
+
+    Args:
+        tensor (`torch.Tensor`):
+            Input tensor.
+        dim (`int` or `tuple[int, ...]`, *optional*):
+            Dimension(s) to reduce. Defaults to all dimensions.
+        keepdim (`bool`, *optional*, defaults to `False`):
+            Whether to keep reduced dimensions.
+
+    Returns:
+        `torch.Tensor`:
+            Standard deviation of the tensor, ignoring NaNs.
+    """
+    # Compute variance ignoring NaNs
+    mean = torch.nanmean(tensor, dim=dim, keepdim=True)
+    variance = torch.nanmean((tensor - mean) ** 2, dim=dim, keepdim=True)
+    count = torch.sum(~torch.isnan(tensor), dim=dim, keepdim=True)  # count of non-NaN values
+    correction = count / (count - 1)
+    correction = torch.where(count > 1, correction, torch.full_like(correction, float("nan")))
+    variance *= correction  # Bessel's correction
+    std = torch.sqrt(variance)
+    if keepdim:
+        return std
+    if dim is None:
+        return std.squeeze()
+    if isinstance(dim, int):
+        return std.squeeze(dim)
+    dims = [(d if d >= 0 else d + std.ndim) for d in dim]
+    for d in sorted(dims, reverse=True):
+        std = std.squeeze(d)
+    return std
+
+
+def trl_grpo(rewards_per_func, reward_weights, num_generations):
+    """TRL 1.16.0's advantage lines of ``GRPOTrainer._generate_and_score_completions`` for
+    ``multi_objective_aggregation="sum_then_normalize"`` and ``scale_rewards="group"`` (the trainer's
+    attributes as arguments; its logging and the final ``nan_to_num`` left out)."""
+    unscorable_mask = torch.isnan(rewards_per_func).all(dim=1)
+    rewards = (rewards_per_func * reward_weights.to(rewards_per_func.device).unsqueeze(0)).nansum(dim=1)
+    rewards[unscorable_mask] = torch.nan
+    mean_grouped_rewards = torch.nanmean(rewards.view(-1, num_generations), dim=1)
+    mean_grouped_rewards = mean_grouped_rewards.repeat_interleave(num_generations, dim=0)
+    std_rewards = nanstd(rewards.view(-1, num_generations), dim=1)
+    std_rewards = std_rewards.repeat_interleave(num_generations, dim=0)
+    advantages = rewards - mean_grouped_rewards
+    advantages = advantages / (std_rewards + 1e-4)
+    return advantages
+
+
+@cache
+def _restated(name):
+    """tests/test_<name>.py as a module: the framework's functions it holds verbatim (slime's with Megatron's
+    ``mpu`` found in a one-process stand-in)."""
+    if str(TESTS) not in sys.path:
+        sys.path.insert(0, str(TESTS))
+    if name == "slime":
+        for mod in ("megatron", "megatron.core"):
+            sys.modules.setdefault(mod, types.ModuleType(mod))
+    spec = importlib.util.spec_from_file_location(f"_rollbuf_restated_{name}", TESTS / f"test_{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if name == "slime":
+        sys.modules["megatron.core"].mpu = module.mpu
+    return module
+
+
+def _samples(B, L, device, g):
+    """slime's rollout data: ``B`` samples of 1 to ``L`` response tokens with tool spans, KL already set."""
+    lengths = torch.randint(1, L + 1, (B,), generator=g).tolist()
+    f = [torch.randn(n, generator=g).to(device) for n in lengths]
+    masks = [(torch.rand(n, generator=g) > 0.2).to(torch.int32).to(device) for n in lengths]
+    return {"rewards": torch.randn(B, generator=g).tolist(), "values": f, "response_lengths": lengths,
+            "loss_masks": masks, "total_lengths": [n + 5 for n in lengths],
+            "log_probs": [-(x * 0.1).abs() for x in f], "ref_log_probs": [-(x * 0.2).abs() for x in f]}
+
+
+def _slime_case(data, estimator, custom):
+    mod = _restated("slime")
+    args = Namespace(advantage_estimator=estimator, custom_advantage_function_path=custom, kl_coef=0.1,
+                     kl_loss_type="k1", use_rollout_logprobs=False, use_opd=False, normalize_advantages=False,
+                     gamma=0.99, lambd=0.95)
+
+    def run():
+        d = dict(data)
+        mod.compute_advantages_and_returns(args, d)
+        return torch.cat(d["advantages"])[None]
+    return run
+
+
 # ---- inputs and cases
 
 
@@ -91,14 +203,24 @@ def _batch(B, L, device, g):
     return r.to(device), v.to(device), m.float().to(device), no_eos.to(device)
 
 
-def _cases(r, v, m, no_eos):
+def _cases(r, v, m, no_eos, samples, scores):
     rolled = torch.roll(m, shifts=-1, dims=-1)
+    sky = _restated("skyrl")
+    w = torch.ones(1)
     return (("openrlhf_gae", lambda: openrlhf.get_advantages_and_returns(None, v, r, m, 0.99, 0.95),
              lambda: openrlhf_gae(v, r, m, 0.99, 0.95)),
             ("openrlhf_returns", lambda: openrlhf.get_cumulative_returns(None, r, m, 0.99),
              lambda: openrlhf_returns(r, m, 0.99)),
             ("areal_gae", lambda: areal.gae(r, v, rolled, no_eos, 0.99, 0.95),
-             lambda: areal_gae(r, v, rolled, no_eos, 0.99, 0.95)))
+             lambda: areal_gae(r, v, rolled, no_eos, 0.99, 0.95)),
+            ("skyrl_gae", lambda: skyrl.compute_gae_advantage_return(r, v, m, 0.99, 0.95),
+             lambda: sky.compute_gae_advantage_return(r, v, m, 0.99, 0.95)),
+            ("slime_ppo", _slime_case(samples, "ppo", "rollbuf.integrations.slime.gae"),
+             _slime_case(samples, "ppo", None)),
+            ("slime_reinforce++", _slime_case(samples, "reinforce_plus_plus",
+                                              "rollbuf.integrations.slime.reinforce_plus_plus"),
+             _slime_case(samples, "reinforce_plus_plus", None)),
+            ("trl_grpo", lambda: rb_trl.grpo_advantages(scores, 16)[None], lambda: trl_grpo(scores, w, 16)[None]))
 
 
 def rows_for(sizes, device, budget_s):
@@ -106,7 +228,9 @@ def rows_for(sizes, device, budget_s):
     out = []
     for B, L in sizes:
         batch = _batch(B, L, device, g)
-        for name, ours, theirs in _cases(*batch):
+        samples = _samples(B, L, device, g)
+        scores = torch.randn(max(16, B * L // 256 // 16 * 16), 1, generator=g).to(device)
+        for name, ours, theirs in _cases(*batch, samples, scores):
             a, b = ours(), theirs()
             a, b = (a[0], b[0]) if isinstance(a, tuple) else (a, b)
             diff = _diff(a, b)

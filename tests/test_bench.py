@@ -709,14 +709,40 @@ def test_llm_agents_benchmark_dry_run(tmp_path, capsys):
 
 
 def test_frameworks_benchmark_dry_run(tmp_path, capsys):
-    """benchmarks/frameworks.py runs on a GPU; its CPU dry run checks OpenRLHF's and AReaL's loops against
-    rollbuf's calls (exit 1 if any differs), writes the CSV and prints the table."""
+    """benchmarks/frameworks.py runs on a GPU; its CPU dry run checks OpenRLHF's, AReaL's, SkyRL's, slime's and
+    TRL's code against rollbuf's calls (exit 1 if any differs), writes the CSV and prints the table."""
     from benchmarks import frameworks
 
     assert frameworks.main(["--dry-run", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert all(case in out for case in ("openrlhf_gae", "openrlhf_returns", "areal_gae"))
-    assert (tmp_path / "frameworks.csv").read_text().count("\n") == 4
+    cases = ("openrlhf_gae", "openrlhf_returns", "areal_gae", "skyrl_gae", "slime_ppo", "slime_reinforce++",
+             "trl_grpo")
+    assert all(case in out for case in cases)
+    assert (tmp_path / "frameworks.csv").read_text().count("\n") == 1 + len(cases)
+
+
+def test_frameworks_benchmark_restates_trl():
+    """The benchmark's TRL lines are TRL 1.16.0's: ``nanstd`` statement for statement, and the advantages
+    and rollbuf's drop-in equal to them on random groups with an unscored row."""
+    trl = pytest.importorskip("trl", reason="tests/requirements-verl.txt installs TRL 1.16.0")
+    import ast
+    import inspect
+    import textwrap
+
+    from trl.trainer.utils import nanstd
+
+    from benchmarks import frameworks
+
+    def tree(fn):
+        return ast.dump(ast.parse(textwrap.dedent(inspect.getsource(fn))))
+
+    assert trl.__version__ == "1.16.0" and tree(frameworks.nanstd) == tree(nanstd)
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(64, 2, generator=g)
+    x[3] = float("nan")
+    w = torch.tensor([1.0, 0.5])
+    want = torch.nan_to_num(frameworks.trl_grpo(x, w, 8), nan=0.0)
+    torch.testing.assert_close(frameworks.rb_trl.grpo_advantages(x, 8, w), want, rtol=1e-5, atol=1e-5)
 
 
 def test_frameworks_benchmark_restates_openrlhf_verbatim():
