@@ -722,8 +722,8 @@ def test_frameworks_benchmark_dry_run(tmp_path, capsys):
 
 
 def test_frameworks_benchmark_restates_trl():
-    """The benchmark's TRL lines are TRL 1.16.0's: ``nanstd`` statement for statement, and the advantages
-    and rollbuf's drop-in equal to them on random groups with an unscored row."""
+    """The benchmark's TRL lines are TRL 1.16.0's (``nanstd`` statement for statement), and rollbuf's drop-in
+    gives their advantages on random groups with an unscored row."""
     trl = pytest.importorskip("trl", reason="tests/requirements-verl.txt installs TRL 1.16.0")
     import ast
     import inspect
