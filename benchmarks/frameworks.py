@@ -20,7 +20,8 @@ first.
   ``--custom-advantage-function-path``; rows of 256 and 64 samples of up to ``L`` tokens;
 * **TRL GRPO**: the advantages of ``GRPOTrainer._generate_and_score_completions`` (``scale_rewards="group"``,
   one reward function; restated below with TRL's ``nanstd``), against ``trl.grpo_advantages``, on
-  ``B · L / 256`` completions in groups of 16 (TRL's statistics are vectorised torch, not a loop).
+  ``B · L / 256`` completions in groups of 16 (TRL's statistics are vectorised torch, not a loop); left
+  out where TRL is not installed.
 
 The restated loops are the frameworks' lines (tests/test_bench.py holds them equal to the copies of
 tests/test_openrlhf.py and tests/test_areal.py, which are the shipped functions verbatim, and ``nanstd`` to
@@ -43,7 +44,11 @@ import torch
 
 from benchmarks.llm_agents import _diff, _time, report
 from rollbuf.integrations import areal, openrlhf, skyrl
-from rollbuf.integrations import trl as rb_trl
+
+try:  # the drop-in subclasses TRL's trainer: without TRL (the GPU machine) its case is left out
+    from rollbuf.integrations import trl as rb_trl
+except ImportError:
+    rb_trl = None
 
 TESTS = Path(__file__).resolve().parents[1] / "tests"
 
@@ -220,7 +225,8 @@ def _cases(r, v, m, no_eos, samples, scores):
             ("slime_reinforce++", _slime_case(samples, "reinforce_plus_plus",
                                               "rollbuf.integrations.slime.reinforce_plus_plus"),
              _slime_case(samples, "reinforce_plus_plus", None)),
-            ("trl_grpo", lambda: rb_trl.grpo_advantages(scores, 16)[None], lambda: trl_grpo(scores, w, 16)[None]))
+            *((("trl_grpo", lambda: rb_trl.grpo_advantages(scores, 16)[None], lambda: trl_grpo(scores, w, 16)[None]),)
+              if rb_trl is not None else ()))
 
 
 def rows_for(sizes, device, budget_s):
