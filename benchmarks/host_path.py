@@ -352,7 +352,7 @@ def split_part(rows, device, most, rl_triton, backend="auto"):
                  "  rollbuf's Triton launch alone": lambda k=k, g=grid, a=args: k.jit[(g,)](
                      **a, **k.const, num_warps=k.warps)}
         if k.runner is not None:  # the plan's compiled kernel, as its later calls launch it
-            timed["  rollbuf's compiled-kernel launch alone"] = lambda k=k, a=args: k.runner(
+            timed["  rollbuf's compiled-kernel launch alone"] = lambda k=k, a=args: k.runner[1](
                 *[a[n] for n in k.names], *k.tail)
         if rl_triton is not None:
             import triton

@@ -190,11 +190,6 @@ class Rollout:
         for name in _WRITTEN_BY:
             pending[name] = _stamp(getattr(ro, name))
         object.__setattr__(ro, "_pending", pending)  # an instance attribute, not a field
-        # the all-False truncated flags, while nothing writes them, go to the estimators as None: the same
-        # result with one field fewer to read (:meth:`_field_tensors`)
-        flags = ro.truncated
-        assert flags is not None
-        object.__setattr__(ro, "_clean_truncated", _stamp(flags))
         return ro
 
     def _unwritten(self, name, current=None) -> bool:
@@ -332,26 +327,15 @@ class Rollout:
     # seen), after the host-side check that no field it reads was left unwritten (:meth:`_check`).
 
     def _field_tensors(self) -> dict:
-        """The rollout's fields by name, as they are now (absent ones missing), as the estimators take
-        them: the all-False ``truncated`` :meth:`empty` made is ``None`` while nothing has written it (no
-        step truncated either way; the kernels then read one field fewer)."""
+        """The rollout's fields by name, as they are now (absent ones missing)."""
         if torch.compiler.is_compiling():  # Dynamo traces the fields one by one
             return {name: getattr(self, name) for name in _STEP_FIELDS}
-        d: dict[str, torch.Tensor | None] = dict(self.items())
-        clean = self.__dict__.get("_clean_truncated")
-        if clean is not None:
-            flags = d.get("truncated")
-            if flags is not None and flags is clean[0] and _stamp(flags) == clean:
-                d["truncated"] = None
-            else:  # recorded, written in place or assigned: read from now on
-                self.__dict__.pop("_clean_truncated", None)
-        return d
+        return dict(self.items())
 
     def estimator_fields(self):
         """The fields the TD(λ)-family methods pass to :mod:`rollbuf.functional`, by name: the tensors
-        themselves (no copy), absent ones ``None`` (and the all-False ``truncated`` of :meth:`empty`
-        while nothing wrote it); ``F.gae(0.99, 0.95, **ro.estimator_fields())`` is ``ro.gae(0.99, 0.95)``
-        without the unwritten-field check."""
+        themselves (no copy), absent ones ``None``; ``F.gae(0.99, 0.95, **ro.estimator_fields())``
+        is ``ro.gae(0.99, 0.95)`` without the unwritten-field check."""
         d = self._field_tensors()
         return {name: d.get(name) for name in _OWN}
 

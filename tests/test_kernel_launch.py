@@ -137,8 +137,8 @@ class _CompilingJit(_Jit):
 
 def test_a_plans_later_launches_go_to_its_compiled_kernel():
     """On a GPU, a plan's kernel is launched by keyword once; later calls of the same grid with every
-    field and the carry 16-byte aligned call the compiled kernel that launch returned, with the same
-    arguments in the kernel's parameter order (constexprs last); a misaligned field, another grid,
+    pointer (fields, outputs, carries) 16-byte aligned call the compiled kernel that launch returned, with
+    the same arguments in the kernel's parameter order (constexprs last); a misaligned pointer, another grid,
     ``DIRECT = False`` or a kernel not made ``direct`` (integer arguments the plan does not fix) go
     by keyword again; the interpreter always does."""
     from rollbuf.kernels import host as H
@@ -152,22 +152,26 @@ def test_a_plans_later_launches_go_to_its_compiled_kernel():
     assert len(jit.calls) == 1 and jit.binary.calls == [((7, 1, 1), ((a, None, b), out, None, 3, 16))]
     k(7, dict(args, p_ci=torch.zeros(8)[1:]), 0)  # a carry 4 bytes past an aligned address
     k(7, dict(args, fields=(a[1:], None, b)), 0)
+    k(7, dict(args, p_out=torch.zeros(9)[1:]), 0)  # an output another allocator placed off 16 bytes
     k(5, args, 0)
-    assert len(jit.calls) == 4 and len(jit.binary.calls) == 1
+    assert len(jit.calls) == 5 and len(jit.binary.calls) == 1
     k(5, args, 0)  # the runner follows the last aligned keyword launch's grid
-    assert len(jit.calls) == 4 and jit.binary.calls[-1][0] == (5, 1, 1)
+    assert len(jit.calls) == 5 and jit.binary.calls[-1][0] == (5, 1, 1)
     H.DIRECT = False
     try:
         k(5, args, 0)
     finally:
         H.DIRECT = True
-    assert len(jit.calls) == 5
-    k(5, args, None)  # the interpreter
     assert len(jit.calls) == 6
+    k(5, args, None)  # the interpreter
+    assert len(jit.calls) == 7
     plain = H.Kernel(jit, dict(BLOCK=16), 4, ("fields", "p_out", "p_ci", "R"))
     plain(5, args, 0)
     plain(5, args, 0)
-    assert len(jit.calls) == 8
+    assert len(jit.calls) == 9
+    # a kernel whose constexprs are not its last parameters keeps the keyword launch (no KeyError)
+    odd = H.Kernel(_CompilingJit(["BLOCK", "fields", "p_out"]), dict(BLOCK=16), 4, ("fields", "p_out"), direct=True)
+    assert odd.names is None
     # every family's kernels declare their constexprs last, so each of their launches can go direct
     f = make(3, 37, "term+trunc+mask", seed=8)
     for force in ({}, dict(split=True, presolve=False, block_t=16), dict(split=True, presolve=True, block_t=16)):

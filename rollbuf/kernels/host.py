@@ -24,7 +24,6 @@ import functools
 import inspect
 import math
 import threading
-from collections.abc import Callable
 
 import attrs
 import torch
@@ -305,13 +304,13 @@ class Kernel:
     public ``warmup`` returns), called with the same arguments in the kernel's parameter order: the
     JIT's argument binding, specialisation and cache look-up are done once per plan instead of on
     every call. The compiled kernel is specialised on what the plan's key fixes (dtypes, shapes,
-    strides, which fields are absent) and on the 16-byte alignment of the pointers; a call whose
-    fields or carry are not all 16-byte aligned takes the keyword launch (Triton specialises it
-    itself). Only for kernels whose integer arguments are fixed by the plan (``direct=True``: a
+    strides, which fields are absent) and on the 16-byte alignment of the pointers; a call with a
+    pointer (a field, an output, a carry, the scratch) not 16-byte aligned takes the keyword launch
+    (Triton specialises it itself). Only for kernels whose integer arguments are fixed by the plan (``direct=True``: a
     :class:`Launch`'s; Triton specialises integers on their value too). ``binary``: the compiled kernel
     of the last keyword launch."""
 
-    __slots__ = ("jit", "const", "warps", "binary", "names", "tail", "runner", "runner_grid")
+    __slots__ = ("jit", "const", "warps", "binary", "names", "tail", "pointers", "runner")
 
     def __init__(self, jit, const: dict, warps: int, arguments=(), direct: bool = False):
         """``arguments``: the names of the runtime arguments every launch passes; with ``const``
@@ -322,13 +321,15 @@ class Kernel:
             raise ValueError(f"the launch of {getattr(jit, '__name__', jit)} passes {sorted(given - set(order))} "
                              f"that it does not take and misses {sorted(set(order) - given)}")
         self.jit, self.const, self.warps, self.binary = jit, const, warps, None
-        self.runner: Callable | None = None
-        self.runner_grid = -1
+        self.runner: tuple | None = None  # (grid, the compiled kernel's launcher for that grid): one store
         # the direct launch passes the runtime arguments in order, then the constexprs: only where the
         # kernel declares its constexprs last (every rollbuf kernel does; a test keeps it so)
         k = len(order) - len(const)
-        self.names = tuple(order[:k]) if direct and set(order[k:]) == set(const) else None
-        self.tail = tuple(const[n] for n in order[k:])
+        direct = direct and set(order[k:]) == set(const)
+        self.names = tuple(order[:k]) if direct else None
+        self.tail = tuple(const[n] for n in order[k:]) if direct else ()
+        # the pointer arguments whose alignment the compiled kernel assumes (rollbuf's kernels name them p_*)
+        self.pointers = tuple(n for n in order[:k] if n.startswith("p_")) if direct else ()
 
     def __call__(self, grid: int, arguments: dict, device: int | None):
         if device is None:  # the interpreter
@@ -336,13 +337,14 @@ class Kernel:
                 self.jit[(grid,)](**arguments, **self.const, num_warps=self.warps)
             return
         names = self.names if DIRECT else None
-        aligned = names is not None and _aligned(arguments)
-        if aligned and grid == self.runner_grid and self.runner is not None and names is not None:
-            self.runner(*[arguments[n] for n in names], *self.tail)
+        aligned = names is not None and _aligned(arguments, self.pointers)
+        runner = self.runner
+        if aligned and runner is not None and runner[0] == grid and names is not None:
+            runner[1](*[arguments[n] for n in names], *self.tail)
             return
         self.binary = binary = self.jit[(grid,)](**arguments, **self.const, num_warps=self.warps)
         if aligned and hasattr(binary, "run") and hasattr(binary, "__getitem__"):
-            self.runner, self.runner_grid = binary[(grid, 1, 1)], grid
+            self.runner = (grid, binary[(grid, 1, 1)])
 
 
 #: launch a plan's compiled kernel directly after its first keyword launch (:class:`Kernel`); False:
@@ -350,12 +352,13 @@ class Kernel:
 DIRECT = True
 
 
-def _aligned(arguments: dict) -> bool:
-    """Every field and the carry in at a 16-byte aligned address (the outputs, the carry out and the
-    scratch are allocated here, from PyTorch's allocator: always aligned)."""
-    ci = arguments.get("p_ci")
-    if ci is not None and ci.data_ptr() % 16:
-        return False
+def _aligned(arguments: dict, pointers: tuple) -> bool:
+    """Every field and every pointer argument (outputs, carries, scratch: PyTorch's allocator aligns them,
+    another allocator may not) at a 16-byte aligned address."""
+    for n in pointers:
+        t = arguments[n]
+        if t is not None and t.data_ptr() % 16:
+            return False
     return all(t is None or t.data_ptr() % 16 == 0 for t in arguments.get("fields", ()))
 
 
