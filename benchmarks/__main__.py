@@ -23,8 +23,10 @@ COMMANDS = {
     "llm-groups": ("benchmarks.llm_groups", "verl's vectorized GRPO and RLOO against rollbuf.integrations.verl (GPU)"),
     "llm-agents": ("benchmarks.llm_agents", "OTB, TIR-OTB, GiGPO and the turn-level estimators against the loops "
                                             "they replace (GPU; --dry-run: CPU)"),
-    "frameworks": ("benchmarks.frameworks", "OpenRLHF's and AReaL's token loops against the rollbuf calls that replace "
-                                             "them (GPU; --dry-run: CPU)"),
+    "frameworks": ("benchmarks.frameworks", "OpenRLHF's, AReaL's, SkyRL's, slime's and TRL's advantage code against "
+                                             "the rollbuf calls that replace it (GPU; --dry-run: CPU)"),
+    "wall": ("benchmarks.wall", "every estimator at 2^24 elements in every aspect ratio against a device copy; "
+                                "--sweep: GAE under forced strategies (GPU; --dry-run: CPU)"),
     "distributed": ("benchmarks.distributed", "rollbuf.distributed: the exchange against the local work, per rank"),
     "fetch-peers": ("benchmarks.competitors", "copy DIR/rl-triton-* and DIR/pufferlib-* into .peers/ (git-ignored)"),
     "tables": ("benchmarks.tables", "write docs/benchmarks.md's and docs/llm.md's tables from benchmarks/results/ "

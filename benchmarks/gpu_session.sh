@@ -12,7 +12,8 @@
 #   llm-groups                    python -m benchmarks llm-groups (verl's vectorized GRPO/RLOO against rollbuf)
 #   long-call                     python3 benchmarks/long_call.py: the eager call of long rows split into its parts
 #   llm-agents                    python -m benchmarks llm-agents: OTB, TIR-OTB, GiGPO, turn-level against their loops
-#   frameworks                    python -m benchmarks frameworks: OpenRLHF's and AReaL's token loops against rollbuf's calls
+#   frameworks                    python -m benchmarks frameworks: the frameworks' advantage code against rollbuf's calls
+#   wall | wall-sweep             python -m benchmarks wall [--sweep]: every estimator at 2^24 elements against a copy
 #   ab:TREE1,TREE2,...            python3 benchmarks/device_ab.py TREE1 TREE2 ...: device time of several trees
 #   tests                         the CUDA test matrix, every case (RB_EXHAUSTIVE=1, tests/conftest.py), cut at $TESTS_TIMEOUT_S seconds (or at $TESTS_DEADLINE,
 #                                 seconds since the epoch) so that the summary comes back
@@ -40,6 +41,8 @@ for step in "$@"; do
     llm-groups) python3 -m benchmarks llm-groups --out "$OUT" 2>&1 | tail -20 ;;
     llm-agents) python3 -m benchmarks llm-agents --out "$OUT" 2>&1 | tee "$OUT/llm_agents.log" | tail -12 ;;
     frameworks) python3 -m benchmarks frameworks --out "$OUT" 2>&1 | tee "$OUT/frameworks.log" | tail -10 ;;
+    wall) python3 -m benchmarks wall --out "$OUT" 2>&1 | tee "$OUT/wall.log" | tail -85 ;;
+    wall-sweep) python3 -m benchmarks wall --sweep --out "$OUT" 2>&1 | tee "$OUT/wall.log" | tail -40 ;;
     long-call) python3 benchmarks/long_call.py --out "$OUT" 2>&1 | tee "$OUT/long_call.log" | tail -12 ;;
     ab:*) IFS=, read -r -a trees <<<"${step#ab:}"
       OUT="$OUT" python3 benchmarks/device_ab.py "${trees[@]}" 2>&1 | tee "$OUT/device_ab.log" | tail -24 ;;

@@ -309,7 +309,7 @@ def host() -> str:
 
 
 def wall() -> str:
-    """The survey at the memory wall (``wall_gpu_*.csv``): each estimator's % of copy bandwidth in device
+    """``python -m benchmarks wall`` (``wall_gpu_*.csv``): each estimator's % of copy bandwidth in device
     time at 2^24 elements, every aspect ratio, the default strategy (rows without a forced choice)."""
     paths = sources("wall")
     rows = [r for r in read_rows(paths) if not r.get("force")]

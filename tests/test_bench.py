@@ -745,6 +745,21 @@ def test_frameworks_benchmark_restates_trl():
     torch.testing.assert_close(frameworks.rb_trl.grpo_advantages(x, 8, w), want, rtol=1e-5, atol=1e-5)
 
 
+def test_wall_benchmark_dry_run(tmp_path, capsys):
+    """benchmarks/wall.py runs on a GPU; its CPU dry run (Triton's interpreter, tiny shapes) checks the
+    plumbing: the survey's rows and the sweep's forced choices, each compared with the default's outputs."""
+    import csv
+
+    from benchmarks import wall
+
+    assert wall.main(["--dry-run", "--sweep", "--out", str(tmp_path)]) == 0
+    rows = list(csv.DictReader((tmp_path / "wall.csv").read_text().splitlines()))
+    forced = [r for r in rows if r["force"]]
+    assert len(rows) == 8 and len(forced) == 4
+    assert all(float(r["diff"]) <= 1e-4 for r in forced) and all(r["plan"].startswith("bn") for r in rows)
+    assert {r["commit"] for r in rows} and "plan" in capsys.readouterr().out
+
+
 def test_frameworks_benchmark_restates_openrlhf_verbatim():
     """The benchmark's OpenRLHF loops are the statements of the methods tests/test_openrlhf.py copies from
     OpenRLHF 0.11.2 verbatim (the syntax trees of their bodies, docstrings aside, are equal)."""
