@@ -408,7 +408,7 @@ def floor_call(kw):
     launch = host.launch_for(validation.prepare(estimators.get("advantages"), dict(zip(names, tensors)),
                                                 dict(gamma=0.99, lam=0.95)))
     if (launch.conv or len(launch.passes) != 1 or not launch.column or launch.scratch_len or launch.want_carry
-            or len(launch.out_params) != 1 or launch.out_dtype != tensors[0].dtype):
+            or len(launch.out_slots) != 1 or launch.out_dtype != tensors[0].dtype):
         raise ValueError("the floor call runs a launch that reads its fields as they are, in one pass, "
                          "with no scratch and no carry out, its one output in the rewards' dtype")
     cache[key(*tensors)] = launch
@@ -426,8 +426,10 @@ def floor_call(kw):
             raise ValueError("shapes differ")
         hit = cache[key(r, v, d, last)]
         out = torch.empty_like(r)
-        arguments = dict(hit.fixed, fields=(r, v, d, *rest), p_ci=last, p_co=None, p_ws=None, gamma=gamma, lam=lam)
-        arguments[hit.out_params[0]] = out
+        outputs = [None] * hit.n_slots
+        outputs[hit.out_slots[0]] = out
+        arguments = dict(fields=(r, v, d, *rest), outputs=tuple(outputs), carries=(last, None, None), sizes=hit.sizes,
+                         gamma=gamma, lam=lam)
         kernel(hit.grid, arguments, hit.dev_index)
         return out
 

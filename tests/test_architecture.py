@@ -11,8 +11,8 @@
   standard library's few modules and torch: rollbuf cannot reach its own reference;
 * habits: ``ruff check`` and ``mypy`` are clean with the configuration of pyproject.toml; no function
   of the package outside the Triton kernels and their launch (in ``rollbuf/kernels/``) is longer than
-  60 lines, and no private one there takes more than 8 parameters; the tests use rollbuf's public
-  names only.
+  60 lines, and no private one there takes more than 8 parameters; no function of ``rollbuf/kernels/``
+  takes more than 12; the tests use rollbuf's public names only.
 """
 
 from __future__ import annotations
@@ -392,6 +392,22 @@ def test_no_private_function_takes_more_than_8_parameters():
     assert not new, f"private functions with more than {MAX_PRIVATE_PARAMS} parameters (group them): {new}"
     stale = sorted(set(PARAMS_ALLOWED) - set(many))
     assert not stale, f"PARAMS_ALLOWED: no longer over {MAX_PRIVATE_PARAMS} parameters, take them off: {stale}"
+
+
+MAX_KERNEL_PARAMS = 12
+
+
+def test_no_function_of_the_kernels_takes_more_than_12_parameters():
+    """Under ``rollbuf/kernels/`` (the Triton kernels and their launch included) a kernel takes its
+    pointers, sizes and carries as named tuples and its constexprs as one ``Config``: no function
+    there takes more than 12 parameters."""
+    many = {}
+    for f in FILES:
+        if f.is_relative_to(PKG / "kernels"):
+            for qual, fn in _functions(ast.parse(f.read_text(), str(f))):
+                if parameter_count(fn) > MAX_KERNEL_PARAMS:
+                    many[f"{f.relative_to(ROOT).as_posix()}::{qual}"] = parameter_count(fn)
+    assert not many, f"functions of rollbuf/kernels/ with more than {MAX_KERNEL_PARAMS} parameters: {many}"
 
 
 def test_the_size_rules_count_as_documented():

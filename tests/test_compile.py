@@ -66,9 +66,10 @@ def test_custom_op_passes_opcheck(layout):
     f = make_rollout(2, 19, seed=3, p_masked=0.3, device=DEV)
     if layout == "time":
         f = {k: (v.mT.contiguous().mT if isinstance(v, torch.Tensor) else v) for k, v in f.items()}
-    args = (f["rewards"], f["values"], f["terminated"], f["truncated"], f["bootstrap_values"], f["mask"],
-            None, None, None, None, None, "lambda", "advantages,returns", 0.99, 0.95, 1.0, 1.0, 1.0, 1.0,
-            "bootstrap", False, True, torch.float32, torch.float32, [], True)
+    fields = [f["rewards"], f["values"], f["terminated"], f["truncated"], f["bootstrap_values"], f["mask"],
+              None, None, None, None]
+    args = (fields, None, "lambda", "advantages,returns", [0.99, 0.95, 1.0, 1.0, 1.0, 1.0], [False, True, True],
+            "bootstrap", torch.float32, torch.float32, [])
     torch.library.opcheck(op.scan, args, test_utils=("test_schema", "test_faketensor"))
 
 

@@ -169,6 +169,17 @@ def test_a_plans_later_launches_go_to_its_compiled_kernel():
     plain(5, args, 0)
     plain(5, args, 0)
     assert len(jit.calls) == 9
+    # the family kernels' tuples of pointers: one misaligned pointer in any of them takes the keyword launch
+    tj = _CompilingJit(["fields", "outputs", "carries", "sizes", "CFG"])
+    tk = H.Kernel(tj, dict(CFG=(1, 2)), 4, ("fields", "outputs", "carries", "sizes"), direct=True)
+    targs = dict(fields=(a, None), outputs=(out, None), carries=(None, b, None), sizes=(3, 8))
+    tk(7, targs, 0)
+    tk(7, targs, 0)
+    assert len(tj.calls) == 1 and tj.binary.calls == [((7, 1, 1), ((a, None), (out, None), (None, b, None), (3, 8),
+                                                                   (1, 2)))]
+    tk(7, dict(targs, carries=(None, torch.zeros(9)[1:], None)), 0)
+    tk(7, dict(targs, outputs=(None, torch.zeros(9)[1:])), 0)
+    assert len(tj.calls) == 3 and len(tj.binary.calls) == 1
     # a kernel whose constexprs are not its last parameters keeps the keyword launch (no KeyError)
     odd = H.Kernel(_CompilingJit(["BLOCK", "fields", "p_out"]), dict(BLOCK=16), 4, ("fields", "p_out"), direct=True)
     assert odd.names is None

@@ -391,7 +391,7 @@ def test_single_row_default_strategy(name):
     against the reference, the same again (the cached launches), and close to the look-back chain."""
     T = 65573 if CUDA else 301  # 33 chunks of 2048 steps / 19 of the interpreter's 16
     f = make(1, T, "term+trunc+mask", seed=zlib.crc32(f"one-row-{name}".encode()))
-    assert K.strategy(1, T, True, BLOCK_T).presolve
+    assert K.strategy(1, T, True, block_t=BLOCK_T).presolve
     got = call(name, f, "triton")
     assert_ref(got, call(name, f, "reference"), 1e-5)
     for a, b in zip(got, call(name, f, "triton")):  # again: the cached launch, all three passes

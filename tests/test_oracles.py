@@ -98,12 +98,12 @@ def test_direct_reference_loops_long_rows():
     for chunk in (None, T):
         _close(O.gae(f["rewards"], f["values"], k, tr, f["bootstrap_values"], m, gamma=0.99, lam=0.95, chunk=chunk),
                want)
-    want = reference.vtrace(f["rewards"], f["values"], k, tr, f["bootstrap_values"], m, f["log_probs"],
-                            f["target_log_probs"], 0.99, 1.0, 1.0, None, 1.0, "bootstrap")
+    want = reference.vtrace(f["rewards"], f["values"], k, tr, f["bootstrap_values"], m,
+                            (f["log_probs"], f["target_log_probs"]), 0.99, 1.0, (1.0, 1.0, None), "bootstrap")
     _close(O.vtrace(f["rewards"], f["values"], f["log_probs"], f["target_log_probs"], k, tr, f["bootstrap_values"], m,
                     gamma=0.99), want)
-    want = reference.retrace(f["rewards"], f["values"], k, tr, f["bootstrap_values"], m, f["log_probs"],
-                             f["target_log_probs"], f["q_values"], 0.99, 0.95, 1.0, "bootstrap")
+    want = reference.retrace(f["rewards"], f["values"], k, tr, f["bootstrap_values"], m,
+                             (f["log_probs"], f["target_log_probs"]), f["q_values"], 0.99, 0.95, 1.0, "bootstrap")
     _close((O.retrace(f["rewards"], f["values"], f["q_values"], f["log_probs"], f["target_log_probs"], k, tr,
                       f["bootstrap_values"], m, gamma=0.99, lam=0.95),), (want,))
     want = reference.episodic_sums(f["rewards"], k, tr, m, None)

@@ -237,8 +237,7 @@ def test_discounted_returns_monte_carlo(case):
 @cases
 def test_vtrace(case):
     lp, tlp = case.log_probs()
-    vs, pg = ref.vtrace(**case.common(), log_probs=lp, target_log_probs=tlp, gamma=G, rho_bar=1.0, c_bar=1.0,
-                        pg_rho_bar=None, lam=1.0)
+    vs, pg = ref.vtrace(**case.common(), policies=(lp, tlp), gamma=G, bars=(1.0, 1.0, None), lam=1.0)
     assert_close(vs, _expect(case, "vs"), **TOL)
     assert_close(pg, _expect(case, "pg"), **TOL)
 
@@ -246,8 +245,7 @@ def test_vtrace(case):
 def test_vtrace_pg_rho_bar():
     # TERMINATED with ρ̄_pg = 2: only pg0 changes, min(2, ratio0 = 2) * .5 = 1 (vs unchanged)
     lp, tlp = TERMINATED.log_probs()
-    vs, pg = ref.vtrace(**TERMINATED.common(), log_probs=lp, target_log_probs=tlp, gamma=G, rho_bar=1.0,
-                        c_bar=1.0, pg_rho_bar=2.0, lam=1.0)
+    vs, pg = ref.vtrace(**TERMINATED.common(), policies=(lp, tlp), gamma=G, bars=(1.0, 1.0, 2.0), lam=1.0)
     assert_close(vs, _rows([2.5, 3, 7.5, 9]), **TOL)
     assert_close(pg, _rows([1, -1, 1.5, 1]), **TOL)
 
@@ -257,8 +255,7 @@ def test_vtrace_lambda_scales_c_only():
     # u3 = 1; u2 = 1+.5*.5*1 = 1.25; u1 = -1; u0 = 1+.5*.5*(-1) = .75 -> vs = [2.75, 3, 7.25, 9]
     # pg reads vs1 = 3 and vs3 = 9 (unchanged) -> pg = [.5, -1, 1.5, 1]
     lp, tlp = TERMINATED.log_probs()
-    vs, pg = ref.vtrace(**TERMINATED.common(), log_probs=lp, target_log_probs=tlp, gamma=G, rho_bar=1.0,
-                        c_bar=1.0, pg_rho_bar=None, lam=.5)
+    vs, pg = ref.vtrace(**TERMINATED.common(), policies=(lp, tlp), gamma=G, bars=(1.0, 1.0, None), lam=.5)
     assert_close(vs, _rows([2.75, 3, 7.25, 9]), **TOL)
     assert_close(pg, _rows([.5, -1, 1.5, 1]), **TOL)
 
@@ -267,8 +264,7 @@ def test_vtrace_lambda_scales_c_only():
 def test_vtrace_on_policy_is_lambda_returns(case):
     # target == behaviour, ρ̄ = c̄ = 1: ρ = 1, c = λ, so u = GAE advantages and vs = TD(λ) returns
     lp, _ = case.log_probs()
-    vs, _ = ref.vtrace(**case.common(), log_probs=lp, target_log_probs=lp.clone(), gamma=G, rho_bar=1.0,
-                       c_bar=1.0, pg_rho_bar=None, lam=.5)
+    vs, _ = ref.vtrace(**case.common(), policies=(lp, lp.clone()), gamma=G, bars=(1.0, 1.0, None), lam=.5)
     assert_close(vs, _expect(case, "tdl"), **TOL)
     assert_close(vs, ref.lambda_returns(**case.common(), gamma=G, lam=.5), **TOL)
 
@@ -277,15 +273,14 @@ def test_vtrace_on_policy_pg():
     # WINDOW_END on-policy, λ = .5: vs = [3.375, 5.5, 8, 12]; pg_t = r_t + γ q_t - V_t:
     # pg0 = 1+.5*5.5-2 = 1.75; pg1 = 2+.5*8-4 = 2; pg2 = 3+.5*12-6 = 3; pg3 = 4+.5*16-8 = 4
     lp = torch.zeros(1, 4, dtype=torch.float64)
-    _, pg = ref.vtrace(**WINDOW_END.common(), log_probs=lp, target_log_probs=lp, gamma=G, rho_bar=1.0,
-                       c_bar=1.0, pg_rho_bar=None, lam=.5)
+    _, pg = ref.vtrace(**WINDOW_END.common(), policies=(lp, lp), gamma=G, bars=(1.0, 1.0, None), lam=.5)
     assert_close(pg, _rows([1.75, 2, 3, 4]), **TOL)
 
 
 @cases
 def test_retrace(case):
     lp, tlp = case.log_probs()
-    out = ref.retrace(**case.common(), log_probs=lp, target_log_probs=tlp, q_values=case.q_values, gamma=G,
+    out = ref.retrace(**case.common(), policies=(lp, tlp), q_values=case.q_values, gamma=G,
                       lam=1.0, c_bar=1.0)
     assert_close(out, _expect(case, "retrace"), **TOL)
 
@@ -295,7 +290,7 @@ def test_retrace_on_policy_huge_c_bar_is_lambda_returns(case):
     # ratio = 1, c̄ huge: c = λ; with q = V the bracket is V'_t + λ(Q_{t+1} - V_{t+1})
     # = (1-λ)V_{t+1} + λ Q_{t+1} for interior steps: TD(λ)
     lp, _ = case.log_probs()
-    out = ref.retrace(**case.common(), log_probs=lp, target_log_probs=lp.clone(), q_values=case.values,
+    out = ref.retrace(**case.common(), policies=(lp, lp.clone()), q_values=case.values,
                       gamma=G, lam=.5, c_bar=1e9)
     assert_close(out, _expect(case, "tdl"), **TOL)
 
@@ -310,7 +305,7 @@ def test_retrace_on_policy_huge_c_bar_is_lambda_returns(case):
 ], ids=["c_bar-huge", "c_bar-1"])
 def test_retrace_c_bar(c_bar, expected):
     lp = torch.zeros(1, 4, dtype=torch.float64)
-    out = ref.retrace(**WINDOW_END.common(), log_probs=lp, target_log_probs=_log([.5, 2, 4, .5]), q_values=Q4,
+    out = ref.retrace(**WINDOW_END.common(), policies=(lp, _log([.5, 2, 4, .5])), q_values=Q4,
                       gamma=G, lam=1.0, c_bar=c_bar)
     assert_close(out, _rows(expected), **TOL)
 

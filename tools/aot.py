@@ -151,6 +151,12 @@ def variants() -> list[dict]:
         for bn, br in ((1, 2048), (32, 64)):
             out.append(dict(name=f"resolve/{'pair' if pair else 'scalar'}/{bn}x{br}", kernel="resolve",
                             cx=dict(BLOCK_N=bn, BLOCK_R=br, PAIR=pair)))
+    # the group statistics: ids sorted on the device or the host's layout, weights or none, each estimator
+    for search in (True, False):
+        for weights in (True, False):
+            for est in (0, 1, 2):
+                out.append(dict(name=f"group_stats/{'search' if search else 'layout'}/{'w' if weights else 'now'}/"
+                                     f"est{est}", kernel="group_stats", search=search, weights=weights, est=est))
     assert all(v.get("kernel") or v["family"] in FAMILIES for v in out)
     return out
 
@@ -159,6 +165,7 @@ def _signature(v: dict):
     """(jit function, signature, constexprs, warps) of variant ``v``."""
     from triton.language import float32, float64
 
+    from rollbuf.kernels.core import Config
     from rollbuf.kernels.host import FAMILIES, STATE, ZERO
 
     fam = FAMILIES[v["family"]]
@@ -181,48 +188,55 @@ def _signature(v: dict):
     outs = v.get("outs", fam.out_params)
     unit = v.get("unit", "env")
     ones = set(v.get("ones", ()))
+    if fam.family != Family.FORWARD:
+        ones.add("F")
     if unit == "env":
         ones |= {"s_t", "s_ot"}
     elif unit == "time":
         ones |= {"s_n", "s_on"}
     ci = v["carry_in"]
     backward = v.get("reverse", fam.backward)
-    for name in params:
-        ann = jit.fn.__annotations__.get(name)
+    carry = dict(p_ci=ci != ZERO, p_co=v.get("carry_out", not fam.backward or ci == STATE),
+                 p_ws=mode.pass_ not in (0, 4))  # rows walked or one chunk: no scratch
+    for i, name in enumerate(params):
         if name == "fields":
             sig[name] = tuple(ftypes)
-        elif name in ("CARRY_IN", "ACC", "BLOCK_N", "BLOCK_T", "PASS", "SHIFT_LOAD", "FLIP", "REVERSE"):
+        elif name == "outputs":
+            slots = tuple(dict.fromkeys(fam.out_params))
+            sig[name] = tuple("*" + out_dt if n in outs else "constexpr" for n in slots)
+            cx.update({(i, j): None for j, n in enumerate(slots) if n not in outs})
+        elif name == "carries":
+            sig[name] = tuple("*" + acc if carry[n] else "constexpr" for n in carry)
+            cx.update({(i, j): None for j, n in enumerate(carry) if not carry[n]})
+        elif name == "sizes":
+            sizes = ("R", "T", "F", "s_n", "s_t", "s_on", "s_ot")
+            sig[name] = tuple("constexpr" if n in ones else "i32" for n in sizes)
+            cx.update({(i, j): 1 for j, n in enumerate(sizes) if n in ones})
+        elif name == "CFG":
             sig[name] = "constexpr"
-            cx[(params.index(name),)] = dict(CARRY_IN=ci, ACC=float64 if acc == "fp64" else float32,
-                                             BLOCK_N=mode.block_n, BLOCK_T=mode.block_t, PASS=mode.pass_,
-                                             SHIFT_LOAD=mode.shift_load, FLIP=mode.flip, REVERSE=backward)[name]
-        elif name in fam.out_params:
-            if name in outs:
-                sig[name] = "*" + out_dt
-            else:
-                sig[name], cx[(params.index(name),)] = "constexpr", None
-        elif name == "p_ci":
-            if ci == ZERO:
-                sig[name], cx[(params.index(name),)] = "constexpr", None
-            else:
-                sig[name] = "*" + acc
-        elif name == "p_co":
-            if v.get("carry_out", not fam.backward or ci == STATE):
-                sig[name] = "*" + acc
-            else:
-                sig[name], cx[(params.index(name),)] = "constexpr", None
-        elif name == "p_ws":
-            if mode.pass_ in (0, 4):  # rows walked or one chunk: no scratch
-                sig[name], cx[(params.index(name),)] = "constexpr", None
-            else:
-                sig[name] = "*" + acc
-        elif ann == "fp64":
-            sig[name] = "fp64"
-        elif name in ones:
-            sig[name], cx[(params.index(name),)] = "constexpr", 1
+            cx[(i,)] = Config(PASS=mode.pass_, CARRY_IN=ci, ACC=float64 if acc == "fp64" else float32,
+                              BLOCK_N=mode.block_n, BLOCK_T=mode.block_t, SHIFT_LOAD=mode.shift_load, FLIP=mode.flip,
+                              REVERSE=fam.family == Family.AFFINE and backward)
         else:
-            sig[name] = "i32"
+            assert jit.fn.__annotations__.get(name) == "fp64", name
+            sig[name] = "fp64"
     return jit, sig, cx, mode.warps
+
+
+def _group_stats_signature(v: dict):
+    """(jit function, signature, constexprs, warps) of a group statistics variant."""
+    from rollbuf.kernels import group_stats as G
+
+    search = v["search"]
+    groups = ("*i64", "*i64", "*i64", "constexpr", "constexpr") if search else ("constexpr", "constexpr", "*i64",
+                                                                                "*i64", "*i64")
+    sig = dict(p_x="*fp32", p_w="*fp32" if v["weights"] else "constexpr", groups=groups, p_out="*fp32", B="i32",
+               steps="i32", eps="fp32", EST="constexpr", NORM="constexpr", BLOCK_I="constexpr", BLOCK_K="constexpr")
+    cx: dict[tuple[int, ...], object] = {(2, j): None for j, t in enumerate(groups) if t == "constexpr"}
+    cx.update({(7,): v["est"], (8,): True, (9,): G.BLOCK_I, (10,): G.BLOCK_K})
+    if not v["weights"]:
+        cx[(1,)] = None
+    return G.group_stats_kernel, sig, cx, G.WARPS
 
 
 def _aligned(sig: dict) -> dict:
@@ -231,7 +245,8 @@ def _aligned(sig: dict) -> dict:
     attrs: dict[tuple[int, ...], list] = {}
     for i, t in enumerate(sig.values()):
         if isinstance(t, tuple):
-            attrs.update({(i, j): [["tt.divisibility", 16]] for j, tj in enumerate(t) if tj.startswith("*")})
+            attrs.update({(i, j): [["tt.divisibility", 16]] for j, tj in enumerate(t)
+                          if tj.startswith("*") or tj == "i32"})
         elif t.startswith("*") or t == "i32":
             attrs[(i,)] = [["tt.divisibility", 16]]
     return attrs
@@ -333,6 +348,8 @@ def compile_one(v: dict, arch: int = 90) -> tuple[str, float, str]:
         sig = {"p_ws": "*fp32", "NUM_SEG": "i32", **{k: "constexpr" for k in c}}
         cx = {(params.index(k),): val for k, val in c.items()}
         warps = max(1, min(8, c["BLOCK_R"] * c["BLOCK_N"] // 256))
+    elif v.get("kernel") == "group_stats":
+        jit, sig, cx, warps = _group_stats_signature(v)
     else:
         jit, sig, cx, warps = _signature(v)
     t0 = time.perf_counter()
@@ -362,7 +379,7 @@ def main(argv=None) -> int:
             ap.error(f"--names: no variant named {sorted(unknown)[0]!r}")
         vs = [v for v in vs if v["name"] in names]
     if args.counts:
-        vs = [v for v in vs if v.get("kernel") != "resolve"]
+        vs = [v for v in vs if not v.get("kernel")]
         with ProcessPoolExecutor(args.jobs) as ex:
             counts = list(ex.map(count_one, vs, [args.arch] * len(vs)))
         for name, c, err in counts:

@@ -71,10 +71,14 @@ Fam = namedtuple("Fam", "fields outputs scalars")
 # or scalar ones; CARRY2: a pair (u, V) carried in and out per row ([N, 2]) or one value; INCLUSIVE:
 # EMIT reads the inclusive state (the family scans its output itself); REVERSE: backward in time
 Scan = namedtuple("Scan", "LOAD STEP EMIT PAIR CARRY2 INCLUSIVE REVERSE")
-# the launch's configuration: the entry kernel's constexpr parameters (host.Launch sets them)
-Config = namedtuple("Config", "PASS CARRY_IN ACC BLOCK_N BLOCK_T SHIFT_LOAD FLIP")
-# the fields' pair of strides (s_n, s_t) and the outputs' (s_on, s_ot)
-Strides = namedtuple("Strides", "s_n s_t s_on s_ot")
+# the launch's configuration: the entry kernel's one constexpr parameter ``CFG`` (host.Launch builds
+# it; REVERSE: the affine scan's direction, which the other families fix themselves)
+Config = namedtuple("Config", "PASS CARRY_IN ACC BLOCK_N BLOCK_T SHIFT_LOAD FLIP REVERSE", defaults=(False,))
+# the entry kernel's ``sizes``: R rows (N·F) of T steps, F features (1 but for the forward estimators'
+# x), the fields' pair of strides (s_n, s_t) and the outputs' (s_on, s_ot)
+Sizes = namedtuple("Sizes", "R T F s_n s_t s_on s_ot")
+# the entry kernel's ``carries``: the carry in and out per row, the split rows' scratch; None = absent
+Carries = namedtuple("Carries", "p_ci p_co p_ws")
 # a program's rows: indices and which are < R ([BLOCK_N]), env and feature index ([BLOCK_N, 1]),
 # feature count, strides, steps per row
 Geo = namedtuple("Geo", "rows row_ok n f F s_n s_t s_on s_ot T")
@@ -598,10 +602,10 @@ def _program(R, T, p_ws, PAIR: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.
 
 
 @triton.jit
-def drive(fam, R, T, F, strides, p_ci, p_co, p_ws, scan, cfg):
-    """One program of a family kernel: ``R`` rows (``R = N·F``) of ``T`` steps; ``strides``: the
-    fields' pair and the outputs' (:data:`Strides`); ``scan``: the family's :data:`Scan`; ``cfg``: the
-    launch's :data:`Config`.
+def drive(fam, sizes, carries, scan, cfg):
+    """One program of a family kernel: ``sizes.R`` rows (``R = N·F``) of ``sizes.T`` steps, the fields'
+    pair of strides and the outputs' (:data:`Sizes`); ``carries``: the carry in and out, the scratch
+    (:data:`Carries`); ``scan``: the family's :data:`Scan`; ``cfg``: the launch's :data:`Config`.
 
     ``cfg.PASS``: ``ONE_CHUNK``: the program owns ``BLOCK_N`` whole rows of at most ``BLOCK_T`` steps,
     one chunk, straight-line code. ``WALK``: the program owns ``BLOCK_N`` whole rows and walks them in
@@ -632,11 +636,13 @@ def drive(fam, R, T, F, strides, p_ci, p_co, p_ws, scan, cfg):
     BLOCK_N: tl.constexpr = cfg.BLOCK_N
     BLOCK_T: tl.constexpr = cfg.BLOCK_T
     FLIP: tl.constexpr = cfg.FLIP
+    R, T, F = sizes.R, sizes.T, sizes.F
+    p_ci, p_co, p_ws = carries.p_ci, carries.p_co, carries.p_ws
     tile, rank = _program(R, T, p_ws, PAIR, BLOCK_N, BLOCK_T, PASS)
     rows = tile * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)
     row_ok = rows < R
-    geo = Geo(rows, row_ok, (rows // F)[:, None], (rows % F)[:, None], F, strides.s_n, strides.s_t, strides.s_on,
-              strides.s_ot, T)
+    geo = Geo(rows, row_ok, (rows // F)[:, None], (rows % F)[:, None], F, sizes.s_n, sizes.s_t, sizes.s_on,
+              sizes.s_ot, T)
     SCAN_REV: tl.constexpr = REVERSE and not FLIP  # the scan runs against lane order
     if SCAN_REV:  # the chunk's first and last lane in scan order
         FIRST: tl.constexpr = BLOCK_T - 1

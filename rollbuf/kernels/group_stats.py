@@ -9,7 +9,7 @@ group by group, each group's in ascending sample order. Either the host made tha
 numbers: one launch, no sort), or the ids (any integer labels, compared for equality only) are
 sorted on the device (``srt, perm = sort(ids, stable=True)``: one sort and one launch) and each
 program finds each of its samples' ``[start, end)`` in ``srt`` by a vectorised binary search (the
-constexpr ``SEARCH``). Either way each program takes ``BLOCK_I`` samples and walks each one's
+``p_start`` absent). Either way each program takes ``BLOCK_I`` samples and walks each one's
 group members in tiles of ``BLOCK_K`` twice, in the same order, so both give the same outputs bit
 for bit: first the extremes (``hi``, ``lo``; NaN for a group with a NaN member), then the sums
 about them, accumulated in float64 exactly as the torch path forms them (docs/semantics.md, "Group
@@ -23,6 +23,7 @@ program's samples, read on the device: no host read.
 from __future__ import annotations
 
 import functools
+from collections import namedtuple
 
 import torch
 import triton
@@ -34,6 +35,9 @@ __all__ = ["run", "STATS", "GRPO", "RLOO"]
 
 STATS, GRPO, RLOO = 0, 1, 2  # EST: the seven statistics; verl's GRPO advantage; vectorized RLOO's
 BLOCK_I, BLOCK_K, WARPS = 32, 16, 4
+# the kernel's ``groups``: either the ids and their sort (ids, sorted ids, the sort's permutation; start
+# and size None: found by binary search), or the host's layout (permutation, start, size; ids None)
+Groups = namedtuple("Groups", "p_ids p_srt p_perm p_start p_size")
 
 
 @triton.jit
@@ -114,17 +118,19 @@ def _spread(q, s, m):
 
 
 @triton.jit
-def group_stats_kernel(p_x, p_w, p_ids, p_srt, p_perm, p_start, p_size, p_out, B, steps, eps, HAS_W: tl.constexpr,
-                       EST: tl.constexpr, NORM: tl.constexpr, SEARCH: tl.constexpr, BLOCK_I: tl.constexpr,
-                       BLOCK_K: tl.constexpr):
+def group_stats_kernel(p_x, p_w, groups, p_out, B, steps, eps, EST: tl.constexpr, NORM: tl.constexpr,
+                       BLOCK_I: tl.constexpr, BLOCK_K: tl.constexpr):
     """``p_out``: ``[7, B]`` statistics in GroupStats order (``EST == STATS``), else the ``[B]``
-    advantage; in ``p_out``'s dtype, computed in float64 and the advantage in that dtype. A group's
-    members are ``perm[start:start + size]``; ``SEARCH``: each sample's ``start`` and ``size`` found
-    by binary search of its id ``p_ids`` in the sorted ids ``p_srt``, else loaded from ``p_start``
+    advantage; in ``p_out``'s dtype, computed in float64 and the advantage in that dtype; ``p_w``:
+    the weights, None = 1 each. A group's members are ``perm[start:start + size]`` (:data:`Groups`):
+    with ``p_start`` None each sample's ``start`` and ``size`` found by binary search of its id
+    ``p_ids`` in the sorted ids ``p_srt`` (``steps`` bisection steps), else loaded from ``p_start``
     and ``p_size`` (the host's layout; ``p_ids``, ``p_srt`` and ``steps`` not read)."""
+    G = Groups(*groups)
+    p_ids, p_srt, p_perm, p_start, p_size = G.p_ids, G.p_srt, G.p_perm, G.p_start, G.p_size
     i = tl.program_id(0) * BLOCK_I + tl.arange(0, BLOCK_I)
     ok = i < B
-    if SEARCH:
+    if p_start is None:
         g = tl.load(p_ids + i, mask=ok, other=0)
         start, end = _group(p_srt, g, B, steps)
         ln = tl.where(ok, end - start, 0)
@@ -134,7 +140,7 @@ def group_stats_kernel(p_x, p_w, p_ids, p_srt, p_perm, p_start, p_size, p_out, B
     kmax = tl.max(ln, 0)
     x = tl.load(p_x + i, mask=ok, other=0).to(tl.float64)
     hi, lo = _extremes(p_x, p_perm, start, ln, kmax, BLOCK_K)
-    n, sh, qh, sl, ql, ntop, hi2, sw, swd = _sums(p_x, p_w, p_perm, start, ln, kmax, hi, lo, HAS_W, BLOCK_K)
+    n, sh, qh, sl, ql, ntop, hi2, sw, swd = _sums(p_x, p_w, p_perm, start, ln, kmax, hi, lo, p_w is not None, BLOCK_K)
     mean = hi + sh / n
     bad = mean != mean  # a NaN member: every statistic NaN, the spreads of a group of one or two too
     std = tl.where(bad, mean, _spread(qh, sh, n))
@@ -162,10 +168,9 @@ def group_stats_kernel(p_x, p_w, p_ids, p_srt, p_perm, p_start, p_size, p_out, B
 
 
 @functools.cache
-def _kernel(est: int, norm: bool, has_w: bool, search: bool) -> host.Kernel:
-    const = dict(HAS_W=has_w, EST=est, NORM=norm, SEARCH=search, BLOCK_I=BLOCK_I, BLOCK_K=BLOCK_K)
-    return host.Kernel(group_stats_kernel, const, WARPS, ("p_x", "p_w", "p_ids", "p_srt", "p_perm", "p_start",
-                                                          "p_size", "p_out", "B", "steps", "eps"))
+def _kernel(est: int, norm: bool) -> host.Kernel:
+    const = dict(EST=est, NORM=norm, BLOCK_I=BLOCK_I, BLOCK_K=BLOCK_K)
+    return host.Kernel(group_stats_kernel, const, WARPS, ("p_x", "p_w", "groups", "p_out", "B", "steps", "eps"))
 
 
 _NARROW = (torch.bool, torch.int8, torch.uint8, torch.int16)
@@ -188,14 +193,14 @@ def _groups(ids: torch.Tensor | None, layout: torch.Tensor | None, B: int, devic
             raise ValueError(f"ids must be a [{B}] integer tensor when no layout is given")
         keys = _keys(ids.contiguous())
         srt, perm = torch.sort(keys, stable=True)
-        return dict(p_ids=keys, p_srt=srt, p_perm=perm, p_start=perm, p_size=perm, steps=B.bit_length())
+        return dict(groups=(keys, srt, perm, None, None), steps=B.bit_length())
     if not isinstance(layout, torch.Tensor) or layout.shape != (3, B) or layout.device != device \
             or layout.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"layout must be a [3, {B}] int32 or int64 tensor on {device} (groups.group_layout "
                          f"gives it), got {getattr(layout, 'dtype', type(layout).__name__)} "
                          f"{tuple(getattr(layout, 'shape', ()))}")
     perm, start, size = layout.contiguous()
-    return dict(p_ids=start, p_srt=start, p_perm=perm, p_start=start, p_size=size, steps=0)
+    return dict(groups=(None, None, perm, start, size), steps=0)
 
 
 def run(x: torch.Tensor, ids: torch.Tensor | None, w: torch.Tensor | None = None, est: int = STATS, *,
@@ -213,9 +218,9 @@ def run(x: torch.Tensor, ids: torch.Tensor | None, w: torch.Tensor | None = None
     if B == 0:
         return out
     x = x.contiguous()
-    args = dict(p_x=x, p_w=x if w is None else w.contiguous(), p_out=out, B=B, eps=float(eps),
+    args = dict(p_x=x, p_w=None if w is None else w.contiguous(), p_out=out, B=B, eps=float(eps),
                 **_groups(ids, layout, B, x.device))
-    kernel = _kernel(est, bool(norm), w is not None, layout is None)
+    kernel = _kernel(est, bool(norm))
     grid = triton.cdiv(B, BLOCK_I)
     if x.device.type == "cuda":
         with torch.cuda.device(x.device):

@@ -5,7 +5,7 @@ strides, dtypes and device stay the same: the family's kernel, the call's layout
 be made to match it), the strategy, the grid and the constexprs. Launches are kept in the one plan
 cache (:data:`rollbuf.cache.PLANS`) under a cheap signature of the call (:func:`signature`). Each
 run launches the family's kernel through Triton's public JIT call with keyword arguments,
-``kernel[grid](fields=..., p_adv=..., R=..., gamma=..., CARRY_IN=..., num_warps=...)``:
+``kernel[grid](fields=..., outputs=..., carries=..., sizes=..., gamma=..., CFG=..., num_warps=...)``:
 the names are the kernel's parameter names (checked against its signature when the launch is
 built), so no argument order is written down outside the kernel itself.
 
@@ -74,12 +74,24 @@ def _pow2(x: int) -> int:
     return 1 << max(0, (int(x) - 1).bit_length())
 
 
+@attrs.frozen
+class Choices:
+    """Choices forced on the strategy table (tests, experiments; :func:`forced`): ``None`` = the table's."""
+
+    block_t: int | None = None  # steps per chunk
+    split: bool | None = None  # rows split across programs
+    shift_load: bool | None = None  # the exclusive state by re-loading the neighbouring step
+    max_chunk: int | None = None  # the longest chunk
+    block_n: int | None = None  # rows per program
+    presolve: int | None = None  # split rows: three passes (True), two (2) or the look-back chain (False)
+    num_warps: int | None = None
+    resolve_block_r: int = 0  # chunks per block of the three passes' middle kernel (0: the rule)
+    flip: bool | None = None  # backward scans: chunks held in reverse
+
+
 @functools.lru_cache(maxsize=4096)
-def strategy(R: int, T: int, time_contiguous: bool = True, block_t: int | None = None,
-             split: bool | None = None, shift_load: bool | None = None, max_chunk: int | None = None,
-             block_n: int | None = None, presolve: int | None = None, *, sms: int = CPU_SMS,
-             num_warps: int | None = None, resolve_block_r: int = 0, long_rows: LongRows | None = None,
-             whole_rows: WholeRows | None = None, flip: bool | None = None, flip_chunks: tuple = ()) -> Strategy:
+def strategy(R: int, T: int, time_contiguous: bool = True, *, sms: int = CPU_SMS, long_rows: LongRows | None = None,
+             whole_rows: WholeRows | None = None, flip_chunks: tuple = (), **choices) -> Strategy:
     """Tile sizes, split and warps for ``R`` rows of ``T`` steps on a GPU of ``sms`` SMs.
 
     ======================================  ===============================================================
@@ -102,15 +114,15 @@ def strategy(R: int, T: int, time_contiguous: bool = True, block_t: int | None =
     of their chunk length (the family's, without a mask: its row's ``whole_rows``); ``only_split``:
     only where the table would split them; a forced
     ``block_t``, ``split``, ``block_n`` or ``presolve`` skips it. Every other argument forces that
-    choice (tests, experiments).
+    choice (tests, experiments): ``choices`` are :class:`Choices`' fields.
 
     ``flip`` (backward scans only; the caller passes ``False`` for the others): hold each chunk in
     reverse, so that the scan runs in lane order; by default :func:`flip_rule` with ``flip_chunks``,
     the chunk lengths flipped for this call (the family's ``Row.flip_chunks``).
     """
-    st = _table(R, T, time_contiguous, block_t, split, shift_load, max_chunk, block_n, presolve, sms, num_warps,
-                resolve_block_r, long_rows, whole_rows)
-    return attrs.evolve(st, flip=flip_rule(st, T, flip_chunks) if flip is None else bool(flip))
+    c = Choices(**choices)
+    st = _table(R, T, time_contiguous, c, sms, long_rows, whole_rows)
+    return attrs.evolve(st, flip=flip_rule(st, T, flip_chunks) if c.flip is None else bool(c.flip))
 
 
 # Backward scans with each chunk held in reverse, lane j at step BLOCK_T−1−j (the scan in lane order),
@@ -127,8 +139,9 @@ def flip_rule(st: Strategy, T: int, chunks: tuple) -> bool:
     return st.block_n == 1 and not st.split and st.block_t >= T and st.block_t in chunks
 
 
-def _table(R, T, time_contiguous, block_t, split, shift_load, max_chunk, block_n, presolve, sms, num_warps,
-           resolve_block_r, long_rows, whole_rows) -> Strategy:
+def _table(R, T, time_contiguous, c: Choices, sms, long_rows, whole_rows) -> Strategy:
+    block_t, split, shift_load, block_n, presolve = c.block_t, c.split, c.shift_load, c.block_n, c.presolve
+    num_warps, resolve_block_r, max_chunk = c.num_warps, c.resolve_block_r, c.max_chunk
     fill = FILL_PER_SM * sms
     mc = max_chunk or MAX_CHUNK
     if whole_rows and time_contiguous and block_t is None and split is None and block_n is None and presolve is None:
@@ -328,8 +341,9 @@ class Kernel:
         direct = direct and set(order[k:]) == set(const)
         self.names = tuple(order[:k]) if direct else None
         self.tail = tuple(const[n] for n in order[k:]) if direct else ()
-        # the pointer arguments whose alignment the compiled kernel assumes (rollbuf's kernels name them p_*)
-        self.pointers = tuple(n for n in order[:k] if n.startswith("p_")) if direct else ()
+        # the arguments holding pointers whose alignment the compiled kernel assumes: rollbuf's kernels
+        # name a pointer p_* and pass the others in the tuples fields, outputs and carries
+        self.pointers = tuple(n for n in order[:k] if n.startswith("p_") or n in _TUPLES) if direct else ()
 
     def __call__(self, grid: int, arguments: dict, device: int | None):
         if device is None:  # the interpreter
@@ -352,14 +366,20 @@ class Kernel:
 DIRECT = True
 
 
+_TUPLES = ("fields", "outputs", "carries")  # the kernels' arguments that are tuples of pointers
+
+
 def _aligned(arguments: dict, pointers: tuple) -> bool:
-    """Every field and every pointer argument (outputs, carries, scratch: PyTorch's allocator aligns them,
-    another allocator may not) at a 16-byte aligned address."""
+    """Every pointer argument and every pointer in a tuple of them (fields, outputs, carries, scratch:
+    PyTorch's allocator aligns them, another allocator may not) at a 16-byte aligned address."""
     for n in pointers:
         t = arguments[n]
-        if t is not None and t.data_ptr() % 16:
+        if type(t) is tuple:
+            if not all(x is None or x.data_ptr() % 16 == 0 for x in t):
+                return False
+        elif t is not None and t.data_ptr() % 16:
             return False
-    return all(t is None or t.data_ptr() % 16 == 0 for t in arguments.get("fields", ()))
+    return True
 
 
 def _nan_fill(outs):
@@ -460,15 +480,14 @@ class Launch:
                           for t in (f.get(name),)
                           if t is not None and t.dtype == self.out_dtype and tuple(t.shape) == (N, T, *feat)
                           and t.stride() == s), None)
-        # the kernel parameter each asked-for output is passed as; the kernel's other outputs get None
-        self.out_params = ((fam.out_params[0],) if self.forward_final
-                           else tuple(fam.out_params[fam.outputs.index(o)] for o in self.out_names))
-        # the runtime arguments that are the same for every call of this signature: the outputs not
-        # asked for, the sizes and the strides
-        self.fixed = dict.fromkeys(set(fam.out_params) - set(self.out_params))
-        self.fixed.update(R=self.R, T=T, s_n=s_n, s_t=s_t, s_on=self.s_on, s_ot=self.s_ot)
-        if p.family == Family.FORWARD:
-            self.fixed["F"] = F
+        # the kernel's outputs tuple: one slot per output it can write (the forward families' two outputs
+        # name one slot); each asked-for output's slot, the others None
+        slots = tuple(dict.fromkeys(fam.out_params))
+        self.out_slots = ((0,) if self.forward_final
+                          else tuple(slots.index(fam.out_params[fam.outputs.index(o)]) for o in self.out_names))
+        self.n_slots = len(slots)
+        # the sizes and strides: the same for every call of this signature
+        self.sizes = (self.R, T, F if p.family == Family.FORWARD else 1, s_n, s_t, self.s_on, self.s_ot)
 
         # -- strategy, grid, constexprs -------------------------------------------------------------
         from triton.language import float32, float64
@@ -487,24 +506,23 @@ class Launch:
                  and p.out_dtype == torch.float32
                  and all(t.dtype == torch.float32 for t in f.values() if t is not None and t.is_floating_point()))
         flip_chunks = fam.flip_chunks if timed else ()
-        st = strategy(self.R, T, T == 1 or s_t == 1,
-                      fc.pop("block_t", None), fc.pop("split", None), fc.pop("shift_load", None),
-                      fc.pop("max_chunk", None) or fam.max_chunk, fc.pop("block_n", None),
-                      fc.pop("presolve", None), sms=device_sms(self.device), num_warps=fc.pop("num_warps", None),
-                      resolve_block_r=fc.pop("resolve_block_r", 0), long_rows=fam.long_rows,
-                      whole_rows=whole, flip=flip, flip_chunks=flip_chunks)
+        fc["max_chunk"] = fc.get("max_chunk") or fam.max_chunk
+        st = strategy(self.R, T, T == 1 or s_t == 1, sms=device_sms(self.device), long_rows=fam.long_rows,
+                      whole_rows=whole, flip_chunks=flip_chunks, flip=flip, **fc)
         self.strategy = st
         tiles = -(-self.R // st.block_n)
         self.grid = tiles * st.num_seg if st.split else tiles
         self.scalars = fam.scalars
         jit = fam.kernel()
-        # the names every launch passes at run time (with the constexprs: the kernel's parameters)
-        names = ("fields", *self.out_params, *self.fixed, "p_ci", "p_co", "p_ws", *self.scalars)
-        pre = {"REVERSE": p.reverse} if p.family == Family.AFFINE else {}
+        # the names every launch passes at run time (with CFG: the kernel's parameters)
+        names = ("fields", "outputs", "carries", "sizes", *self.scalars)
+        from rollbuf.kernels.core import Config
+
+        reverse = p.family == Family.AFFINE and p.reverse
 
         def const(pass_):
-            return dict(pre, CARRY_IN=carry_in, ACC=acc, BLOCK_N=st.block_n, BLOCK_T=st.block_t, PASS=pass_,
-                        SHIFT_LOAD=st.shift_load, FLIP=st.flip)
+            return dict(CFG=Config(PASS=pass_, CARRY_IN=carry_in, ACC=acc, BLOCK_N=st.block_n, BLOCK_T=st.block_t,
+                                   SHIFT_LOAD=st.shift_load, FLIP=st.flip, REVERSE=reverse))
 
         self.pair_maps = pair_maps = fam.pair and f.get("mask") is not None  # V-trace: pair maps with a mask only
         W = 7 if pair_maps else 3
@@ -615,9 +633,10 @@ class Launch:
             ws = torch.empty(self.scratch_len, dtype=self.compute_dtype, device=dev)
             if self.scratch_words:
                 ws[self.slot_values:].zero_()
-        arguments = dict(self.fixed, fields=fields, p_ci=carry_in, p_co=co, p_ws=ws)
-        arguments.update(scalars)
-        arguments.update(zip(self.out_params, outs, strict=True))
+        slots: list[torch.Tensor | None] = [None] * self.n_slots
+        for i, o in zip(self.out_slots, outs, strict=True):
+            slots[i] = o
+        arguments = dict(scalars, fields=fields, outputs=tuple(slots), carries=(carry_in, co, ws), sizes=self.sizes)
         return arguments, outs, co, ws
 
     def launch(self, arguments: dict, ws, grid: int | None = None):

@@ -40,12 +40,10 @@ def _emit(fam, geo, o, ok, x, z, ACC: tl.constexpr):
 @triton.jit
 def affine_kernel(
     fields,  # (alpha, beta): [N, T] at (s_n, s_t)
-    p_out, p_ci, p_co, p_ws,  # y [N, T]; initial / final [N]; look-back scratch
-    R, T, s_n, s_t, s_on, s_ot,
-    REVERSE: tl.constexpr, CARRY_IN: tl.constexpr, ACC: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_T: tl.constexpr, PASS: tl.constexpr, SHIFT_LOAD: tl.constexpr, FLIP: tl.constexpr,
+    outputs,  # (y [N, T],)
+    carries, sizes,  # core.Carries (initial / final [N]), core.Sizes
+    CFG: tl.constexpr,  # core.Config (REVERSE: backward in time)
 ):
-    """``y`` of the affine scan, backward (``REVERSE``) or forward in time."""
-    core.drive(core.Fam(Fields(*fields), Outputs(p_out), ()), R, T, 1, core.Strides(s_n, s_t, s_on, s_ot), p_ci,
-               p_co, p_ws, core.Scan(_load, _step, _emit, PAIR=False, CARRY2=False, INCLUSIVE=False, REVERSE=REVERSE),
-               core.Config(PASS, CARRY_IN, ACC, BLOCK_N, BLOCK_T, SHIFT_LOAD, FLIP))
+    """``y`` of the affine scan, backward (``CFG.REVERSE``) or forward in time."""
+    core.drive(core.Fam(Fields(*fields), Outputs(*outputs), ()), core.Sizes(*sizes), core.Carries(*carries),
+               core.Scan(_load, _step, _emit, PAIR=False, CARRY2=False, INCLUSIVE=False, REVERSE=CFG.REVERSE), CFG)

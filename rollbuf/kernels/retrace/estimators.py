@@ -9,7 +9,7 @@ ESTIMATORS = (
     S.Estimator(
         "retrace", Family.RETRACE, "backward", S.BACKWARD + S.POLICY + (S.Field("q_values"),),
         (S.GAMMA, S.Param("lam", S.unit_interval, 1.0), S.Param("c_bar", S.positive, 1.0)), ("q_targets",), None,
-        S.backward_ref(lambda f, p: retrace(*S.base(f), f["log_probs"], f["target_log_probs"], f["q_values"],
+        S.backward_ref(lambda f, p: retrace(*S.base(f), (f["log_probs"], f["target_log_probs"]), f["q_values"],
                                             p.gamma, p.lam, p.c_bar, p.window_end)),
         EstimatorSpec("retrace", "backward", "W_t = V_t + c_t(Q^ret_t − q_t)", "V_t + c_t(local_t − q_t)",
                       "γ·nd_t·c_t", "Q^ret_t = local_t + γ·nd_t·W_{t+1}",

@@ -9,9 +9,10 @@ from rollbuf.kernels.vtrace.reference import weights
 from rollbuf.oracle import as_output, compact, zeros
 
 
-def retrace(rewards, values, terminated, truncated, bootstrap_values, mask, log_probs, target_log_probs,
-            q_values, gamma, lam, c_bar, window_end):
-    """Retrace(λ): ``c_t = λ min(c̄, ratio_t)``;
+def retrace(rewards, values, terminated, truncated, bootstrap_values, mask, policies, q_values, gamma, lam, c_bar,
+            window_end):
+    """Retrace(λ): ``c_t = λ min(c̄, ratio_t)``; ``policies``: ``(log_probs, target_log_probs)``, the
+    behaviour and target policies' log-probabilities;
     ``Q^ret_t = r_t + γ(1-k_t)[V'_t + (1-d_t)c_{t+1}(Q^ret_{t+1} - q_{t+1})]``.
 
     ``values`` is ``E_{a~π} Q(s_t, ·)`` and ``q_values`` is ``Q(s_t, a_t)``; ``c_{t+1}`` is the trace of
@@ -22,7 +23,7 @@ def retrace(rewards, values, terminated, truncated, bootstrap_values, mask, log_
     out = zeros(N, T)
     for n in range(N):
         row = compact(n, (rewards, values, terminated, truncated, bootstrap_values, mask), window_end,
-                   extra=(log_probs, target_log_probs, q_values))
+                   extra=(*policies, q_values))
         mu, pi, q = row.extra
         m = len(row.idx)
         Q = [0.0] * m

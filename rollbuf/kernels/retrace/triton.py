@@ -66,14 +66,13 @@ def _emit(fam, geo, o, ok, x, z, ACC: tl.constexpr):
 def retrace_kernel(
     fields,  # (rewards, values, terminated, truncated, bootstrap_values, mask, log_probs, target_log_probs,
              #  q_values): [N, T] at (s_n, s_t); None = absent
-    p_q, p_ci, p_co, p_ws,  # Q^ret [N, T] at (s_n, s_t); carry in / out [N]; look-back scratch
-    R, T, s_n, s_t, s_on, s_ot,
+    outputs,  # (Q^ret,): [N, T] at (s_on, s_ot)
+    carries, sizes,  # core.Carries (carry in / out [N]), core.Sizes
     gamma: "fp64", lam: "fp64", c_bar: "fp64",
-    CARRY_IN: tl.constexpr, ACC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
-    PASS: tl.constexpr, SHIFT_LOAD: tl.constexpr, FLIP: tl.constexpr,
+    CFG: tl.constexpr,  # core.Config
 ):
     """Retrace targets, backward in time (see :func:`rollbuf.kernels.core.drive`)."""
+    ACC: tl.constexpr = CFG.ACC
     scal = Scalars(tl.full((), gamma, ACC), tl.full((), lam, ACC), tl.full((), c_bar, ACC))
-    core.drive(core.Fam(Fields(*fields), Outputs(p_q), scal), R, T, 1, core.Strides(s_n, s_t, s_on, s_ot), p_ci, p_co,
-               p_ws, core.Scan(_load, _step, _emit, PAIR=False, CARRY2=False, INCLUSIVE=False, REVERSE=True),
-               core.Config(PASS, CARRY_IN, ACC, BLOCK_N, BLOCK_T, SHIFT_LOAD, FLIP))
+    core.drive(core.Fam(Fields(*fields), Outputs(*outputs), scal), core.Sizes(*sizes), core.Carries(*carries),
+               core.Scan(_load, _step, _emit, PAIR=False, CARRY2=False, INCLUSIVE=False, REVERSE=True), CFG)

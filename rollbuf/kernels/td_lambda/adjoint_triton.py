@@ -56,15 +56,12 @@ def _emit(fam, geo, o, ok, x, z, ACC: tl.constexpr):
 @triton.jit
 def lambda_adjoint_kernel(
     fields,  # (grad_returns, grad_advantages, terminated, truncated, None, mask): [N, T] at (s_n, s_t)
-    p_gr, p_gv, p_ci, p_co, p_ws,  # r̄, V̄ [N, T] (V̄: None = not asked for); W_0 in, W_T out [N]; scratch
-    R, T, s_n, s_t, s_on, s_ot,
+    outputs,  # (r̄, V̄): [N, T] (V̄: None = not asked for)
+    carries, sizes,  # core.Carries (W_0 in, W_T out [N]), core.Sizes
     gamma: "fp64", lam: "fp64",
-    CARRY_IN: tl.constexpr, ACC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
-    PASS: tl.constexpr, SHIFT_LOAD: tl.constexpr, FLIP: tl.constexpr,
+    CFG: tl.constexpr,  # core.Config
 ):
     """Gradients of rewards and values through the TD(λ) family, forward in time."""
-    scal = Scalars(tl.full((), gamma, ACC), tl.full((), lam, ACC))
-    core.drive(core.Fam(Fields(*fields), Outputs(p_gr, p_gv), scal), R, T, 1, core.Strides(s_n, s_t, s_on, s_ot),
-               p_ci, p_co, p_ws,
-               core.Scan(_load, _step, _emit, PAIR=False, CARRY2=False, INCLUSIVE=False, REVERSE=False),
-               core.Config(PASS, CARRY_IN, ACC, BLOCK_N, BLOCK_T, SHIFT_LOAD, FLIP))
+    scal = Scalars(tl.full((), gamma, CFG.ACC), tl.full((), lam, CFG.ACC))
+    core.drive(core.Fam(Fields(*fields), Outputs(*outputs), scal), core.Sizes(*sizes), core.Carries(*carries),
+               core.Scan(_load, _step, _emit, PAIR=False, CARRY2=False, INCLUSIVE=False, REVERSE=False), CFG)

@@ -89,16 +89,13 @@ def _emit(fam, geo, o, ok, x, z, ACC: tl.constexpr):
 @triton.jit
 def gae_kernel(
     fields,  # (rewards, values, terminated, truncated, bootstrap_values, mask): [N, T] at (s_n, s_t); None = absent
-    p_adv, p_ret,  # outputs [N, T] at (s_on, s_ot); None = not asked for
-    p_ci, p_co, p_ws,  # carry in / out [N], look-back scratch; None = absent
-    R, T, s_n, s_t, s_on, s_ot,
+    outputs,  # (advantages, returns): [N, T] at (s_on, s_ot); None = not asked for
+    carries, sizes,  # core.Carries, core.Sizes
     gamma: "fp64", lam: "fp64",
-    CARRY_IN: tl.constexpr, ACC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
-    PASS: tl.constexpr, SHIFT_LOAD: tl.constexpr, FLIP: tl.constexpr,
+    CFG: tl.constexpr,  # core.Config
 ):
     """TD(λ) returns and GAE advantages, backward in time (see :func:`rollbuf.kernels.core.drive`)."""
     f = Fields(*fields)
-    scal = Scalars(tl.full((), gamma, ACC), tl.full((), lam, ACC))  # float64 in, rounded once to ACC
-    core.drive(core.Fam(f, Outputs(p_adv, p_ret), scal), R, T, 1, core.Strides(s_n, s_t, s_on, s_ot), p_ci, p_co,
-               p_ws, core.Scan(_load, _step, _emit, PAIR=False, CARRY2=False, INCLUSIVE=f.p_m is None, REVERSE=True),
-               core.Config(PASS, CARRY_IN, ACC, BLOCK_N, BLOCK_T, SHIFT_LOAD, FLIP))
+    scal = Scalars(tl.full((), gamma, CFG.ACC), tl.full((), lam, CFG.ACC))  # float64 in, rounded once to ACC
+    core.drive(core.Fam(f, Outputs(*outputs), scal), core.Sizes(*sizes), core.Carries(*carries),
+               core.Scan(_load, _step, _emit, PAIR=False, CARRY2=False, INCLUSIVE=f.p_m is None, REVERSE=True), CFG)

@@ -84,15 +84,13 @@ def _emit(fam, geo, o, ok, v, z, ACC: tl.constexpr):
 @triton.jit
 def trace_kernel(
     fields,  # (x [N, T, F], None, terminated, truncated, None, mask [N, T]); None = absent
-    p_out, p_ci, p_co, p_ws,  # traces [N, T, F]; initial / final [N, F]; look-back scratch
-    R, T, F, s_n, s_t, s_on, s_ot,
+    outputs,  # (traces [N, T, F],)
+    carries, sizes,  # core.Carries (initial / final [N, F]), core.Sizes (R = N·F rows)
     decay: "fp64",
-    CARRY_IN: tl.constexpr, ACC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
-    PASS: tl.constexpr, SHIFT_LOAD: tl.constexpr, FLIP: tl.constexpr,
+    CFG: tl.constexpr,  # core.Config
 ):
     """Eligibility traces and episodic sums, forward in time, ``R = N·F`` rows."""
     f = Fields(*fields)
-    core.drive(core.Fam(f, Outputs(p_out), Scalars(tl.full((), decay, ACC))), R, T, F,
-               core.Strides(s_n, s_t, s_on, s_ot), p_ci, p_co, p_ws,
-               core.Scan(_load, _step, _emit, PAIR=False, CARRY2=False, INCLUSIVE=f.p_m is None, REVERSE=False),
-               core.Config(PASS, CARRY_IN, ACC, BLOCK_N, BLOCK_T, SHIFT_LOAD, FLIP))
+    core.drive(core.Fam(f, Outputs(*outputs), Scalars(tl.full((), decay, CFG.ACC))), core.Sizes(*sizes),
+               core.Carries(*carries),
+               core.Scan(_load, _step, _emit, PAIR=False, CARRY2=False, INCLUSIVE=f.p_m is None, REVERSE=False), CFG)

@@ -24,8 +24,8 @@ ESTIMATORS = (
         (S.GAMMA, S.Param("rho_bar", S.positive, 1.0), S.Param("c_bar", S.positive, 1.0),
          S.Param("pg_rho_bar", _pg_rho_bar, None), S.Param("lam", S.unit_interval, 1.0)),
         ("vs", "pg_advantages"), S.VTraceResult,
-        S.backward_ref(lambda f, p: vtrace(*S.base(f), f["log_probs"], f["target_log_probs"], p.gamma, p.rho_bar,
-                                           p.c_bar, p.pg_rho_bar, p.lam, p.window_end)),
+        S.backward_ref(lambda f, p: vtrace(*S.base(f), (f["log_probs"], f["target_log_probs"]), p.gamma, p.lam,
+                                           (p.rho_bar, p.c_bar, p.pg_rho_bar), p.window_end)),
         EstimatorSpec("vtrace", "backward", "(u_t, V_t), u_t = vs_t − V_t", "u: ρ_t(local_t − V_t); V: V_t",
                       "u ← γ·nd_t·(c_t·u + ρ_t·V); V ← 0·V",
                       "vs_t = V_t + ρ_t(local_t − V_t) + γ·nd_t(ρ_t·V_{t+1} + c_t·u_{t+1}); "

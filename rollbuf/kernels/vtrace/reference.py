@@ -12,21 +12,22 @@ from rollbuf.oracle import as_output, clip, compact, zeros
 weights = rebind(truncated_weights, clip=clip)  # of the log-ratio, on floats or 0-d tensors
 
 
-def vtrace(rewards, values, terminated, truncated, bootstrap_values, mask, log_probs, target_log_probs,
-           gamma, rho_bar, c_bar, pg_rho_bar, lam, window_end):
-    """V-trace (IMPALA).
+def vtrace(rewards, values, terminated, truncated, bootstrap_values, mask, policies, gamma, lam, bars, window_end):
+    """V-trace (IMPALA). ``policies``: ``(log_probs, target_log_probs)``, the behaviour and target
+    policies' log-probabilities; ``bars``: the truncation levels ``(ρ̄, c̄, ρ̄_pg)`` (``ρ̄_pg`` None: ``ρ̄``).
 
     ``ρ_t = min(ρ̄, ratio_t)``, ``c_t = λ min(c̄, ratio_t)``;
     ``u_t = vs_t - V_t = ρ_t(r_t + γ(1-k_t)V'_t - V_t) + γ(1-d_t)c_t u_{t+1}``;
     ``pg_t = min(ρ̄_pg, ratio_t)(r_t + γ(1-k_t)q_t - V_t)``, ``q_t = vs_{t+1}`` if not ``d_t`` else ``V'_t``.
     """
+    rho_bar, c_bar, pg_rho_bar = bars
     gamma, lam, rho_bar, c_bar = float(gamma), float(lam), float(rho_bar), float(c_bar)
     pg_rho_bar = rho_bar if pg_rho_bar is None else float(pg_rho_bar)
     N, T = rewards.shape
     vs_out, pg_out = zeros(N, T), zeros(N, T)
     for n in range(N):
         row = compact(n, (rewards, values, terminated, truncated, bootstrap_values, mask), window_end,
-                   extra=(log_probs, target_log_probs))
+                   extra=tuple(policies))
         mu, pi = row.extra
         m = len(row.idx)
         vs, rho_pg = [0.0] * m, [0.0] * m

@@ -112,13 +112,13 @@ def _emit(fam, geo, o, ok, x, z, ACC: tl.constexpr):
 def vtrace_kernel(
     fields,  # (rewards, values, terminated, truncated, bootstrap_values, mask, log_probs, target_log_probs):
              # [N, T] at (s_n, s_t); None = absent
-    p_vs, p_pg, p_ci, p_co, p_ws,  # outputs [N, T] at (s_on, s_ot); carry in / out [N, 2]; look-back scratch
-    R, T, s_n, s_t, s_on, s_ot,
+    outputs,  # (targets, policy-gradient advantages): [N, T] at (s_on, s_ot)
+    carries, sizes,  # core.Carries (carry in / out [N, 2]), core.Sizes
     gamma: "fp64", lam: "fp64", rho_bar: "fp64", c_bar: "fp64", pg_rho_bar: "fp64",
-    CARRY_IN: tl.constexpr, ACC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
-    PASS: tl.constexpr, SHIFT_LOAD: tl.constexpr, FLIP: tl.constexpr,
+    CFG: tl.constexpr,  # core.Config
 ):
     """V-trace targets and policy-gradient advantages, backward in time."""
+    ACC: tl.constexpr = CFG.ACC
     f = Fields(*fields)
     scal = Scalars(tl.full((), gamma, ACC), tl.full((), lam, ACC), tl.full((), rho_bar, ACC), tl.full((), c_bar, ACC),
                    tl.full((), pg_rho_bar, ACC))
@@ -128,9 +128,9 @@ def vtrace_kernel(
     # bf16/fp16 vs_{t+1} read back would carry the output's rounding of vs, of V's size, into pg,
     # and an fp16 overflow to inf would make 0·inf = NaN at a terminated step); only for chunks
     # longer than 128 steps (docs/kernel-choices.md, "V-trace's targets read back (vtrace/triton.py)").
-    READBACK: tl.constexpr = (f.p_m is None and PASS != core.WALK and p_vs.dtype.element_ty == ACC
-                              and BLOCK_T > 128)
-    core.drive(Fam(f, Outputs(p_vs, p_pg), scal, READBACK), R, T, 1, core.Strides(s_n, s_t, s_on, s_ot), p_ci, p_co,
-               p_ws, core.Scan(_load, _step, _emit, PAIR=f.p_m is not None, CARRY2=True, INCLUSIVE=READBACK,
-                               REVERSE=True),
-               core.Config(PASS, CARRY_IN, ACC, BLOCK_N, BLOCK_T, SHIFT_LOAD, FLIP))
+    out = Outputs(*outputs)
+    READBACK: tl.constexpr = (f.p_m is None and CFG.PASS != core.WALK and out.p_vs.dtype.element_ty == ACC
+                              and CFG.BLOCK_T > 128)
+    core.drive(Fam(f, out, scal, READBACK), core.Sizes(*sizes), core.Carries(*carries),
+               core.Scan(_load, _step, _emit, PAIR=f.p_m is not None, CARRY2=True, INCLUSIVE=READBACK, REVERSE=True),
+               CFG)
