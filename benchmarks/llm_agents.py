@@ -172,11 +172,14 @@ def _time(fn, device, budget_s):
     return statistics.median(out)
 
 
-def _diff(a, b, per_row=True):
+def _diff(a, b, per_row=True, scale=None):
     """Largest difference relative to each row's scale (``per_row``) or to the batch's: a GiGPO row holds
     one number, so its own scale is that number, and a row whose advantage is near 0 would measure
-    float32 rounding against almost nothing."""
-    scale = (b.abs().amax(-1, keepdim=True) if per_row else b.abs().amax()).clamp_min(1e-6)
+    float32 rounding against almost nothing. ``scale``: the rows' scale from another tensor (OTB: the
+    returns, of which the baseline is a weighted mean; rollbuf's kernel sums in float64, verl in
+    float32, where a group's ``Σ W`` can cancel)."""
+    ref = b if scale is None else scale
+    scale = (ref.abs().amax(-1, keepdim=True) if per_row else ref.abs().amax()).clamp_min(1e-6)
     return float(((a.float() - b.float()).abs() / scale).max())
 
 
@@ -190,11 +193,11 @@ def _otb_rows(args, device, g, rng):
         for name, ours, theirs in (("otb", rb.compute_optimal_token_baseline_advantage, verl_otb),
                                    ("tir_otb", rb.compute_multi_turn_optimal_token_baseline_advantage, verl_tir_otb)):
             a = ours(r, m, idx, old_log_probs=lp, sum_pi_squared=spi2)[0]
-            b = theirs(r, m, idx, lp, spi2)[0]
+            b, returns = theirs(r, m, idx, lp, spi2)
             t_ours = _time(lambda o=ours: o(r, m, idx, old_log_probs=lp, sum_pi_squared=spi2), device, args.budget_s)
             t_theirs = _time(lambda t=theirs: t(r, m, idx, lp, spi2), device, args.budget_s)
             out.append(dict(case=name, size=f"{B}x{L}", rollbuf_ms=t_ours * 1e3, loop_ms=t_theirs * 1e3,
-                            speedup=t_theirs / t_ours, max_rel_diff=_diff(a, b)))
+                            speedup=t_theirs / t_ours, max_rel_diff=_diff(a, b, scale=returns)))
     return out
 
 

@@ -21,7 +21,8 @@ from rollbuf import backends
 from rollbuf.validation import FLOATS, checking_finite
 
 __all__ = ["GroupStats", "group_ids", "group_layout", "group_stats", "sequence_scores", "to_tokens", "masked_whiten",
-           "outcome_advantages", "token_baseline", "OUTCOME_ESTIMATORS", "READS_LENGTHS", "BACKENDS"]
+           "outcome_advantages", "token_baseline", "path_weights", "optimal_token_baseline",
+           "OUTCOME_ESTIMATORS", "READS_LENGTHS", "BACKENDS"]
 
 #: The backends :func:`group_stats` and :func:`outcome_advantages` take: ``"torch"`` (torch's scatter
 #: and index-add reductions, any device, the reference), ``"triton"`` (one kernel: CUDA tensors, or CPU
@@ -448,3 +449,44 @@ def token_baseline(returns, weights, index, lengths, *, epsilon: float = 1e-8, z
     tail = (grouped & top & (ties == 1))[:, None] & (steps >= second[:, None])
     return b.masked_fill(tail, 0)
 
+
+
+def path_weights(old_log_probs, sum_pi_squared, rollout_is_weights, response_mask):
+    """verl's ``W_t = Σ_{j≤t} (1 − 2π_j + Σπ²_j)·ρ̄_j²·m_j`` ``[B, L]`` (``π = exp(old_log_probs)``;
+    ``rollout_is_weights`` ``ρ̄`` None: 1): the optimal token baseline's cumulative path-variance proxy."""
+    w = 1 - 2 * torch.exp(old_log_probs) + sum_pi_squared
+    if rollout_is_weights is not None:
+        w = w * rollout_is_weights**2
+    return (w * response_mask).cumsum(dim=-1)
+
+
+_OTB_MASKS = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float32)
+
+
+def optimal_token_baseline(returns, response_mask, index, weights, *, epsilon: float = 1e-8, zero_tail: bool = True,
+                           backend: str = "auto"):
+    """verl's optimal token baseline advantages ``(G − B)·m`` ``[B, L]`` from the returns ``G`` and the
+    policy's ``weights = (old_log_probs, sum_pi_squared, rollout_is_weights or None)``, each ``[B, L]``:
+    ``W_t = Σ_{j≤t} (1 − 2·exp(lp_j) + Σπ²_j)·ρ̄_j²·m_j`` and ``B`` of :func:`token_baseline`.
+    On the kernel (``backend``: :func:`group_stats`'s; a NumPy ``index``, groups of at most
+    :data:`rollbuf.kernels.token_baseline.MAX_GROUP` rows, float32 inputs and a bool, integer or
+    float32 mask) one program per group reads every input once and writes the advantages once;
+    otherwise torch ops over ``[B, L]`` and ``[groups, L]`` (the same values, summed in another order)."""
+    lp, spi2, isw = weights
+    m = response_mask
+    if (_backend(backend, returns.device, None) == "triton" and not isinstance(index, torch.Tensor)
+            and m.dtype in _OTB_MASKS and all(x is None or x.dtype == torch.float32 for x in (returns, lp, spi2, isw))):
+        from rollbuf.kernels import token_baseline as kernel  # the kernel needs Triton: imported when asked for
+
+        inv, counts = _host_ranks(index)
+        if len(inv) != returns.shape[0]:
+            raise ValueError(f"index must hold one label per row ({returns.shape[0]}), got {len(inv)}")
+        if counts.max(initial=0) <= kernel.MAX_GROUP:
+            b = inv.size
+            host = np.concatenate([np.argsort(inv, kind="stable"), np.cumsum(counts) - counts, counts])
+            dev = _to_device(host.astype(np.int32 if b < 2**31 else np.int64), returns.device)
+            layout = (dev[:b], dev[b:b + counts.size], dev[b + counts.size:], int(counts.max(initial=1)))
+            return kernel.run(returns, m, lp, spi2, isw, layout, epsilon=outcome_epsilon(epsilon), zero_tail=zero_tail)
+    W = path_weights(lp, spi2, isw, m)
+    b = token_baseline(returns, W * m, index, m.sum(dim=-1).long(), epsilon=epsilon, zero_tail=zero_tail)
+    return (returns - b) * m

@@ -25,6 +25,7 @@ with warnings.catch_warnings():
 
 from rollbuf.integrations import verl as R
 
+DEV = "cuda" if torch.cuda.is_available() else "cpu"  # the kernel tests: on the GPU, else the interpreter
 OUTCOME = ["grpo", "grpo_vectorized", "gdpo", "rloo", "rloo_vectorized", "opo", "gpg",
            "reinforce_plus_plus_baseline", "grpo_passk"]
 VERL = {name: core_algos.get_adv_estimator_fn(name) for name in OUTCOME}
@@ -259,6 +260,49 @@ def test_optimal_token_baselines_equal_verl(name, seed, weighted, zero_tail):
     scale = theirs.abs().amax(-1, keepdim=True).clamp_min(1e-6)
     torch.testing.assert_close(ours / scale, theirs / scale, rtol=0, atol=1e-5)
     assert (ours[mask == 0] == 0).all()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_optimal_token_baseline_kernel_is_as_exact_as_verl(seed):
+    """OTB on its kernel (one program per group; under Triton's interpreter on a CPU machine) against verl
+    0.9.1's loop run in float64: every row within verl's own float32 error of it (the kernel sums in
+    float64; verl's float32 ``Σ W`` can cancel) plus 1e-6 of the row's return scale, and the returns
+    verl's bit for bit. EOS and multi-turn masks, all-masked rows, singleton and uneven groups, tied and
+    unique longest rows, with and without importance weights, both zero-tail modes, an int64 and a bool
+    mask, odd lengths and chunk edges inside the rows (L = 37, 16-token chunks for the groups of 6)."""
+    rewards, mask, labels, lp, spi2, isw = _otb_inputs(seed, B=40, L=37)
+    index = index_of(labels, "str")
+    for weighted, zero_tail, m in ((False, True, mask), (True, False, mask), (True, True, mask.bool())):
+        kw = dict(token_level_rewards=rewards.to(DEV), response_mask=m.to(DEV), index=index, old_log_probs=lp.to(DEV),
+                  sum_pi_squared=spi2.to(DEV), rollout_is_weights=isw.to(DEV) if weighted else None,
+                  handle_zero_tail=zero_tail)
+        ours, g = R.compute_optimal_token_baseline_advantage(**kw, backend="triton")
+        theirs, g_theirs = core_algos.compute_optimal_token_baseline_advantage(**kw)
+        exact, _ = core_algos.compute_optimal_token_baseline_advantage(
+            **{k: v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v for k, v in kw.items()})
+        assert torch.equal(g, g_theirs) and ours.dtype == theirs.dtype == torch.float32
+        scale = g.abs().amax(-1).double().clamp_min(1e-6)
+        err, verl_err = (ours - exact).abs().amax(-1), (theirs - exact).abs().amax(-1)
+        assert (err <= verl_err + 1e-6 * scale).all(), (err / scale).max()
+        assert (ours[m.to(DEV) == 0] == 0).all()
+
+
+def test_optimal_token_baseline_kernel_leaves_large_groups_and_tensor_ids_to_torch(monkeypatch):
+    """A group larger than the kernel's largest (``MAX_GROUP`` rows) or a tensor ``index`` (its groups'
+    sizes would need a host read) takes the torch path: verl's float32 values bit for bit."""
+    from rollbuf.kernels import token_baseline
+
+    rewards, mask, labels, lp, spi2, isw = _otb_inputs(5, B=40, L=37)
+    kw = dict(token_level_rewards=rewards.to(DEV), response_mask=mask.to(DEV), old_log_probs=lp.to(DEV),
+              sum_pi_squared=spi2.to(DEV), rollout_is_weights=isw.to(DEV))
+    theirs = core_algos.compute_optimal_token_baseline_advantage(index=index_of(labels, "str"), **kw)[0]
+    monkeypatch.setattr(token_baseline, "MAX_GROUP", 4)
+    assert torch.equal(R.compute_optimal_token_baseline_advantage(index=index_of(labels, "str"), backend="triton",
+                                                                  **kw)[0], theirs)
+    monkeypatch.undo()
+    ids = torch.as_tensor(labels, device=DEV)
+    assert torch.equal(R.compute_optimal_token_baseline_advantage(index=ids, backend="triton", **kw)[0],
+                       core_algos.compute_optimal_token_baseline_advantage(index=labels, **kw)[0])
 
 
 @pytest.mark.parametrize("name", OTB)

@@ -155,8 +155,14 @@ def variants() -> list[dict]:
     for search in (True, False):
         for weights in (True, False):
             for est in (0, 1, 2):
-                out.append(dict(name=f"group_stats/{'search' if search else 'layout'}/{'w' if weights else 'now'}/"
+                out.append(dict(name=f"group_stats/{'search' if search else 'layout'}-{'w' if weights else 'now'}/"
                                      f"est{est}", kernel="group_stats", search=search, weights=weights, est=est))
+    # verl's optimal token baseline: weighted or not, zero tail or not, a bool or an int64 mask
+    for weights in (True, False):
+        for zero_tail in (True, False):
+            for mask in ("i1", "i64"):
+                name = f"token_baseline/{'w' if weights else 'now'}-{'tail' if zero_tail else 'notail'}/{mask}"
+                out.append(dict(name=name, kernel="token_baseline", weights=weights, zero_tail=zero_tail, mask=mask))
     assert all(v.get("kernel") or v["family"] in FAMILIES for v in out)
     return out
 
@@ -237,6 +243,19 @@ def _group_stats_signature(v: dict):
     if not v["weights"]:
         cx[(1,)] = None
     return G.group_stats_kernel, sig, cx, G.WARPS
+
+
+def _token_baseline_signature(v: dict):
+    """(jit function, signature, constexprs, warps) of an optimal token baseline variant (groups of 8)."""
+    from rollbuf.kernels import token_baseline as K
+
+    fields = ("*fp32", "*" + v["mask"], "*fp32", "*fp32", "*fp32" if v["weights"] else "constexpr")
+    sig = dict(fields=fields, groups=("*i32", "*i32", "*i32"), p_len="*i64", p_out="*fp32", L="i32", eps="fp64",
+               ZERO_TAIL="constexpr", BLOCK_M="constexpr", BLOCK_T="constexpr")
+    cx: dict[tuple[int, ...], object] = {(6,): v["zero_tail"], (7,): 8, (8,): K.TILE // 8}
+    if not v["weights"]:
+        cx[(0, 4)] = None
+    return K.otb_kernel, sig, cx, K.WARPS
 
 
 def _aligned(sig: dict) -> dict:
@@ -350,6 +369,8 @@ def compile_one(v: dict, arch: int = 90) -> tuple[str, float, str]:
         warps = max(1, min(8, c["BLOCK_R"] * c["BLOCK_N"] // 256))
     elif v.get("kernel") == "group_stats":
         jit, sig, cx, warps = _group_stats_signature(v)
+    elif v.get("kernel") == "token_baseline":
+        jit, sig, cx, warps = _token_baseline_signature(v)
     else:
         jit, sig, cx, warps = _signature(v)
     t0 = time.perf_counter()

@@ -129,16 +129,10 @@ def compute_remax_outcome_advantage(token_level_rewards, reward_baselines, respo
     return returns - reward_baselines.unsqueeze(-1) * response_mask, returns
 
 
-def _path_weights(old_log_probs, sum_pi_squared, rollout_is_weights, response_mask):
-    """verl's ``W_t = Σ_{j≤t} (1 − 2π_j + Σπ²_j)·ρ̄_j²·m_j``: the cumulative path-variance proxy."""
-    w = 1 - 2 * torch.exp(old_log_probs) + sum_pi_squared
-    if rollout_is_weights is not None:
-        w = w * rollout_is_weights**2
-    return (w * response_mask).cumsum(dim=-1)
-
-
-def _otb_inputs(token_level_rewards, response_mask, old_log_probs, sum_pi_squared, rollout_is_weights):
-    """The reward-to-go ``G`` (verl's, in its dtype) and ``W`` ``[B, L]``, the inputs checked."""
+def _otb_inputs(token_level_rewards, response_mask, old_log_probs, sum_pi_squared, rollout_is_weights,
+                with_weights=True):
+    """The reward-to-go ``G`` (verl's, in its dtype) and ``W`` ``[B, L]`` (``with_weights``, else None),
+    the inputs checked."""
     _same_shape(token_level_rewards, response_mask)
     if old_log_probs is None or sum_pi_squared is None:
         raise ValueError("old_log_probs and sum_pi_squared are required by the optimal token baseline: verl 0.9.1's "
@@ -149,7 +143,9 @@ def _otb_inputs(token_level_rewards, response_mask, old_log_probs, sum_pi_square
             raise ValueError(f"{name} must have token_level_rewards' shape {tuple(token_level_rewards.shape)}, "
                              f"got {tuple(getattr(x, 'shape', ())) or type(x).__name__}")
     returns = (token_level_rewards * response_mask).flip(dims=[-1]).cumsum(dim=-1).flip(dims=[-1])
-    return returns, _path_weights(old_log_probs, sum_pi_squared, rollout_is_weights, response_mask)
+    if not with_weights:
+        return returns, None
+    return returns, groups.path_weights(old_log_probs, sum_pi_squared, rollout_is_weights, response_mask)
 
 
 def compute_optimal_token_baseline_advantage(token_level_rewards, response_mask, index, old_log_probs=None,
@@ -158,10 +154,12 @@ def compute_optimal_token_baseline_advantage(token_level_rewards, response_mask,
     """verl's optimal token baseline (OTB): ``A_t = G_t − B_t``, ``B_t = Σ_group G_t·W_t / Σ_group W_t``
     at each token position (:func:`rollbuf.groups.token_baseline`); returns ``(advantages, returns)``."""
     with torch.no_grad():
-        G, W = _otb_inputs(token_level_rewards, response_mask, old_log_probs, sum_pi_squared, rollout_is_weights)
-        m = response_mask
-        b = groups.token_baseline(G, W * m, index, m.sum(dim=-1).long(), epsilon=epsilon, zero_tail=handle_zero_tail)
-        return (G - b) * m, G
+        G, _ = _otb_inputs(token_level_rewards, response_mask, old_log_probs, sum_pi_squared, rollout_is_weights,
+                           with_weights=False)
+        weights = (old_log_probs, sum_pi_squared, rollout_is_weights)
+        adv = groups.optimal_token_baseline(G, response_mask, index, weights, epsilon=epsilon,
+                                            zero_tail=handle_zero_tail, backend=kwargs.get("backend", "auto"))
+        return adv, G
 
 
 def compute_multi_turn_optimal_token_baseline_advantage(token_level_rewards, response_mask, index, old_log_probs=None,
