@@ -77,6 +77,39 @@ def test_turn_returns_and_gae_equal_the_loop(seed, explicit):
         torch.testing.assert_close(ret.double(), G, rtol=1e-5, atol=1e-5)
 
 
+DEV = "cuda" if torch.cuda.is_available() else "cpu"  # the kernel: on the GPU, else under the interpreter
+
+
+@pytest.mark.parametrize("force", [{}, dict(split=True, presolve=False, block_t=16),
+                                   dict(split=True, presolve=True, block_t=16), dict(block_t=16, split=False)],
+                         ids=["table", "lookback", "three-pass", "walk"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_turn_returns_on_the_turn_kernel_equal_the_loop(seed, force):
+    """turn_returns on the turn kernel (the coefficients from the rewards and the model-token flags in
+    registers) against the float64 loop: empty rows, one-turn rows, turns ending at the row's last token,
+    odd lengths, every strategy of the table (one chunk, rows walked in chunks, split rows by the look-back
+    and by three passes), NaN-filled outputs first; bool, int64 and 0/1 float masks, two batch dims, float64
+    rewards, a bf16 output."""
+    import rollbuf.kernels as K
+
+    r, v, m, _ = _rows(seed, B=9, T=53)
+    m[2, -5:] = True  # a turn that ends at the row's last token
+    R, _, _ = _loop(r.double(), v.double(), m, 0.9, 0.8)
+    with K.forced(poison=True, **force):
+        for mask in (m, m.long(), m.float()):
+            got = llm.turn_returns(r.to(DEV), mask.to(DEV), 0.9, backend="triton")
+            torch.testing.assert_close(got.double().cpu(), R, rtol=1e-5, atol=1e-5)
+        got = llm.turn_returns(r.reshape(3, 3, -1).double().to(DEV), m.reshape(3, 3, -1).to(DEV), 0.9,
+                               backend="triton")
+        assert got.dtype == torch.float64
+        torch.testing.assert_close(got.reshape(9, -1).cpu(), R, rtol=1e-12, atol=1e-12)
+        got = llm.turn_returns(r.to(DEV), m.to(DEV), 0.9, backend="triton", out_dtype=torch.bfloat16)
+        assert got.dtype == torch.bfloat16
+        torch.testing.assert_close(got.double().cpu(), R, rtol=1e-2, atol=1e-2)
+    plans = [v for key, v in rollbuf.cache.PLANS.items() if key[0] == "launch" and str(key[1][0]) == "turn"]
+    assert plans, "the calls ran on the turn kernel"
+
+
 def test_truncated_rows_bootstrap_their_last_turn():
     r, v, m, _ = _rows(3)
     trunc = torch.zeros(r.shape[0], dtype=torch.bool)

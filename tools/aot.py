@@ -32,7 +32,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 from rollbuf.problem import Family
 
-_FLAGS = ("terminated", "truncated", "mask")
+_FLAGS = ("terminated", "truncated", "mask", "model")
 
 
 # a variant's pass and tiling: the kernel's PASS, SHIFT_LOAD, BLOCK_N, BLOCK_T, its warps and FLIP
@@ -68,6 +68,7 @@ def variants() -> list[dict]:
         "traces": (Family.FORWARD, STATE, ()),
         "affine": (Family.AFFINE, STATE, ()),
         "lambda_adjoint": (Family.TD_LAMBDA_ADJOINT, STATE, ()),
+        "turns": (Family.TURN, ZERO, ()),
     }
     out = []
     backward = {"gae", "mc_returns", "retrace", "vtrace"}  # the families a flipped chunk changes

@@ -40,11 +40,12 @@ import functools
 
 import torch
 
+from rollbuf import backends, validation
 from rollbuf import functional as F
-from rollbuf import validation
 from rollbuf.boundary.conventions import as_flags, fields_from_verl
 from rollbuf.estimators import positive, unit_interval
 from rollbuf.functional import GAEResult
+from rollbuf.problem import Family, Problem
 
 __all__ = [
     "compute_gae_advantage_return",
@@ -466,14 +467,19 @@ def discounted_returns(token_level_rewards, response_mask, gamma, *, truncated=N
 # ------------------------------------------------------------------ turn-level estimators [*B, T]
 
 
+def _model_mask(response_mask):
+    """``response_mask`` checked: a ``[*B, T]`` flag tensor (nonzero: a model token)."""
+    if not isinstance(response_mask, torch.Tensor) or response_mask.dim() < 1 or response_mask.is_complex():
+        raise ValueError("response_mask must be a [*B, T] flag tensor (bool, integer or 0/1 float)")
+    return response_mask
+
+
 def _turns(response_mask, turn_ids, segment=None):
     """``(on, start, end)`` ``[*B, T]`` bool: the model tokens, each turn's first and last model token.
     A turn is a maximal run of model tokens, or (``turn_ids``, ``[*B, T]`` integers) the model tokens
     of a row that share an id, consecutive among the row's model tokens (an id that comes back later
     starts a new turn); with ``segment`` (packed rows: each token's sequence), within one sequence."""
-    if not isinstance(response_mask, torch.Tensor) or response_mask.dim() < 1 or response_mask.is_complex():
-        raise ValueError("response_mask must be a [*B, T] flag tensor (bool, integer or 0/1 float)")
-    on = as_flags(response_mask, "response_mask")
+    on = as_flags(_model_mask(response_mask), "response_mask")
     if turn_ids is not None:
         if not isinstance(turn_ids, torch.Tensor) or turn_ids.shape != on.shape or turn_ids.is_floating_point():
             raise ValueError(f"turn_ids must be an integer tensor of response_mask's shape {tuple(on.shape)}")
@@ -516,20 +522,49 @@ def turn_returns(token_level_rewards, response_mask, gamma, *, turn_ids=None, ou
     tokens. ``gamma``: a number, or ``[*B]`` (one per row). One affine scan over the tokens,
     ``y_t = α_t + β_t·y_{t+1}`` with ``(α, β) = (r_t, γ)`` at a turn's last token and ``(0, 1)`` elsewhere
     (a token carries the return of its turn's end). ``[*B, T]``; docs/llm.md, section 12."""
-    on, _, end = _turns(response_mask, turn_ids)
+    model = _model_mask(response_mask)
     rewards = _float_tensor("token_level_rewards", token_level_rewards)
-    if rewards.shape != on.shape:
-        raise ValueError(f"token_level_rewards must have response_mask's shape {tuple(on.shape)}, "
+    if rewards.shape != model.shape:
+        raise ValueError(f"token_level_rewards must have response_mask's shape {tuple(model.shape)}, "
                          f"got {tuple(rewards.shape)}")
     if out_dtype is not None and out_dtype not in validation.FLOATS:
         raise TypeError(f"out_dtype must be a floating-point dtype, got {out_dtype}")
     ct = torch.float64 if rewards.dtype == torch.float64 else torch.float32
-    g, bad = _coef("gamma", _hyper("gamma", gamma, on.shape[:-1], on.device), ct, None, on.device)
+    gamma = _hyper("gamma", gamma, model.shape[:-1], model.device)
+    if turn_ids is None and _on_turn_kernel(gamma, rewards, model, backend):
+        return _turn_kernel(rewards, model, unit_interval("gamma", gamma), ct, out_dtype or rewards.dtype)
+    on, _, end = _turns(response_mask, turn_ids)
+    g, bad = _coef("gamma", gamma, ct, None, on.device)
     zero = torch.zeros((), dtype=ct, device=on.device)
     y = F.affine_scan(torch.where(end, rewards.to(ct), zero), torch.where(end, g, 1.0),
                       reverse=True, backend=backend)
     y = torch.where(on, y, zero)
     return (y if bad is None else torch.where(bad, float("nan"), y)).to(out_dtype or rewards.dtype)
+
+
+def _on_turn_kernel(gamma, rewards, model, backend) -> bool:
+    """Whether :func:`turn_returns` runs on the turn kernel: a number ``gamma``, the triton backend (``auto``
+    on CUDA tensors), the mask on the rewards' device, no gradient asked for (the kernel has no backward:
+    the affine scan's path has)."""
+    if isinstance(gamma, torch.Tensor) or rewards.shape[-1] == 0 or model.device != rewards.device:
+        return False
+    if torch.is_grad_enabled() and rewards.requires_grad:
+        return False
+    return backends.resolve(backend, rewards.device) == "triton"
+
+
+def _turn_kernel(rewards, model, gamma, ct, out_dtype):
+    """Turn-level returns on the turn kernel (:mod:`rollbuf.kernels.turns`, the mask's flags read as they
+    are: nonzero is a model token, as :func:`_turns` reads them): rows flattened to ``[N, T]``."""
+    from rollbuf import kernels  # the kernels need Triton: imported when asked for
+
+    shape = rewards.shape
+    T = shape[-1]
+    p = Problem(family=Family.TURN, outputs=("returns",), fields={"rewards": rewards.reshape(-1, T),
+                                                                   "model": model.reshape(-1, T)},
+                gamma=gamma, compute_dtype=ct, out_dtype=out_dtype)
+    (y,), _ = kernels.run(p)
+    return y.reshape(shape)
 
 
 def turn_gae(token_level_rewards, values, response_mask, gamma, lam, *, lam_returns=None, turn_ids=None,

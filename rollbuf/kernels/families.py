@@ -1,10 +1,10 @@
 """The kernel table: each family's :class:`~rollbuf.kernels.row.Row` by :class:`~rollbuf.problem.Family`."""
 
-from rollbuf.kernels import affine, retrace, td_lambda, traces, vtrace
+from rollbuf.kernels import affine, retrace, td_lambda, traces, turns, vtrace
 from rollbuf.kernels.row import Row
 from rollbuf.problem import Family
 
-ROWS: list[Row] = [td_lambda.ROW, retrace.ROW, vtrace.ROW, traces.ROW, affine.ROW, td_lambda.ADJOINT]
+ROWS: list[Row] = [td_lambda.ROW, retrace.ROW, vtrace.ROW, traces.ROW, affine.ROW, td_lambda.ADJOINT, turns.ROW]
 FAMILIES: dict[Family, Row] = {row.family: row for row in ROWS}
 
 
