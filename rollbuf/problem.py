@@ -16,8 +16,11 @@ family                      fields
 ``AFFINE``                  ``alpha``, ``beta``: the scan coefficients given as data
 ``TD_LAMBDA_ADJOINT``       ``grad_returns`` (``Ḡ``), ``grad_advantages`` (``ḡ_A`` or ``None``),
                             flags, ``mask``: the backward pass of the ``TD_LAMBDA`` family
-``TURN``                    ``rewards``, ``model`` (a row's model tokens, nonzero flags): turn-level
-                            returns on the kernel (``rollbuf.integrations.llm.turn_returns``)
+``TURN``                    ``rewards``, ``model`` (a row's model tokens, nonzero flags), ``values``
+                            (``None`` for returns): turn-level returns and GAE on the kernel
+                            (``rollbuf.integrations.llm.turn_returns``, ``turn_gae``)
+``TURN_FILL``               ``start_advantages``, ``model``: a value at each turn's first token
+                            carried over the turn (``turn_gae``'s second pass)
 ``GENERIC``                 whatever the estimator's registry entry declares; its coefficient
                             function (``Problem.estimator``) turns them into ``(α, β)``
 ==========================  ===================================================================
@@ -45,7 +48,8 @@ class Family(str, enum.Enum):
     FORWARD = "trace"  # eligibility traces, episodic sums: forward in time, features allowed
     AFFINE = "affine"  # the public primitive affine_scan: α and β given as data
     TD_LAMBDA_ADJOINT = "lambda_adjoint"  # the TD(λ) family's backward pass (forward in time)
-    TURN = "turn"  # turn-level discounted returns: the coefficients from the rewards and the model-token mask
+    TURN = "turn"  # turn-level returns and GAE: the coefficients from the rewards, values and model-token flags
+    TURN_FILL = "turn_fill"  # a turn's first-token value carried over the turn (turn GAE's second pass)
     GENERIC = "generic"  # an estimator defined by a coefficient function (registry extensions)
 
     __hash__ = str.__hash__
@@ -59,7 +63,7 @@ class Family(str, enum.Enum):
 # since reading an enum member off its class costs a Python-level lookup on Python 3.11
 _MAIN_FIELD = ((Family.TD_LAMBDA, "rewards"), (Family.VTRACE, "rewards"), (Family.RETRACE, "rewards"),
                (Family.FORWARD, "x"), (Family.AFFINE, "alpha"), (Family.TD_LAMBDA_ADJOINT, "grad_returns"),
-               (Family.TURN, "rewards"))
+               (Family.TURN, "rewards"), (Family.TURN_FILL, "model"))
 
 
 class Problem(NamedTuple):

@@ -110,6 +110,47 @@ def test_turn_returns_on_the_turn_kernel_equal_the_loop(seed, force):
     assert plans, "the calls ran on the turn kernel"
 
 
+@pytest.mark.parametrize("force", [{}, dict(split=True, presolve=False, block_t=16),
+                                   dict(split=True, presolve=True, block_t=16), dict(block_t=16, split=False),
+                                   dict(block_t=16, split=True, presolve=False, shift_load=True)],
+                         ids=["table", "lookback", "three-pass", "walk", "lookback-reload"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_turn_gae_on_the_turn_kernels_equals_the_loop(seed, force):
+    """turn_gae on the turn kernels (one backward scan writing the returns and each turn's advantage at
+    its first token, then the forward fill over the turn) against the float64 loop: NaN rewards and
+    values wherever a turn does not read them (the kernel reads a reward at a turn's last token and a
+    value at its first only), truncated rows bootstrapping from V(s') (NaN for the other rows), empty
+    and one-turn rows, a turn ending at the row's last token, every strategy, NaN-filled outputs; the
+    outputs' dtype the torch path's."""
+    import rollbuf.kernels as K
+
+    r, v, m, _ = _rows(seed, B=9, T=53)
+    m[2, -5:] = True
+    trunc = torch.zeros(9, dtype=torch.bool)
+    trunc[2:6] = True
+    boot = torch.where(trunc, torch.randn(9), float("nan"))
+    _, A, G = _loop(r.double(), v.double(), m, 0.95, 0.9, trunc=trunc, boot=boot)
+    ends = m & ~torch.nn.functional.pad(m, (0, 1))[:, 1:]
+    starts = m & ~torch.nn.functional.pad(m, (1, 0))[:, :-1]
+    r_g, v_g = r.masked_fill(~ends, float("nan")), v.masked_fill(~starts, float("nan"))
+    with K.forced(poison=True, **force):
+        for mask in (m, m.float()):
+            adv, ret = llm.turn_gae(r_g.to(DEV), v_g.to(DEV), mask.to(DEV), 0.95, 0.9, truncated=trunc.to(DEV),
+                                    bootstrap_values=boot.to(DEV), backend="triton")
+            torch.testing.assert_close(adv.double().cpu(), A, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(ret.double().cpu(), G, rtol=1e-5, atol=1e-5)
+        _, A0, G0 = _loop(r.double(), v.double(), m, 0.95, 0.9)
+        adv, ret = llm.turn_gae(r.double().to(DEV), v.double().to(DEV), m.to(DEV), 0.95, 0.9, backend="triton")
+        want = llm.turn_gae(r.double(), v.double(), m, 0.95, 0.9, backend="torch")
+        assert adv.dtype == ret.dtype == want.advantages.dtype == torch.float64
+        torch.testing.assert_close(adv.cpu(), A0, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(ret.cpu(), G0, rtol=1e-12, atol=1e-12)
+        adv, ret = llm.turn_gae(r.to(DEV), v.half().to(DEV), m.to(DEV), 0.95, 0.9, backend="triton")
+        assert adv.dtype == llm.turn_gae(r, v.half(), m, 0.95, 0.9, backend="torch").advantages.dtype
+    fams = {str(key[1][0]) for key in rollbuf.cache.PLANS if key[0] == "launch"}
+    assert {"turn", "turn_fill"} <= fams, "the calls ran on the turn kernels"
+
+
 def test_truncated_rows_bootstrap_their_last_turn():
     r, v, m, _ = _rows(3)
     trunc = torch.zeros(r.shape[0], dtype=torch.bool)

@@ -69,6 +69,8 @@ def variants() -> list[dict]:
         "affine": (Family.AFFINE, STATE, ()),
         "lambda_adjoint": (Family.TD_LAMBDA_ADJOINT, STATE, ()),
         "turns": (Family.TURN, ZERO, ()),
+        "turn_returns": (Family.TURN, ZERO, ("values",)),
+        "turn_fill": (Family.TURN_FILL, ZERO, ()),
     }
     out = []
     backward = {"gae", "mc_returns", "retrace", "vtrace"}  # the families a flipped chunk changes
@@ -81,6 +83,9 @@ def variants() -> list[dict]:
     for mode in ("single", "single-flip", "walk-gather", "walk-gather-flip", "lookback-gather", "lookback-gather-flip"):
         out.append(dict(name=f"affine/{mode}/fp32-reverse", family=Family.AFFINE, carry_in=STATE, absent=(), mode=mode,
                         reverse=True))
+    # turn GAE with a truncated row's V(s') as the state past the row's end
+    for mode in ("single", "lookback-gather", "walk-reload", "aggregates", "outputs"):
+        out.append(dict(name=f"turns/{mode}/fp32-state", family=Family.TURN, carry_in=STATE, absent=(), mode=mode))
     # general strides and time-major unit row stride
     for name in ("gae", "vtrace", "traces"):
         family, ci, absent = fams[name]

@@ -578,12 +578,48 @@ def turn_gae(token_level_rewards, values, response_mask, gamma, lam, *, lam_retu
     when given), broadcast over each turn's model tokens, 0 elsewhere. ``gamma``, ``lam``,
     ``lam_returns``: numbers or ``[*B]``, as in :func:`compute_gae_advantage_return`. One masked GAE scan
     over the turn ends (:func:`compute_gae_advantage_return`); docs/llm.md, section 12."""
+    if turn_ids is None and value_at == "first" and lam_returns is None:
+        res = _turn_gae_kernel(token_level_rewards, values, response_mask, gamma, lam, truncated, bootstrap_values,
+                               out_dtype, backend)
+        if res is not None:
+            return res
     on, start, end = _turns(response_mask, turn_ids)
     v = _turn_values(values, on, start, value_at)
     adv, ret = compute_gae_advantage_return(token_level_rewards, v, end, gamma, lam, lam_returns=lam_returns,
                                             truncated=truncated, bootstrap_values=bootstrap_values,
                                             fill_masked="carry", out_dtype=out_dtype, backend=backend)
     return _turn_outputs(adv, ret, on, end, value_at)
+
+
+def _turn_gae_kernel(rewards, values, response_mask, gamma, lam, truncated, bootstrap_values, out_dtype, backend):
+    """:func:`turn_gae` on the turn kernels (numbers ``gamma`` and ``lam``, values of the mask's shape, the
+    triton backend, no gradient asked for), else None: the returns ``G_k`` at every model token and the
+    advantage ``G_k − V_k`` at each turn's first token in one backward scan, the advantage carried over
+    the turn by a forward fill. ``[*B, T]`` flattened to ``[N, T]``."""
+    from rollbuf import kernels  # the kernels need Triton: imported when asked for
+
+    model = _model_mask(response_mask)
+    r, v = _float_tensor("token_level_rewards", rewards), _float_tensor("values", values)
+    if r.shape != model.shape or v.shape != model.shape or out_dtype not in (None, *validation.FLOATS):
+        return None  # the torch path names what is wrong
+    B, dev = model.shape[:-1], model.device
+    gamma, lam = _hyper("gamma", gamma, B, dev), _hyper("lam", lam, B, dev)
+    if _per_row(gamma, lam) or not _on_turn_kernel(gamma, r, model, backend) or v.device != dev or (
+            torch.is_grad_enabled() and v.requires_grad):
+        return None
+    boot = _window_end_bootstrap(truncated, bootstrap_values, B, dev)
+    ct = torch.float64 if torch.float64 in (r.dtype, v.dtype) else torch.float32
+    out = out_dtype or torch.promote_types(r.dtype, v.dtype)
+    T = model.shape[-1]
+    flat = {"rewards": r.reshape(-1, T), "model": model.reshape(-1, T), "values": v.reshape(-1, T)}
+    carry = None if boot is None else boot.reshape(-1).to(ct).contiguous()
+    (ret, first), _ = kernels.run(Problem(family=Family.TURN, outputs=("returns", "start_advantages"), fields=flat,
+                                          gamma=unit_interval("gamma", gamma), lam=unit_interval("lam", lam),
+                                          carry=carry, compute_dtype=ct, out_dtype=out))
+    (adv,), _ = kernels.run(Problem(family=Family.TURN_FILL, outputs=("advantages",),
+                                    fields={"start_advantages": first, "model": flat["model"]}, compute_dtype=ct,
+                                    out_dtype=out))
+    return GAEResult(adv.reshape(model.shape), ret.reshape(model.shape))
 
 
 def _turn_values(values, on, start, value_at):

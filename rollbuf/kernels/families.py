@@ -4,7 +4,8 @@ from rollbuf.kernels import affine, retrace, td_lambda, traces, turns, vtrace
 from rollbuf.kernels.row import Row
 from rollbuf.problem import Family
 
-ROWS: list[Row] = [td_lambda.ROW, retrace.ROW, vtrace.ROW, traces.ROW, affine.ROW, td_lambda.ADJOINT, turns.ROW]
+ROWS: list[Row] = [td_lambda.ROW, retrace.ROW, vtrace.ROW, traces.ROW, affine.ROW, td_lambda.ADJOINT, turns.ROW,
+                   turns.FILL]
 FAMILIES: dict[Family, Row] = {row.family: row for row in ROWS}
 
 
