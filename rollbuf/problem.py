@@ -19,6 +19,7 @@ family                      fields
 ``TURN``                    ``rewards``, ``model`` (a row's model tokens, nonzero flags), ``values``
                             (``None`` for returns): turn-level returns and GAE on the kernel
                             (``rollbuf.integrations.llm.turn_returns``, ``turn_gae``)
+``TURN_GAE``                the same with ``values`` (turn GAE's first pass; its own strategy entries)
 ``TURN_FILL``               ``start_advantages``, ``model``: a value at each turn's first token
                             carried over the turn (``turn_gae``'s second pass)
 ``GENERIC``                 whatever the estimator's registry entry declares; its coefficient
@@ -49,6 +50,7 @@ class Family(str, enum.Enum):
     AFFINE = "affine"  # the public primitive affine_scan: α and β given as data
     TD_LAMBDA_ADJOINT = "lambda_adjoint"  # the TD(λ) family's backward pass (forward in time)
     TURN = "turn"  # turn-level returns and GAE: the coefficients from the rewards, values and model-token flags
+    TURN_GAE = "turn_gae"  # the same with values (turn-level GAE's first pass): its own strategy entries
     TURN_FILL = "turn_fill"  # a turn's first-token value carried over the turn (turn GAE's second pass)
     GENERIC = "generic"  # an estimator defined by a coefficient function (registry extensions)
 
@@ -63,7 +65,7 @@ class Family(str, enum.Enum):
 # since reading an enum member off its class costs a Python-level lookup on Python 3.11
 _MAIN_FIELD = ((Family.TD_LAMBDA, "rewards"), (Family.VTRACE, "rewards"), (Family.RETRACE, "rewards"),
                (Family.FORWARD, "x"), (Family.AFFINE, "alpha"), (Family.TD_LAMBDA_ADJOINT, "grad_returns"),
-               (Family.TURN, "rewards"), (Family.TURN_FILL, "model"))
+               (Family.TURN, "rewards"), (Family.TURN_GAE, "rewards"), (Family.TURN_FILL, "model"))
 
 
 class Problem(NamedTuple):

@@ -148,7 +148,7 @@ def test_turn_gae_on_the_turn_kernels_equals_the_loop(seed, force):
         adv, ret = llm.turn_gae(r.to(DEV), v.half().to(DEV), m.to(DEV), 0.95, 0.9, backend="triton")
         assert adv.dtype == llm.turn_gae(r, v.half(), m, 0.95, 0.9, backend="torch").advantages.dtype
     fams = {str(key[1][0]) for key in rollbuf.cache.PLANS if key[0] == "launch"}
-    assert {"turn", "turn_fill"} <= fams, "the calls ran on the turn kernels"
+    assert {"turn_gae", "turn_fill"} <= fams, "the calls ran on the turn kernels"
 
 
 def test_truncated_rows_bootstrap_their_last_turn():

@@ -68,7 +68,7 @@ def variants() -> list[dict]:
         "traces": (Family.FORWARD, STATE, ()),
         "affine": (Family.AFFINE, STATE, ()),
         "lambda_adjoint": (Family.TD_LAMBDA_ADJOINT, STATE, ()),
-        "turns": (Family.TURN, ZERO, ()),
+        "turns": (Family.TURN_GAE, ZERO, ()),
         "turn_returns": (Family.TURN, ZERO, ("values",)),
         "turn_fill": (Family.TURN_FILL, ZERO, ()),
     }
@@ -85,7 +85,7 @@ def variants() -> list[dict]:
                         reverse=True))
     # turn GAE with a truncated row's V(s') as the state past the row's end
     for mode in ("single", "lookback-gather", "walk-reload", "aggregates", "outputs"):
-        out.append(dict(name=f"turns/{mode}/fp32-state", family=Family.TURN, carry_in=STATE, absent=(), mode=mode))
+        out.append(dict(name=f"turns/{mode}/fp32-state", family=Family.TURN_GAE, carry_in=STATE, absent=(), mode=mode))
     # general strides and time-major unit row stride
     for name in ("gae", "vtrace", "traces"):
         family, ci, absent = fams[name]

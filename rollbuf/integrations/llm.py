@@ -613,7 +613,7 @@ def _turn_gae_kernel(rewards, values, response_mask, gamma, lam, truncated, boot
     T = model.shape[-1]
     flat = {"rewards": r.reshape(-1, T), "model": model.reshape(-1, T), "values": v.reshape(-1, T)}
     carry = None if boot is None else boot.reshape(-1).to(ct).contiguous()
-    (ret, first), _ = kernels.run(Problem(family=Family.TURN, outputs=("returns", "start_advantages"), fields=flat,
+    (ret, first), _ = kernels.run(Problem(family=Family.TURN_GAE, outputs=("returns", "start_advantages"), fields=flat,
                                           gamma=unit_interval("gamma", gamma), lam=unit_interval("lam", lam),
                                           carry=carry, compute_dtype=ct, out_dtype=out))
     (adv,), _ = kernels.run(Problem(family=Family.TURN_FILL, outputs=("advantages",),

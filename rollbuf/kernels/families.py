@@ -5,7 +5,7 @@ from rollbuf.kernels.row import Row
 from rollbuf.problem import Family
 
 ROWS: list[Row] = [td_lambda.ROW, retrace.ROW, vtrace.ROW, traces.ROW, affine.ROW, td_lambda.ADJOINT, turns.ROW,
-                   turns.FILL]
+                   turns.GAE, turns.FILL]
 FAMILIES: dict[Family, Row] = {row.family: row for row in ROWS}
 
 

@@ -46,9 +46,8 @@ def _load(fam, geo, o, ok, end, ACC: tl.constexpr):
     on, first, last = _flags(f.p_on, geo, o, ok)
     off = core.offsets(geo, o)
     r = tl.load(f.p_r + off, mask=ok & last, other=0).to(ACC)
-    if f.p_v is None:
-        v = r
-    else:
+    v = r  # without values: unused
+    if f.p_v is not None:
         v = tl.load(f.p_v + off, mask=ok & first, other=0).to(ACC)
     return Steps(r, v, on, first, last)
 
