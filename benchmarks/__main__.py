@@ -23,6 +23,8 @@ COMMANDS = {
     "llm-groups": ("benchmarks.llm_groups", "verl's vectorized GRPO and RLOO against rollbuf.integrations.verl (GPU)"),
     "llm-agents": ("benchmarks.llm_agents", "OTB, TIR-OTB, GiGPO and the turn-level estimators against the loops "
                                             "they replace (GPU; --dry-run: CPU)"),
+    "turn-device": ("benchmarks.turn_device", "device time of turn_returns and turn_gae against the token-level "
+                                              "masked GAE (GPU)"),
     "frameworks": ("benchmarks.frameworks", "OpenRLHF's, AReaL's, SkyRL's, slime's and TRL's advantage code against "
                                              "the rollbuf calls that replace it (GPU; --dry-run: CPU)"),
     "wall": ("benchmarks.wall", "every estimator at 2^24 elements in every aspect ratio against a device copy; "
