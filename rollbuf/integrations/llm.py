@@ -579,7 +579,7 @@ def turn_gae(token_level_rewards, values, response_mask, gamma, lam, *, lam_retu
     ``lam_returns``: numbers or ``[*B]``, as in :func:`compute_gae_advantage_return`. One masked GAE scan
     over the turn ends (:func:`compute_gae_advantage_return`); docs/llm.md, section 12."""
     if turn_ids is None and value_at == "first" and lam_returns is None:
-        res = _turn_gae_kernel(token_level_rewards, values, response_mask, gamma, lam, truncated, bootstrap_values,
+        res = _turn_gae_kernel(token_level_rewards, values, response_mask, gamma, lam, (truncated, bootstrap_values),
                                out_dtype, backend)
         if res is not None:
             return res
@@ -591,11 +591,11 @@ def turn_gae(token_level_rewards, values, response_mask, gamma, lam, *, lam_retu
     return _turn_outputs(adv, ret, on, end, value_at)
 
 
-def _turn_gae_kernel(rewards, values, response_mask, gamma, lam, truncated, bootstrap_values, out_dtype, backend):
+def _turn_gae_kernel(rewards, values, response_mask, gamma, lam, cut, out_dtype, backend):
     """:func:`turn_gae` on the turn kernels (numbers ``gamma`` and ``lam``, values of the mask's shape, the
     triton backend, no gradient asked for), else None: the returns ``G_k`` at every model token and the
     advantage ``G_k − V_k`` at each turn's first token in one backward scan, the advantage carried over
-    the turn by a forward fill. ``[*B, T]`` flattened to ``[N, T]``."""
+    the turn by a forward fill; ``cut``: ``(truncated, bootstrap_values)``. ``[*B, T]`` flattened to ``[N, T]``."""
     from rollbuf import kernels  # the kernels need Triton: imported when asked for
 
     model = _model_mask(response_mask)
@@ -607,6 +607,7 @@ def _turn_gae_kernel(rewards, values, response_mask, gamma, lam, truncated, boot
     if _per_row(gamma, lam) or not _on_turn_kernel(gamma, r, model, backend) or v.device != dev or (
             torch.is_grad_enabled() and v.requires_grad):
         return None
+    truncated, bootstrap_values = cut
     boot = _window_end_bootstrap(truncated, bootstrap_values, B, dev)
     ct = torch.float64 if torch.float64 in (r.dtype, v.dtype) else torch.float32
     out = out_dtype or torch.promote_types(r.dtype, v.dtype)
