@@ -91,7 +91,8 @@ class Choices:
 
 @functools.lru_cache(maxsize=4096)
 def strategy(R: int, T: int, time_contiguous: bool = True, *, sms: int = CPU_SMS, long_rows: LongRows | None = None,
-             whole_rows: WholeRows | None = None, flip_chunks: tuple = (), **choices) -> Strategy:
+             whole_rows: WholeRows | None = None, flip_chunks: tuple = (), fill_per_sm: int | None = None,
+             **choices) -> Strategy:
     """Tile sizes, split and warps for ``R`` rows of ``T`` steps on a GPU of ``sms`` SMs.
 
     ======================================  ===============================================================
@@ -121,7 +122,7 @@ def strategy(R: int, T: int, time_contiguous: bool = True, *, sms: int = CPU_SMS
     the chunk lengths flipped for this call (the family's ``Row.flip_chunks``).
     """
     c = Choices(**choices)
-    st = _table(R, T, time_contiguous, c, sms, long_rows, whole_rows)
+    st = _table(R, T, time_contiguous, c, sms, long_rows, whole_rows, sms * (fill_per_sm or FILL_PER_SM))
     return attrs.evolve(st, flip=flip_rule(st, T, flip_chunks) if c.flip is None else bool(c.flip))
 
 
@@ -139,14 +140,16 @@ def flip_rule(st: Strategy, T: int, chunks: tuple) -> bool:
     return st.block_n == 1 and not st.split and st.block_t >= T and st.block_t in chunks
 
 
-def _table(R, T, time_contiguous, c: Choices, sms, long_rows, whole_rows) -> Strategy:
+def _table(R, T, time_contiguous, c: Choices, sms, long_rows, whole_rows, split_below) -> Strategy:
+    """:func:`strategy`'s table; ``split_below``: the rows below which long rows are split (the table's
+    ``FILL_PER_SM · sms``, or the family's own)."""
     block_t, split, shift_load, block_n, presolve = c.block_t, c.split, c.shift_load, c.block_n, c.presolve
     num_warps, resolve_block_r, max_chunk = c.num_warps, c.resolve_block_r, c.max_chunk
     fill = FILL_PER_SM * sms
     mc = max_chunk or MAX_CHUNK
     if whole_rows and time_contiguous and block_t is None and split is None and block_n is None and presolve is None:
         bt = _pow2(T)
-        split_here = -(-T // min(bt, MAX_CHUNK)) > 1 and fill > R
+        split_here = -(-T // min(bt, MAX_CHUNK)) > 1 and split_below > R
         if whole_rows.shortest <= T <= whole_rows.longest and (split_here or not whole_rows.only_split):
             return Strategy(1, bt, False, 1, num_warps or dict(whole_rows.warps)[bt],
                             bt > GATHER_MAX_T if shift_load is None else shift_load, resolve_block_r=resolve_block_r)
@@ -171,7 +174,7 @@ def _table(R, T, time_contiguous, c: Choices, sms, long_rows, whole_rows) -> Str
     chunks = -(-T // bt)
     sl = bt > GATHER_MAX_T if shift_load is None else shift_load
     if split is None:
-        split = chunks > 1 and fill > R
+        split = chunks > 1 and split_below > R
     if split:
         bn = block_n or 1
         pre = R <= PRESOLVE_MAX_ROWS if presolve is None else presolve
@@ -508,7 +511,7 @@ class Launch:
         flip_chunks = fam.flip_chunks if timed else ()
         fc["max_chunk"] = fc.get("max_chunk") or fam.max_chunk
         st = strategy(self.R, T, T == 1 or s_t == 1, sms=device_sms(self.device), long_rows=fam.long_rows,
-                      whole_rows=whole, flip_chunks=flip_chunks, flip=flip, **fc)
+                      whole_rows=whole, flip_chunks=flip_chunks, fill_per_sm=fam.fill_per_sm, flip=flip, **fc)
         self.strategy = st
         tiles = -(-self.R // st.block_n)
         self.grid = tiles * st.num_seg if st.split else tiles

@@ -5,7 +5,7 @@ values and model-token flags in registers (:func:`rollbuf.integrations.llm.turn_
 turn's advantage from its first token over the turn (family ``TURN_FILL``). Triton only: the other
 backends run the same estimators over coefficients and turn values made by torch ops."""
 
-from rollbuf.kernels.row import Row
+from rollbuf.kernels.row import LongRows, Row
 from rollbuf.problem import Family
 
 
@@ -20,12 +20,14 @@ def fill_kernel():
 
 
 # the state past a row's end: 0 (its last turn terminal), or V(s') of a truncated row as the carry in.
-# Turn GAE (values given) runs the same kernel as its own family for its longest chunk: 1024 tokens, where
-# the exclusive state it reads comes faster than from 2048-token chunks (673 µs against 295 at 256 x
-# 131072 on an H100; the returns, which read the inclusive state, are fastest at 2048: 162 µs against
-# 207; docs/kernel-choices.md, 'The turn kernels').
+# Turn GAE (values given) runs the same kernel as its own family for its own entries of the table: its
+# long rows are walked, one program per row, from one row per SM on (the table splits them below 8 per
+# SM), and its fill's split rows take 4 warps; at 256 x 131072 on an H100 the first pass took 250 µs
+# walked against 306 split in 1024-token chunks and 673 in 2048-token ones, the fill 124 µs against 140
+# with 8 warps (the returns keep the table: 162 µs; docs/kernel-choices.md, 'The turn kernels').
 FIELDS = ("rewards", "model", "values")
 ROW = Row(Family.TURN, kernel, FIELDS, ("returns", "start_advantages"), ("p_ret", "p_adv"), scalars=("gamma", "lam"))
 GAE = Row(Family.TURN_GAE, kernel, FIELDS, ("returns", "start_advantages"), ("p_ret", "p_adv"),
-          scalars=("gamma", "lam"), max_chunk=1024)
-FILL = Row(Family.TURN_FILL, fill_kernel, ("start_advantages", "model"), ("advantages",), ("p_out",), backward=False)
+          scalars=("gamma", "lam"), fill_per_sm=1)
+FILL = Row(Family.TURN_FILL, fill_kernel, ("start_advantages", "model"), ("advantages",), ("p_out",), backward=False,
+           long_rows=LongRows(1, 8, 4))
