@@ -80,11 +80,26 @@ def test_turn_returns_and_gae_equal_the_loop(seed, explicit):
 DEV = "cuda" if torch.cuda.is_available() else "cpu"  # the kernel: on the GPU, else under the interpreter
 
 
+@pytest.fixture
+def kernel_calls(monkeypatch):
+    """The families ``rollbuf.kernels.run`` was called with during the test (the turn paths call it)."""
+    import rollbuf.kernels as K
+
+    seen, run = [], K.run
+
+    def spy(p):
+        seen.append(str(p.family))
+        return run(p)
+
+    monkeypatch.setattr(K, "run", spy)
+    return seen
+
+
 @pytest.mark.parametrize("force", [{}, dict(split=True, presolve=False, block_t=16),
                                    dict(split=True, presolve=True, block_t=16), dict(block_t=16, split=False)],
                          ids=["table", "lookback", "three-pass", "walk"])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_turn_returns_on_the_turn_kernel_equal_the_loop(seed, force):
+def test_turn_returns_on_the_turn_kernel_equal_the_loop(seed, force, kernel_calls):
     """turn_returns on the turn kernel (the coefficients from the rewards and the model-token flags in
     registers) against the float64 loop: empty rows, one-turn rows, turns ending at the row's last token,
     odd lengths, every strategy of the table (one chunk, rows walked in chunks, split rows by the look-back
@@ -106,8 +121,7 @@ def test_turn_returns_on_the_turn_kernel_equal_the_loop(seed, force):
         got = llm.turn_returns(r.to(DEV), m.to(DEV), 0.9, backend="triton", out_dtype=torch.bfloat16)
         assert got.dtype == torch.bfloat16
         torch.testing.assert_close(got.double().cpu(), R, rtol=1e-2, atol=1e-2)
-    plans = [v for key, v in rollbuf.cache.PLANS.items() if key[0] == "launch" and str(key[1][0]) == "turn"]
-    assert plans, "the calls ran on the turn kernel"
+    assert kernel_calls == ["turn"] * 5, kernel_calls
 
 
 @pytest.mark.parametrize("force", [{}, dict(split=True, presolve=False, block_t=16),
@@ -115,7 +129,7 @@ def test_turn_returns_on_the_turn_kernel_equal_the_loop(seed, force):
                                    dict(block_t=16, split=True, presolve=False, shift_load=True)],
                          ids=["table", "lookback", "three-pass", "walk", "lookback-reload"])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_turn_gae_on_the_turn_kernels_equals_the_loop(seed, force):
+def test_turn_gae_on_the_turn_kernels_equals_the_loop(seed, force, kernel_calls):
     """turn_gae on the turn kernels (one backward scan writing the returns and each turn's advantage at
     its first token, then the forward fill over the turn) against the float64 loop: NaN rewards and
     values wherever a turn does not read them (the kernel reads a reward at a turn's last token and a
@@ -147,8 +161,38 @@ def test_turn_gae_on_the_turn_kernels_equals_the_loop(seed, force):
         torch.testing.assert_close(ret.cpu(), G0, rtol=1e-12, atol=1e-12)
         adv, ret = llm.turn_gae(r.to(DEV), v.half().to(DEV), m.to(DEV), 0.95, 0.9, backend="triton")
         assert adv.dtype == llm.turn_gae(r, v.half(), m, 0.95, 0.9, backend="torch").advantages.dtype
-    fams = {str(key[1][0]) for key in rollbuf.cache.PLANS if key[0] == "launch"}
-    assert {"turn_gae", "turn_fill"} <= fams, "the calls ran on the turn kernels"
+    assert kernel_calls == ["turn_gae", "turn_fill"] * 4, kernel_calls
+
+
+def test_the_turn_kernels_leave_to_the_torch_path(kernel_calls):
+    """The turn kernels are not taken where the torch path does something they do not: a gradient asked
+    for (of the rewards, the values or bootstrap_values), ``rollbuf.check_finite`` (the torch path names a
+    non-finite input), per-row γ; and the kernel path's outputs have the torch path's dtype with a
+    ``bootstrap_values`` of a wider dtype."""
+    r, v, m, _ = _rows(4, B=6, T=31)
+    trunc = torch.ones(6, dtype=torch.bool)
+    boot = torch.randn(6, dtype=torch.float64)
+    args = [x.to(DEV) for x in (r, v, m)]
+    kw = dict(truncated=trunc.to(DEV), bootstrap_values=boot.to(DEV), backend="triton")
+    got = llm.turn_gae(*args, 0.9, 0.8, **kw)
+    want = llm.turn_gae(r, v, m, 0.9, 0.8, truncated=trunc, bootstrap_values=boot, backend="torch")
+    assert kernel_calls == ["turn_gae", "turn_fill"], kernel_calls
+    assert got.advantages.dtype == got.returns.dtype == want.advantages.dtype == torch.float64
+    torch.testing.assert_close(got.advantages.cpu(), want.advantages, rtol=1e-5, atol=1e-5)
+    kernel_calls.clear()
+    b = boot.to(DEV).requires_grad_()
+    res = llm.turn_gae(*args, 0.9, 0.8, truncated=trunc.to(DEV), bootstrap_values=b, backend="triton")
+    res.returns.sum().backward()
+    assert b.grad is not None
+    llm.turn_returns(args[0].requires_grad_(), args[2], 0.9, backend="triton")
+    llm.turn_returns(args[0].detach(), args[2], torch.full((6,), 0.9, device=DEV), backend="triton")
+    bad = args[0].detach().clone()
+    bad[2, m[2].nonzero()[-1, 0]] = float("nan")
+    with rollbuf.check_finite():
+        llm.turn_returns(args[0].detach(), args[2], 0.9, backend="triton")
+        with pytest.raises(ValueError, match="rewards"):
+            llm.turn_gae(bad, args[1], args[2], 0.9, 0.8, backend="triton")
+    assert not [f for f in kernel_calls if f.startswith("turn")], kernel_calls  # the generic scans only
 
 
 def test_truncated_rows_bootstrap_their_last_turn():

@@ -263,13 +263,19 @@ def test_optimal_token_baselines_equal_verl(name, seed, weighted, zero_tail):
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
-def test_optimal_token_baseline_kernel_is_as_exact_as_verl(seed):
+def test_optimal_token_baseline_kernel_is_as_exact_as_verl(seed, monkeypatch):
     """OTB on its kernel (one program per group; under Triton's interpreter on a CPU machine) against verl
     0.9.1's loop run in float64: every row within verl's own float32 error of it (the kernel sums in
     float64; verl's float32 ``Σ W`` can cancel) plus 1e-6 of the row's return scale, and the returns
     verl's bit for bit. EOS and multi-turn masks, all-masked rows, singleton and uneven groups, tied and
     unique longest rows, with and without importance weights, both zero-tail modes, an int64 and a bool
-    mask, odd lengths and chunk edges inside the rows (L = 37, 16-token chunks for the groups of 6)."""
+    mask, odd lengths and chunk edges inside the rows (L = 37 in 16-token chunks: W's running sum carried
+    across chunks); the calls ran on the kernel."""
+    from rollbuf.kernels import token_baseline
+
+    monkeypatch.setattr(token_baseline, "TILE", 128)  # 8 rows (groups of up to 6) x 16 tokens a chunk
+    runs, run = [], token_baseline.run
+    monkeypatch.setattr(token_baseline, "run", lambda *a, **k: runs.append(1) or run(*a, **k))
     rewards, mask, labels, lp, spi2, isw = _otb_inputs(seed, B=40, L=37)
     index = index_of(labels, "str")
     for weighted, zero_tail, m in ((False, True, mask), (True, False, mask), (True, True, mask.bool())):
@@ -285,6 +291,17 @@ def test_optimal_token_baseline_kernel_is_as_exact_as_verl(seed):
         err, verl_err = (ours - exact).abs().amax(-1), (theirs - exact).abs().amax(-1)
         assert (err <= verl_err + 1e-6 * scale).all(), (err / scale).max()
         assert (ours[m.to(DEV) == 0] == 0).all()
+    assert len(runs) == 3
+    # a fractional float mask: its lengths truncated to integers for the tail rule, as on the torch path
+    frac = mask.float() * torch.where(torch.rand(mask.shape, generator=torch.Generator().manual_seed(seed)) < 0.3,
+                                      0.5, 1.0)
+    kw = dict(token_level_rewards=rewards.to(DEV), response_mask=frac.to(DEV), index=index, old_log_probs=lp.to(DEV),
+              sum_pi_squared=spi2.to(DEV))
+    ours = R.compute_optimal_token_baseline_advantage(**kw, backend="triton")[0]
+    torch_path = R.compute_optimal_token_baseline_advantage(**kw, backend="torch")[0]
+    assert len(runs) == 4
+    scale = rewards.abs().sum(-1, keepdim=True).to(DEV).clamp_min(1e-6)
+    torch.testing.assert_close(ours / scale, torch_path / scale, rtol=0, atol=1e-5)
 
 
 def test_optimal_token_baseline_kernel_leaves_large_groups_and_tensor_ids_to_torch(monkeypatch):

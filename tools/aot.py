@@ -208,7 +208,9 @@ def _signature(v: dict):
         ones |= {"s_n", "s_on"}
     ci = v["carry_in"]
     backward = v.get("reverse", fam.backward)
-    carry = dict(p_ci=ci != ZERO, p_co=v.get("carry_out", not fam.backward or ci == STATE),
+    # the forward estimators and the affine scan return their carry out (final); the turn fill does not
+    carry = dict(p_ci=ci != ZERO, p_co=v.get("carry_out", (not fam.backward and fam.family != Family.TURN_FILL)
+                                              or ci == STATE),
                  p_ws=mode.pass_ not in (0, 4))  # rows walked or one chunk: no scratch
     for i, name in enumerate(params):
         if name == "fields":

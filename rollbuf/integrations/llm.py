@@ -545,8 +545,10 @@ def turn_returns(token_level_rewards, response_mask, gamma, *, turn_ids=None, ou
 def _on_turn_kernel(gamma, rewards, model, backend) -> bool:
     """Whether :func:`turn_returns` runs on the turn kernel: a number ``gamma``, the triton backend (``auto``
     on CUDA tensors), the mask on the rewards' device, no gradient asked for (the kernel has no backward:
-    the affine scan's path has)."""
+    the affine scan's path has), not under :class:`rollbuf.check_finite` (the torch path checks)."""
     if isinstance(gamma, torch.Tensor) or rewards.shape[-1] == 0 or model.device != rewards.device:
+        return False
+    if validation.checking_finite():  # the torch path reads the inputs back and names a non-finite one
         return False
     if torch.is_grad_enabled() and rewards.requires_grad:
         return False
@@ -604,13 +606,15 @@ def _turn_gae_kernel(rewards, values, response_mask, gamma, lam, cut, out_dtype,
         return None  # the torch path names what is wrong
     B, dev = model.shape[:-1], model.device
     gamma, lam = _hyper("gamma", gamma, B, dev), _hyper("lam", lam, B, dev)
-    if _per_row(gamma, lam) or not _on_turn_kernel(gamma, r, model, backend) or v.device != dev or (
-            torch.is_grad_enabled() and v.requires_grad):
-        return None
     truncated, bootstrap_values = cut
+    floats = [x for x in (v, bootstrap_values) if isinstance(x, torch.Tensor)]
+    if _per_row(gamma, lam) or not _on_turn_kernel(gamma, r, model, backend) or v.device != dev or (
+            torch.is_grad_enabled() and any(x.requires_grad for x in floats)):
+        return None
     boot = _window_end_bootstrap(truncated, bootstrap_values, B, dev)
-    ct = torch.float64 if torch.float64 in (r.dtype, v.dtype) else torch.float32
-    out = out_dtype or torch.promote_types(r.dtype, v.dtype)
+    dtypes = [r.dtype, *(x.dtype for x in floats)]  # the torch path's promotion, bootstrap_values included
+    ct = torch.float64 if torch.float64 in dtypes else torch.float32
+    out = out_dtype or functools.reduce(torch.promote_types, dtypes)
     T = model.shape[-1]
     flat = {"rewards": r.reshape(-1, T), "model": model.reshape(-1, T), "values": v.reshape(-1, T)}
     carry = None if boot is None else boot.reshape(-1).to(ct).contiguous()

@@ -97,7 +97,8 @@ def run(returns: torch.Tensor, mask: torch.Tensor, old_log_probs: torch.Tensor, 
                                                                     rollout_is_weights))
     block_m = max(2, 1 << (int(largest) - 1).bit_length())
     block_t = max(16, min(TILE // block_m, 1 << max(0, L - 1).bit_length()))
-    args = dict(fields=fields, groups=(perm, gstart, gsize), p_len=mask.sum(dim=-1), p_out=out, L=L,
+    # the lengths as integers, as verl's tail rule reads them (a fractional float mask's sums truncated)
+    args = dict(fields=fields, groups=(perm, gstart, gsize), p_len=mask.sum(dim=-1).long(), p_out=out, L=L,
                 eps=float(epsilon))
     kernel = _kernel(bool(zero_tail), block_m, block_t)
     if returns.device.type == "cuda":
