@@ -221,13 +221,18 @@ def _gigpo_rows(args, device, g, rng):
     return out
 
 
-def _turn_rows(args, device, g):
-    B, L = args.turn_size
+def turn_batch(B, L, turns, device, g):
+    """``(rewards, values, mask)`` ``[B, L]``: ~``turns`` turns per row, runs of model tokens between tool
+    replies (the turn rows here and in benchmarks/turn_device.py)."""
     r = torch.randn(B, L, generator=g).to(device)
     v = torch.randn(B, L, generator=g).to(device)
-    # ~args.turns turns per row: runs of model tokens between tool replies
-    cut = torch.rand(B, L, generator=g) < 2 * args.turns / L
-    m = (torch.cumsum(cut, -1) % 2 == 0).to(device)
+    cut = torch.rand(B, L, generator=g) < 2 * turns / L
+    return r, v, (torch.cumsum(cut, -1) % 2 == 0).to(device)
+
+
+def _turn_rows(args, device, g):
+    B, L = args.turn_size
+    r, v, m = turn_batch(B, L, args.turns, device, g)
     token = _time(lambda: llm.compute_gae_advantage_return(r, v, m, 0.99, 0.95), device, args.budget_s)
     out = []
     for name, fn in (("turn_returns", lambda backend="auto": llm.turn_returns(r, m, 0.99, backend=backend)),

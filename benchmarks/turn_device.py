@@ -20,7 +20,7 @@ import torch
 def main(argv=None) -> int:
     from torch.profiler import ProfilerActivity, profile
 
-    from benchmarks.llm_agents import provenance
+    from benchmarks.llm_agents import provenance, turn_batch
     from rollbuf.integrations import llm
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -30,10 +30,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     g = torch.Generator().manual_seed(0)
     (B, L), turns = args.size, args.turns
-    r = torch.randn(B, L, generator=g).cuda()
-    v = torch.randn(B, L, generator=g).cuda()
-    cut = torch.rand(B, L, generator=g) < 2 * turns / L
-    m = (torch.cumsum(cut, -1) % 2 == 0).cuda()
+    r, v, m = turn_batch(B, L, turns, "cuda", g)
     rows = []
     for name, fn in (("masked_gae", lambda: llm.compute_gae_advantage_return(r, v, m, 0.99, 0.95)),
                      ("turn_returns", lambda: llm.turn_returns(r, m, 0.99)),

@@ -92,10 +92,16 @@ def _host_layout(inv: np.ndarray, counts: np.ndarray) -> np.ndarray:
     as uint16, which NumPy's stable sort takes by radix sort (wider ranks: timsort)."""
     b = inv.size
     out = np.empty((3, b), dtype=np.int32 if b < 2**31 else np.int64)
-    out[0] = np.argsort(inv.astype(np.uint16) if counts.size <= 2**16 else inv, kind="stable")
+    out[0] = _group_order(inv, counts)
     out[1] = (np.cumsum(counts) - counts)[inv]
     out[2] = counts[inv]
     return out
+
+
+def _group_order(inv: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """The samples group by group, each group's in ascending sample order: a stable sort of the ranks
+    ``inv`` (up to 2^16 groups as uint16, which NumPy's stable sort takes by radix sort)."""
+    return np.argsort(inv.astype(np.uint16) if counts.size <= 2**16 else inv, kind="stable")
 
 
 def _to_device(arr: np.ndarray, device) -> torch.Tensor:
@@ -483,7 +489,7 @@ def optimal_token_baseline(returns, response_mask, index, weights, *, epsilon: f
             raise ValueError(f"index must hold one label per row ({returns.shape[0]}), got {len(inv)}")
         if counts.max(initial=0) <= kernel.MAX_GROUP:
             b = inv.size
-            host = np.concatenate([np.argsort(inv, kind="stable"), np.cumsum(counts) - counts, counts])
+            host = np.concatenate([_group_order(inv, counts), np.cumsum(counts) - counts, counts])
             dev = _to_device(host.astype(np.int32 if b < 2**31 else np.int64), returns.device)
             layout = (dev[:b], dev[b:b + counts.size], dev[b + counts.size:], int(counts.max(initial=1)))
             return kernel.run(returns, m, lp, spi2, isw, layout, epsilon=outcome_epsilon(epsilon), zero_tail=zero_tail)
