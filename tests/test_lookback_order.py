@@ -3,10 +3,10 @@
 A launch of split rows runs one program per chunk; each publishes its chunk's aggregate map (flag 1),
 looks back over the chunks before it in scan order, composing the aggregates of those that have not
 published their inclusive state yet and waiting on any that published nothing (flag 0), until one
-that did (flag 2). Triton's interpreter runs a launch's programs one after another, in ticket order,
+that did (flag 2). Triton's interpreter runs a launch's programs one after another, in index order,
 so in a plain launch every predecessor has finished (flag 2) and neither the composing nor the
 waiting branch runs. This harness runs one launch's programs one at a time (a launch of one program
-whose ticket counter is set first), against a scratch seeded with what other programs of the same
+whose index is set by ``sizes.p0``), against a scratch seeded with what other programs of the same
 launch would have published, in reverse and shuffled orders, and with a predecessor that publishes
 only while the program waits on it (a second thread). Seeded states that must not be read are NaN,
 so a branch taken wrongly shows up; every order's outputs equal the plain launch's and the
@@ -63,7 +63,7 @@ class Harness:
         self.maps = self.W - (2 if self.la.pair_maps else 1)  # map components per slot
         self.slot = self.W * st.block_n
         args, outs, co, ws = self.la.prepare(*self.la.inputs(p))
-        self.la.launch(args, ws)  # plain: every program in ticket order
+        self.la.launch(args, ws)  # plain: every program in index order
         self.plain, self.plain_carry, self.published = [o.clone() for o in outs], co, ws.clone()
 
     def flags(self, ws):
@@ -79,14 +79,14 @@ class Harness:
             ws[a:a + n] = self.published[a:a + n]
         if flag == 2:
             ws[a:a + self.slot] = self.published[a:a + self.slot]
-        self.flags(ws)[1 + slot] = flag
+        self.flags(ws)[slot] = flag
 
     def vid(self, tile, rank):
         return rank * self.tiles + tile
 
     def run(self, ws, args, vid):
-        self.flags(ws)[0] = vid  # the ticket the one program takes
-        self.la.launch(args, ws, grid=1)
+        """Program ``vid`` of the launch, by itself (``sizes.p0``: the index of the launch's first program)."""
+        self.la.launch(dict(args, sizes=(*args["sizes"][:-1], vid)), ws, grid=1)
 
     def check(self, outs, co):
         for a, b in zip(outs, self.plain):
@@ -108,7 +108,7 @@ def _setup(name, mix="term+trunc+mask"):
 @pytest.mark.parametrize("mix", ["term+trunc+mask", "term+trunc"], ids=["mask", "no-mask"])
 @pytest.mark.parametrize("name", NAMES)
 def test_reverse_order_composes_aggregates(name, mix):
-    """Programs in reverse ticket order; every chunk before them has published its aggregate only
+    """Programs in reverse index order; every chunk before them has published its aggregate only
     (its state NaN), the first chunk of each row its state: every program composes all the
     aggregates back to its row's first chunk. With and without a mask (TD(λ) and V-trace scan
     other states without one)."""
@@ -143,7 +143,7 @@ def test_shuffled_order_mixes_composed_and_found_states(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_program_waits_on_an_unpublished_predecessor(name):
     """A program whose predecessor has published nothing (flag 0) waits for it: a second thread
-    publishes that chunk only once the program has taken its ticket and published its own aggregate;
+    publishes that chunk only once the program has published its own aggregate;
     the program then finishes with the plain launch's outputs. The last chunk in scan order of row
     tile 1 waits on the chunk before it, which the thread publishes as an aggregate first and its
     state a moment later, so the program also composes while waiting."""
@@ -159,11 +159,11 @@ def test_program_waits_on_an_unpublished_predecessor(name):
 
     def publisher():
         deadline = time.monotonic() + 120
-        while int(h.flags(ws)[1 + tile * 5 + rank]) != 1:  # the program published its aggregate
+        while int(h.flags(ws)[tile * 5 + rank]) != 1:  # the program published its aggregate
             assert time.monotonic() < deadline
             time.sleep(0.01)
         time.sleep(0.3)
-        waited["before"] = int(h.flags(ws)[1 + tile * 5 + rank])  # still 1: it is waiting
+        waited["before"] = int(h.flags(ws)[tile * 5 + rank])  # still 1: it is waiting
         h.seed(ws, tile * 5 + 3, 1)  # the predecessor's aggregate first ...
         time.sleep(0.3)
         h.seed(ws, tile * 5 + 2, 2)  # ... then the state of the one before it
@@ -173,7 +173,7 @@ def test_program_waits_on_an_unpublished_predecessor(name):
     h.run(ws, args, vid)
     th.join(timeout=120)
     assert waited.get("before") == 1
-    assert int(h.flags(ws)[1 + tile * 5 + rank]) == 2
+    assert int(h.flags(ws)[tile * 5 + rank]) == 2
     # only that program ran: its chunk equals the plain launch's
     lo, hi = (0, 8) if h.la.fam.backward else (32, 37)
     for a, b in zip(outs, h.plain):

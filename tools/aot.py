@@ -223,7 +223,7 @@ def _signature(v: dict):
             sig[name] = tuple("*" + acc if carry[n] else "constexpr" for n in carry)
             cx.update({(i, j): None for j, n in enumerate(carry) if not carry[n]})
         elif name == "sizes":
-            sizes = ("R", "T", "F", "s_n", "s_t", "s_on", "s_ot")
+            sizes = ("R", "T", "F", "s_n", "s_t", "s_on", "s_ot", "p0")
             sig[name] = tuple("constexpr" if n in ones else "i32" for n in sizes)
             cx.update({(i, j): 1 for j, n in enumerate(sizes) if n in ones})
         elif name == "CFG":

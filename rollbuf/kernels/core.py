@@ -75,8 +75,9 @@ Scan = namedtuple("Scan", "LOAD STEP EMIT PAIR CARRY2 INCLUSIVE REVERSE")
 # it; REVERSE: the affine scan's direction, which the other families fix themselves)
 Config = namedtuple("Config", "PASS CARRY_IN ACC BLOCK_N BLOCK_T SHIFT_LOAD FLIP REVERSE", defaults=(False,))
 # the entry kernel's ``sizes``: R rows (N·F) of T steps, F features (1 but for the forward estimators'
-# x), the fields' pair of strides (s_n, s_t) and the outputs' (s_on, s_ot)
-Sizes = namedtuple("Sizes", "R T F s_n s_t s_on s_ot")
+# x), the fields' pair of strides (s_n, s_t) and the outputs' (s_on, s_ot), the index of the launch's
+# first program (p0: 0 but in tests that run one program of a launch by itself)
+Sizes = namedtuple("Sizes", "R T F s_n s_t s_on s_ot p0")
 # the entry kernel's ``carries``: the carry in and out per row, the split rows' scratch; None = absent
 Carries = namedtuple("Carries", "p_ci p_co p_ws")
 # a program's rows: indices and which are < R ([BLOCK_N]), env and feature index ([BLOCK_N, 1]),
@@ -280,9 +281,9 @@ def _shift(x, c, lanes, REVERSE: tl.constexpr, BLOCK_T: tl.constexpr):
 
 # ---- the scratch of split rows -----------------------------------------------------------------
 # Slot ``tile·NUM_SEG + rank`` holds W·BLOCK_N values: the chunk's aggregate map (2 components, or
-# 5 for a pair), then its inclusive state (1 or 2). After the slots: int32 words, the ticket
-# counter, then one flag per slot (0 = nothing yet, 1 = aggregate published, 2 = inclusive state
-# published). The caller allocates it per call and zeroes the flag words on the stream.
+# 5 for a pair), then its inclusive state (1 or 2). After the slots: int32 words, one flag per slot
+# (0 = nothing yet, 1 = aggregate published, 2 = inclusive state published). The caller allocates
+# it per call and zeroes the flag words on the stream.
 
 
 @triton.jit
@@ -386,11 +387,11 @@ def _look_back(p_ws, p_flag, tile, rank, NUM_SEG, g, cu, cv, BLOCK_N: tl.constex
     if rank > 0:
         _store_map(p_slot, g, o_b, BLOCK_N, PAIR)
         tl.debug_barrier()
-        tl.atomic_xchg(p_flag + 1 + slot, 1, sem="release")
+        tl.atomic_xchg(p_flag + slot, 1, sem="release")
         m = _identity(BLOCK_N, PAIR, ACC)  # the aggregates between the state found and this chunk
         pr = rank - 1
         while pr >= 0:
-            p_fl = p_flag + 1 + tile * NUM_SEG + pr
+            p_fl = p_flag + tile * NUM_SEG + pr
             fl = tl.atomic_add(p_fl, 0, sem="acquire")
             while fl == 0:  # not started, or not published yet: wait (it started before this one)
                 fl = tl.atomic_add(p_fl, 0, sem="acquire")
@@ -405,7 +406,7 @@ def _look_back(p_ws, p_flag, tile, rank, NUM_SEG, g, cu, cv, BLOCK_N: tl.constex
     iu, iv = apply(g, cu, cv, PAIR)
     _store_state(p_slot, iu, iv, o_b, BLOCK_N, PAIR)
     tl.debug_barrier()
-    tl.atomic_xchg(p_flag + 1 + slot, 2, sem="release")
+    tl.atomic_xchg(p_flag + slot, 2, sem="release")
     return cu, cv
 
 
@@ -581,23 +582,20 @@ def _finish(fam, geo, e, cu, cv, end, start, p_co, scan, cfg, FOLD: tl.constexpr
 
 
 @triton.jit
-def _program(R, T, p_ws, PAIR: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, PASS: tl.constexpr):
+def _program(R, p0, BLOCK_N: tl.constexpr, PASS: tl.constexpr):
     """``(tile, rank)`` of this program: its row tile and, for split rows, its chunk's rank in scan
-    order (0 = first). The look-back hands out tickets in the order programs start, so a program only
-    ever waits on programs that started before it and the chain cannot deadlock; consecutive tickets
-    go to different row tiles at the same rank, so the programs in flight advance many rows' chains
-    at once."""
+    order (0 = first); ``p0``: the index of the launch's first program (0 but where a test runs one
+    program of a launch by itself). Consecutive programs take different row tiles at the same rank,
+    so that the programs in flight advance many rows' chains at once. A program of the look-back
+    waits only on programs of a lower index, which the GPU starts first (it starts a grid's
+    programs in index order), so the chain cannot deadlock; no ticket is taken (a counter that
+    every program increments before its first load cost 8-11 µs at 2^24 elements on an H100:
+    docs/kernel-choices.md, 'Long rows split: look-back or three passes')."""
+    vid = tl.program_id(0).to(tl.int64) + p0
     if PASS == WALK or PASS == ONE_CHUNK:
-        tile = tl.program_id(0).to(tl.int64)
-        return tile, tile * 0
+        return vid, vid * 0
     else:
         tiles = tl.cdiv(R, BLOCK_N)
-        if PASS == LOOKBACK:
-            W: tl.constexpr = 3 + 4 * PAIR  # slot width: map components + state
-            p_flag = (p_ws + tiles * tl.cdiv(T, BLOCK_T) * (W * BLOCK_N)).to(tl.pointer_type(tl.int32))
-            vid = tl.atomic_add(p_flag, 1).to(tl.int64)
-        else:
-            vid = tl.program_id(0).to(tl.int64)
         return vid % tiles, vid // tiles
 
 
@@ -638,7 +636,7 @@ def drive(fam, sizes, carries, scan, cfg):
     FLIP: tl.constexpr = cfg.FLIP
     R, T, F = sizes.R, sizes.T, sizes.F
     p_ci, p_co, p_ws = carries.p_ci, carries.p_co, carries.p_ws
-    tile, rank = _program(R, T, p_ws, PAIR, BLOCK_N, BLOCK_T, PASS)
+    tile, rank = _program(R, sizes.p0, BLOCK_N, PASS)
     rows = tile * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)
     row_ok = rows < R
     geo = Geo(rows, row_ok, (rows // F)[:, None], (rows % F)[:, None], F, sizes.s_n, sizes.s_t, sizes.s_on,

@@ -490,7 +490,7 @@ class Launch:
                           else tuple(slots.index(fam.out_params[fam.outputs.index(o)]) for o in self.out_names))
         self.n_slots = len(slots)
         # the sizes and strides: the same for every call of this signature
-        self.sizes = (self.R, T, F if p.family == Family.FORWARD else 1, s_n, s_t, self.s_on, self.s_ot)
+        self.sizes = (self.R, T, F if p.family == Family.FORWARD else 1, s_n, s_t, self.s_on, self.s_ot, 0)
 
         # -- strategy, grid, constexprs -------------------------------------------------------------
         from triton.language import float32, float64
@@ -536,7 +536,7 @@ class Launch:
             self.scratch_words = 0
         elif not st.presolve:
             self.passes = (Kernel(jit, const(LOOKBACK), st.num_warps, names, True),)
-            self.scratch_words = 1 + self.grid  # ticket counter, one flag per chunk
+            self.scratch_words = self.grid  # one flag per chunk
         elif st.presolve == 2:  # two passes: each output chunk composes the aggregates before it (forced only)
             self.passes = (Kernel(jit, const(AGGREGATES), st.num_warps, names, True),
                            Kernel(jit, const(RESOLVING), st.num_warps, names, True))
