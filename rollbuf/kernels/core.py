@@ -73,7 +73,7 @@ Fam = namedtuple("Fam", "fields outputs scalars")
 Scan = namedtuple("Scan", "LOAD STEP EMIT PAIR CARRY2 INCLUSIVE REVERSE")
 # the launch's configuration: the entry kernel's one constexpr parameter ``CFG`` (host.Launch builds
 # it; REVERSE: the affine scan's direction, which the other families fix themselves)
-Config = namedtuple("Config", "PASS CARRY_IN ACC BLOCK_N BLOCK_T SHIFT_LOAD FLIP REVERSE", defaults=(False,))
+Config = namedtuple("Config", "PASS CARRY_IN ACC BLOCK_N BLOCK_T SHIFT_LOAD FLIP REVERSE STAGES", defaults=(False, 1))
 # the entry kernel's ``sizes``: R rows (N·F) of T steps, F features (1 but for the forward estimators'
 # x), the fields' pair of strides (s_n, s_t) and the outputs' (s_on, s_ot), the index of the launch's
 # first program (p0: 0 but in tests that run one program of a launch by itself)
@@ -584,18 +584,19 @@ def _finish(fam, geo, e, cu, cv, end, start, p_co, scan, cfg, FOLD: tl.constexpr
 @triton.jit
 def _program(R, p0, BLOCK_N: tl.constexpr, PASS: tl.constexpr):
     """``(tile, rank)`` of this program: its row tile and, for split rows, its chunk's rank in scan
-    order (0 = first); ``p0``: the index of the launch's first program (0 but where a test runs one
-    program of a launch by itself). Consecutive programs take different row tiles at the same rank,
+    order (0 = first); ``p0``: the index of the launch's first program of split rows (0 but where a
+    test runs one program of a launch by itself). Consecutive programs take different row tiles at the same rank,
     so that the programs in flight advance many rows' chains at once. A program of the look-back
     waits only on programs of a lower index, which the GPU starts first (it starts a grid's
     programs in index order), so the chain cannot deadlock; no ticket is taken (a counter that
     every program increments before its first load cost 8-11 µs at 2^24 elements on an H100:
     docs/kernel-choices.md, 'Long rows split: look-back or three passes')."""
-    vid = tl.program_id(0).to(tl.int64) + p0
-    if PASS == WALK or PASS == ONE_CHUNK:
-        return vid, vid * 0
+    if PASS == WALK or PASS == ONE_CHUNK:  # whole rows: p0 unread (the walked kernels' code stays as it was)
+        tile = tl.program_id(0).to(tl.int64)
+        return tile, tile * 0
     else:
         tiles = tl.cdiv(R, BLOCK_N)
+        vid = tl.program_id(0).to(tl.int64) + p0
         return vid % tiles, vid // tiles
 
 
@@ -665,7 +666,7 @@ def drive(fam, sizes, carries, scan, cfg):
         e = _scan(fam, x, lanes == FIRST, cu, cv, scan, SCAN_REV, True, ACC)
         _finish(fam, geo, e, cu, cv, end, 0, p_co, scan, cfg, True)
     elif PASS == WALK:
-        for i in range(0, NUM_SEG):
+        for i in tl.range(0, NUM_SEG, num_stages=cfg.STAGES):
             start = (NUM_SEG - 1 - i) * BLOCK_T if REVERSE else i * BLOCK_T
             o_s, ok_s = _scan_steps(start, lanes, geo, REVERSE, FLIP, BLOCK_T, D)
             x = scan.LOAD(fam, geo, o_s, ok_s, end, ACC)
