@@ -73,7 +73,7 @@ Fam = namedtuple("Fam", "fields outputs scalars")
 Scan = namedtuple("Scan", "LOAD STEP EMIT PAIR CARRY2 INCLUSIVE REVERSE")
 # the launch's configuration: the entry kernel's one constexpr parameter ``CFG`` (host.Launch builds
 # it; REVERSE: the affine scan's direction, which the other families fix themselves)
-Config = namedtuple("Config", "PASS CARRY_IN ACC BLOCK_N BLOCK_T SHIFT_LOAD FLIP REVERSE STAGES", defaults=(False, 1))
+Config = namedtuple("Config", "PASS CARRY_IN ACC BLOCK_N BLOCK_T SHIFT_LOAD FLIP REVERSE", defaults=(False,))
 # the entry kernel's ``sizes``: R rows (N·F) of T steps, F features (1 but for the forward estimators'
 # x), the fields' pair of strides (s_n, s_t) and the outputs' (s_on, s_ot), the index of the launch's
 # first program (p0: 0 but in tests that run one program of a launch by itself)
@@ -666,7 +666,7 @@ def drive(fam, sizes, carries, scan, cfg):
         e = _scan(fam, x, lanes == FIRST, cu, cv, scan, SCAN_REV, True, ACC)
         _finish(fam, geo, e, cu, cv, end, 0, p_co, scan, cfg, True)
     elif PASS == WALK:
-        for i in tl.range(0, NUM_SEG, num_stages=cfg.STAGES):
+        for i in range(0, NUM_SEG):
             start = (NUM_SEG - 1 - i) * BLOCK_T if REVERSE else i * BLOCK_T
             o_s, ok_s = _scan_steps(start, lanes, geo, REVERSE, FLIP, BLOCK_T, D)
             x = scan.LOAD(fam, geo, o_s, ok_s, end, ACC)

@@ -68,7 +68,6 @@ class Strategy:
     presolve: int = False  # split rows: three passes (True) instead of the look-back chain; 2: two passes
     resolve_block_r: int = 0  # chunks per block of the three passes' middle kernel (0: the rule)
     flip: bool = False  # backward scans: each chunk held in reverse, lane j at its step BLOCK_T−1−j
-    stages: int = 1  # walked rows: the chunks in flight (Triton's software pipelining of the walk; 1: none)
 
 
 def _pow2(x: int) -> int:
@@ -88,7 +87,6 @@ class Choices:
     num_warps: int | None = None
     resolve_block_r: int = 0  # chunks per block of the three passes' middle kernel (0: the rule)
     flip: bool | None = None  # backward scans: chunks held in reverse
-    stages: int | None = None  # walked rows: the chunks in flight
 
 
 @functools.lru_cache(maxsize=4096)
@@ -125,8 +123,7 @@ def strategy(R: int, T: int, time_contiguous: bool = True, *, sms: int = CPU_SMS
     """
     c = Choices(**choices)
     st = _table(R, T, time_contiguous, c, sms, long_rows, whole_rows, sms * (fill_per_sm or FILL_PER_SM))
-    return attrs.evolve(st, flip=flip_rule(st, T, flip_chunks) if c.flip is None else bool(c.flip),
-                        stages=c.stages or 1)
+    return attrs.evolve(st, flip=flip_rule(st, T, flip_chunks) if c.flip is None else bool(c.flip))
 
 
 # Backward scans with each chunk held in reverse, lane j at step BLOCK_T−1−j (the scan in lane order),
@@ -217,7 +214,7 @@ def device_sms(device: torch.device) -> int:
 #: the kernel choices in force (a sorted tuple of (name, value)); part of every plan's key
 FORCE: contextvars.ContextVar = contextvars.ContextVar("rollbuf_kernels_force", default=())
 _FORCE_KEYS = ("block_t", "split", "shift_load", "max_chunk", "block_n", "presolve", "num_warps",
-               "resolve_block_r", "flip", "stages", "poison", "layout")
+               "resolve_block_r", "flip", "poison", "layout")
 
 
 @contextlib.contextmanager
@@ -528,8 +525,7 @@ class Launch:
 
         def const(pass_):
             return dict(CFG=Config(PASS=pass_, CARRY_IN=carry_in, ACC=acc, BLOCK_N=st.block_n, BLOCK_T=st.block_t,
-                                   SHIFT_LOAD=st.shift_load, FLIP=st.flip, REVERSE=reverse,
-                                   STAGES=st.stages))
+                                   SHIFT_LOAD=st.shift_load, FLIP=st.flip, REVERSE=reverse))
 
         self.pair_maps = pair_maps = fam.pair and f.get("mask") is not None  # V-trace: pair maps with a mask only
         W = 7 if pair_maps else 3
