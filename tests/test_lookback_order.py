@@ -66,20 +66,28 @@ class Harness:
         self.la.launch(args, ws)  # plain: every program in index order
         self.plain, self.plain_carry, self.published = [o.clone() for o in outs], co, ws.clone()
 
-    def flags(self, ws):
-        return ws[self.la.slot_values:].view(torch.int32)
+    def words(self, ws):
+        """The look-back's int64 words, one per slot: the flag in the high half, a float32 state of
+        one row in the low half (rollbuf.kernels.core._look_back)."""
+        return ws[self.la.slot_values:].view(torch.int64)
+
+    def flag(self, ws, slot):
+        return int(self.words(ws)[slot]) >> 32
 
     def seed(self, ws, slot, flag):
         """Slot ``slot`` as if its program had published up to ``flag`` (1: its aggregate only, its
-        state NaN; 2: both)."""
+        state NaN, in its slot and in its word's low half; 2: both)."""
         a = slot * self.slot
         ws[a:a + self.slot] = float("nan")
+        nan_bits = 0x7FC00000  # float32 NaN, where a word's state would be
         if flag >= 1:
             n = self.maps * self.la.strategy.block_n
             ws[a:a + n] = self.published[a:a + n]
         if flag == 2:
             ws[a:a + self.slot] = self.published[a:a + self.slot]
-        self.flags(ws)[slot] = flag
+            self.words(ws)[slot] = self.words(self.published)[slot]
+        else:
+            self.words(ws)[slot] = (flag << 32) | nan_bits
 
     def vid(self, tile, rank):
         return rank * self.tiles + tile
@@ -159,11 +167,11 @@ def test_program_waits_on_an_unpublished_predecessor(name):
 
     def publisher():
         deadline = time.monotonic() + 120
-        while int(h.flags(ws)[tile * 5 + rank]) != 1:  # the program published its aggregate
+        while h.flag(ws, tile * 5 + rank) != 1:  # the program published its aggregate
             assert time.monotonic() < deadline
             time.sleep(0.01)
         time.sleep(0.3)
-        waited["before"] = int(h.flags(ws)[tile * 5 + rank])  # still 1: it is waiting
+        waited["before"] = h.flag(ws, tile * 5 + rank)  # still 1: it is waiting
         h.seed(ws, tile * 5 + 3, 1)  # the predecessor's aggregate first ...
         time.sleep(0.3)
         h.seed(ws, tile * 5 + 2, 2)  # ... then the state of the one before it
@@ -173,7 +181,7 @@ def test_program_waits_on_an_unpublished_predecessor(name):
     h.run(ws, args, vid)
     th.join(timeout=120)
     assert waited.get("before") == 1
-    assert int(h.flags(ws)[tile * 5 + rank]) == 2
+    assert h.flag(ws, tile * 5 + rank) == 2
     # only that program ran: its chunk equals the plain launch's
     lo, hi = (0, 8) if h.la.fam.backward else (32, 37)
     for a, b in zip(outs, h.plain):

@@ -281,9 +281,10 @@ def _shift(x, c, lanes, REVERSE: tl.constexpr, BLOCK_T: tl.constexpr):
 
 # ---- the scratch of split rows -----------------------------------------------------------------
 # Slot ``tile·NUM_SEG + rank`` holds W·BLOCK_N values: the chunk's aggregate map (2 components, or
-# 5 for a pair), then its inclusive state (1 or 2). After the slots: int32 words, one flag per slot
-# (0 = nothing yet, 1 = aggregate published, 2 = inclusive state published). The caller allocates
-# it per call and zeroes the flag words on the stream.
+# 5 for a pair), then its inclusive state (1 or 2). After the slots, from an even number of values
+# on: one int64 word per slot, its flag in the high half (0 = nothing yet, 1 = aggregate published,
+# 2 = inclusive state published) and, for a float32 state of one row, the state in the low half
+# (:func:`_look_back`). The caller allocates it per call and zeroes the words on the stream.
 
 
 @triton.jit
@@ -373,40 +374,56 @@ def _resolved(p_ws, tile, rank, NUM_SEG, BLOCK_N: tl.constexpr, BLOCK_T: tl.cons
 
 
 @triton.jit
-def _look_back(p_ws, p_flag, tile, rank, NUM_SEG, g, cu, cv, BLOCK_N: tl.constexpr, PAIR: tl.constexpr,
+def _look_back(p_ws, p_word, tile, rank, NUM_SEG, g, cu, cv, BLOCK_N: tl.constexpr, PAIR: tl.constexpr,
                ACC: tl.constexpr):
     """Publish this chunk's aggregate ``g`` (flag 1), then find the carry into it: walk back over
     the chunks before it in scan order, composing the aggregates of those that only published
     theirs (flag 1), waiting on any that published nothing yet (flag 0), until one that published
     its inclusive state (flag 2). Then publish this chunk's inclusive state (flag 2). Returns the
-    carry. Rank 0 (the first chunk in scan order) keeps the row's carry ``(cu, cv)``."""
+    carry. Rank 0 (the first chunk in scan order) keeps the row's carry ``(cu, cv)``.
+
+    Each chunk's flag is the high half of an int64 word (``p_word``). A float32 state of one row
+    (``IN_WORD``: one row per program, a scalar map) sits in the word's low half, published with its
+    flag in one store: one load of the word tells the flag and the state, and no fence orders the
+    state before the flag. Other states sit in the slot, stored before a flag published with release
+    semantics and read after it."""
     W: tl.constexpr = 3 + 4 * PAIR  # slot width: map components + state
+    IN_WORD: tl.constexpr = BLOCK_N == 1 and not PAIR and ACC == tl.float32
+    low = tl.full((), 4294967295, tl.int64)
     o_b = tl.arange(0, BLOCK_N)
     slot = tile * NUM_SEG + rank
     p_slot = p_ws + slot * (W * BLOCK_N)
     if rank > 0:
         _store_map(p_slot, g, o_b, BLOCK_N, PAIR)
         tl.debug_barrier()
-        tl.atomic_xchg(p_flag + slot, 1, sem="release")
+        tl.atomic_xchg(p_word + slot, tl.full((), 1 << 32, tl.int64), sem="release")
         m = _identity(BLOCK_N, PAIR, ACC)  # the aggregates between the state found and this chunk
         pr = rank - 1
         while pr >= 0:
-            p_fl = p_flag + tile * NUM_SEG + pr
-            fl = tl.atomic_add(p_fl, 0, sem="acquire")
-            while fl == 0:  # not started, or not published yet: wait (it started before this one)
-                fl = tl.atomic_add(p_fl, 0, sem="acquire")
+            p_w = p_word + tile * NUM_SEG + pr
+            w = tl.atomic_add(p_w, 0, sem="acquire")
+            while (w >> 32) == 0:  # not started, or not published yet: wait (it started before this one)
+                w = tl.atomic_add(p_w, 0, sem="acquire")
             p_pr = p_ws + (tile * NUM_SEG + pr) * (W * BLOCK_N)
-            if fl == 2:
-                su, sv = _load_state(p_pr, o_b, BLOCK_N, PAIR)
+            if (w >> 32) == 2:
+                if IN_WORD:
+                    su = tl.full([BLOCK_N], 0.0, tl.float32) + (w & low).to(tl.int32).to(tl.float32, bitcast=True)
+                    sv = su
+                else:
+                    su, sv = _load_state(p_pr, o_b, BLOCK_N, PAIR)
                 cu, cv = apply(m, su, sv, PAIR)
                 pr = pr * 0 - 1  # found: stop
             else:
                 m = _compose(m, _load_map(p_pr, o_b, BLOCK_N, PAIR), PAIR)
                 pr -= 1
     iu, iv = apply(g, cu, cv, PAIR)
-    _store_state(p_slot, iu, iv, o_b, BLOCK_N, PAIR)
-    tl.debug_barrier()
-    tl.atomic_xchg(p_flag + slot, 2, sem="release")
+    if IN_WORD:
+        bits = tl.sum(iu, axis=0).to(tl.int32, bitcast=True).to(tl.int64) & low
+        tl.atomic_xchg(p_word + slot, bits | tl.full((), 2 << 32, tl.int64), sem="relaxed")
+    else:
+        _store_state(p_slot, iu, iv, o_b, BLOCK_N, PAIR)
+        tl.debug_barrier()
+        tl.atomic_xchg(p_word + slot, tl.full((), 2 << 32, tl.int64), sem="release")
     return cu, cv
 
 
@@ -700,7 +717,9 @@ def drive(fam, sizes, carries, scan, cfg):
                     iu0, iv0 = apply(g, cu, cv, PAIR)
                     _store_state(p_slot, iu0, iv0, o_b, BLOCK_N, PAIR)
             else:
-                p_flag = (p_ws + tl.cdiv(R, BLOCK_N) * NUM_SEG * (W * BLOCK_N)).to(tl.pointer_type(tl.int32))
-                cu, cv = _look_back(p_ws, p_flag, tile, rank, NUM_SEG, g, cu, cv, BLOCK_N, PAIR, ACC)
+                # the words after the slots, at an even number of values (8-byte aligned)
+                p_word = (p_ws + (tl.cdiv(R, BLOCK_N) * NUM_SEG * (W * BLOCK_N) + 1) // 2 * 2).to(
+                    tl.pointer_type(tl.int64))
+                cu, cv = _look_back(p_ws, p_word, tile, rank, NUM_SEG, g, cu, cv, BLOCK_N, PAIR, ACC)
         if PASS != AGGREGATES:
             _finish(fam, geo, e, cu, cv, end, start, p_co, scan, cfg, False)

@@ -530,13 +530,14 @@ class Launch:
         self.pair_maps = pair_maps = fam.pair and f.get("mask") is not None  # V-trace: pair maps with a mask only
         W = 7 if pair_maps else 3
         self.slot_values = W * st.block_n * self.grid if st.split else 0
+        self.slot_values += self.slot_values % 2  # the look-back's int64 words 8-byte aligned
         if not st.split:  # whole rows: one chunk each (no loop) or walked chunk by chunk
             self.passes: tuple[Kernel, ...] = (Kernel(jit, const(ONE_CHUNK if st.block_t >= T else WALK),
                                                       st.num_warps, names, True),)
             self.scratch_words = 0
         elif not st.presolve:
             self.passes = (Kernel(jit, const(LOOKBACK), st.num_warps, names, True),)
-            self.scratch_words = self.grid  # one flag per chunk
+            self.scratch_words = 2 * self.grid  # one int64 word per chunk (flag and state)
         elif st.presolve == 2:  # two passes: each output chunk composes the aggregates before it (forced only)
             self.passes = (Kernel(jit, const(AGGREGATES), st.num_warps, names, True),
                            Kernel(jit, const(RESOLVING), st.num_warps, names, True))
