@@ -65,6 +65,9 @@ class Harness:
         args, outs, co, ws = self.la.prepare(*self.la.inputs(p))
         self.la.launch(args, ws)  # plain: every program in index order
         self.plain, self.plain_carry, self.published = [o.clone() for o in outs], co, ws.clone()
+        # a float32 state of one row travels in its flag's word (the low half), any other in the slot
+        in_word = not self.la.pair_maps and self.la.compute_dtype == torch.float32
+        assert bool((self.words(self.published) & 0xFFFFFFFF).ne(0).any()) == in_word
 
     def words(self, ws):
         """The look-back's int64 words, one per slot: the flag in the high half, a float32 state of

@@ -388,7 +388,7 @@ def _look_back(p_ws, p_word, tile, rank, NUM_SEG, g, cu, cv, BLOCK_N: tl.constex
     state before the flag. Other states sit in the slot, stored before a flag published with release
     semantics and read after it."""
     W: tl.constexpr = 3 + 4 * PAIR  # slot width: map components + state
-    IN_WORD: tl.constexpr = BLOCK_N == 1 and not PAIR and ACC == tl.float32
+    IN_WORD: tl.constexpr = BLOCK_N == 1 and not PAIR and tl.float32 == ACC
     low = tl.full((), 4294967295, tl.int64)
     o_b = tl.arange(0, BLOCK_N)
     slot = tile * NUM_SEG + rank
