@@ -599,7 +599,7 @@ def _finish(fam, geo, e, cu, cv, end, start, p_co, scan, cfg, FOLD: tl.constexpr
 
 
 @triton.jit
-def _program(R, p0, BLOCK_N: tl.constexpr, PASS: tl.constexpr):
+def _program(R, T, p0, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, PASS: tl.constexpr):
     """``(tile, rank)`` of this program: its row tile and, for split rows, its chunk's rank in scan
     order (0 = first); ``p0``: the index of the launch's first program of split rows (0 but where a
     test runs one program of a launch by itself). Consecutive programs take different row tiles at the same rank,
@@ -607,13 +607,17 @@ def _program(R, p0, BLOCK_N: tl.constexpr, PASS: tl.constexpr):
     waits only on programs of a lower index, which the GPU starts first (it starts a grid's
     programs in index order), so the chain cannot deadlock; no ticket is taken (a counter that
     every program increments before its first load cost 8-11 µs at 2^24 elements on an H100:
-    docs/kernel-choices.md, 'Long rows split: look-back or three passes')."""
+    docs/kernel-choices.md, 'Long rows split: look-back or three passes'). The last of three passes
+    takes the chunks in the reverse order of the first, so that it starts on those the first read
+    last, while they are still in L2."""
     if PASS == WALK or PASS == ONE_CHUNK:  # whole rows: p0 unread (the walked kernels' code stays as it was)
         tile = tl.program_id(0).to(tl.int64)
         return tile, tile * 0
     else:
         tiles = tl.cdiv(R, BLOCK_N)
         vid = tl.program_id(0).to(tl.int64) + p0
+        if PASS == OUTPUTS:
+            vid = tiles * tl.cdiv(T, BLOCK_T) - 1 - vid
         return vid % tiles, vid // tiles
 
 
@@ -654,7 +658,7 @@ def drive(fam, sizes, carries, scan, cfg):
     FLIP: tl.constexpr = cfg.FLIP
     R, T, F = sizes.R, sizes.T, sizes.F
     p_ci, p_co, p_ws = carries.p_ci, carries.p_co, carries.p_ws
-    tile, rank = _program(R, sizes.p0, BLOCK_N, PASS)
+    tile, rank = _program(R, T, sizes.p0, BLOCK_N, BLOCK_T, PASS)
     rows = tile * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)
     row_ok = rows < R
     geo = Geo(rows, row_ok, (rows // F)[:, None], (rows % F)[:, None], F, sizes.s_n, sizes.s_t, sizes.s_on,
