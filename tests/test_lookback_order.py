@@ -52,9 +52,9 @@ class Harness:
     """One look-back launch of ``p``: its plain result, its scratch after a plain run, and programs
     run one by one on a seeded scratch."""
 
-    def __init__(self, p):
+    def __init__(self, p, block_n=1):
         self.p = p
-        with K.forced(block_t=BLOCK_T, split=True, presolve=False, block_n=1):
+        with K.forced(block_t=BLOCK_T, split=True, presolve=False, block_n=block_n):
             self.la = K.launch_for(p)
         st = self.la.strategy
         assert st.split and not st.presolve and st.num_seg == 5
@@ -66,8 +66,8 @@ class Harness:
         self.la.launch(args, ws)  # plain: every program in index order
         self.plain, self.plain_carry, self.published = [o.clone() for o in outs], co, ws.clone()
         # a float32 state of one row travels in its flag's word (the low half), any other in the slot
-        in_word = not self.la.pair_maps and self.la.compute_dtype == torch.float32
-        assert bool((self.words(self.published) & 0xFFFFFFFF).ne(0).any()) == in_word
+        self.in_word = not self.la.pair_maps and self.la.compute_dtype == torch.float32 and st.block_n == 1
+        assert bool((self.words(self.published) & 0xFFFFFFFF).ne(0).any()) == self.in_word
 
     def words(self, ws):
         """The look-back's int64 words, one per slot: the flag in the high half, a float32 state of
@@ -79,15 +79,17 @@ class Harness:
 
     def seed(self, ws, slot, flag):
         """Slot ``slot`` as if its program had published up to ``flag`` (1: its aggregate only, its
-        state NaN, in its slot and in its word's low half; 2: both)."""
+        state NaN, in its slot and in its word's low half; 2: both; a state that travels in the word
+        leaves NaN in the slot, which the program never wrote)."""
         a = slot * self.slot
+        n = self.maps * self.la.strategy.block_n
         ws[a:a + self.slot] = float("nan")
         nan_bits = 0x7FC00000  # float32 NaN, where a word's state would be
         if flag >= 1:
-            n = self.maps * self.la.strategy.block_n
             ws[a:a + n] = self.published[a:a + n]
         if flag == 2:
-            ws[a:a + self.slot] = self.published[a:a + self.slot]
+            if not self.in_word:
+                ws[a + n:a + self.slot] = self.published[a + n:a + self.slot]
             self.words(ws)[slot] = self.words(self.published)[slot]
         else:
             self.words(ws)[slot] = (flag << 32) | nan_bits
@@ -109,9 +111,9 @@ class Harness:
 NAMES = ["gae", "vtrace", "eligibility_traces"]
 
 
-def _setup(name, mix="term+trunc+mask"):
-    f = make(N, T, mix, seed=zlib.crc32(f"order-{name}-{mix}".encode()))
-    h = Harness(_problem(name, f))
+def _setup(name, mix="term+trunc+mask", dtype=torch.float32, block_n=1):
+    f = make(N, T, mix, dtype=dtype, seed=zlib.crc32(f"order-{name}-{mix}".encode()))
+    h = Harness(_problem(name, f), block_n)
     assert_ref(h.plain, call(name, f, "reference")[:len(h.plain)], 1e-5)
     return h
 
@@ -133,11 +135,13 @@ def test_reverse_order_composes_aggregates(name, mix):
     h.check(outs, co)
 
 
+@pytest.mark.parametrize("dtype,block_n", [(torch.float32, 1), (torch.float64, 1), (torch.float32, 2)],
+                         ids=["fp32", "fp64", "fp32-tiles-of-2"])
 @pytest.mark.parametrize("name", NAMES)
-def test_shuffled_order_mixes_composed_and_found_states(name):
+def test_shuffled_order_mixes_composed_and_found_states(name, dtype, block_n):
     """Programs in a shuffled order over a scratch where each chunk has published its aggregate or
     its state at random: chains of every length, found at every depth."""
-    h = _setup(name)
+    h = _setup(name, dtype=dtype, block_n=block_n)
     rng = random.Random(zlib.crc32(name.encode()))
     for _trial in range(2):
         args, outs, co, ws = h.la.prepare(*h.la.inputs(h.p))
