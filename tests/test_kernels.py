@@ -1091,7 +1091,7 @@ def test_float64_to_16_bits_rounds_through_float32(out_dtype, backend):
     assert_written(got.cpu(), r, backend)
 
 
-@pytest.mark.skipif(not CUDA, reason="the look-back's chains race only on a GPU (the interpreter: one program at a time)")
+@pytest.mark.skipif(not CUDA, reason="the look-back's chains race only on a GPU (the interpreter: one at a time)")
 @pytest.mark.parametrize("name,mix,dtype,layout", [
     ("gae", "term+trunc", torch.float32, "env"),  # a float32 state in the flag's word
     ("gae", "term+trunc", torch.float64, "env"),  # float64: the state in the slot, a release flag
@@ -1116,8 +1116,8 @@ def test_look_back_under_load_matches_three_passes(name, mix, dtype, layout):
             got = call(name, f, "triton")
         assert seen and all(la.strategy.split and not la.strategy.presolve for la in seen), [la.strategy for la in seen]
         assert seen[0].grid >= 2048, seen[0].grid
-        for a, b in zip(got, ref):
-            assert not torch.isnan(a).any() or torch.isnan(b).any()
-            a, b = a.double().nan_to_num(), b.double().nan_to_num()
+        for o, r in zip(got, ref):
+            assert not torch.isnan(o).any() or torch.isnan(r).any()
+            a, b = o.double().nan_to_num(), r.double().nan_to_num()
             err = float((a - b).abs().max() / b.abs().max().clamp(min=1))
             assert err <= tol, (err, tol)
