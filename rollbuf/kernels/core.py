@@ -76,7 +76,8 @@ Scan = namedtuple("Scan", "LOAD STEP EMIT PAIR CARRY2 INCLUSIVE REVERSE")
 Config = namedtuple("Config", "PASS CARRY_IN ACC BLOCK_N BLOCK_T SHIFT_LOAD FLIP REVERSE", defaults=(False,))
 # the entry kernel's ``sizes``: R rows (N·F) of T steps, F features (1 but for the forward estimators'
 # x), the fields' pair of strides (s_n, s_t) and the outputs' (s_on, s_ot), the index of the launch's
-# first program (p0: 0 but in tests that run one program of a launch by itself)
+# first program (p0: 0 but in tests that run one program of a launch by itself, under the interpreter
+# only: a launch's compiled kernel is kept per plan, not per p0)
 Sizes = namedtuple("Sizes", "R T F s_n s_t s_on s_ot p0")
 # the entry kernel's ``carries``: the carry in and out per row, the split rows' scratch; None = absent
 Carries = namedtuple("Carries", "p_ci p_co p_ws")
@@ -604,8 +605,9 @@ def _program(R, T, p0, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, PASS: tl.co
     order (0 = first); ``p0``: the index of the launch's first program of split rows (0 but where a
     test runs one program of a launch by itself). Consecutive programs take different row tiles at the same rank,
     so that the programs in flight advance many rows' chains at once. A program of the look-back
-    waits only on programs of a lower index, which the GPU starts first (it starts a grid's
-    programs in index order), so the chain cannot deadlock; no ticket is taken (a counter that
+    waits only on programs of a lower index, which the GPU starts first (an assumption: NVIDIA's
+    GPUs start a grid's programs in index order, CUDA does not promise it), so the chain cannot
+    deadlock; no ticket is taken (a counter that
     every program increments before its first load cost 8-11 µs at 2^24 elements on an H100:
     docs/kernel-choices.md, 'Long rows split: look-back or three passes'). The last of three passes
     takes the chunks in the reverse order of the first, so that it starts on those the first read
