@@ -603,15 +603,15 @@ def _finish(fam, geo, e, cu, cv, end, start, p_co, scan, cfg, FOLD: tl.constexpr
 def _program(R, T, p0, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, PASS: tl.constexpr):
     """``(tile, rank)`` of this program: its row tile and, for split rows, its chunk's rank in scan
     order (0 = first); ``p0``: the index of the launch's first program of split rows (0 but where a
-    test runs one program of a launch by itself). Consecutive programs take different row tiles at the same rank,
-    so that the programs in flight advance many rows' chains at once. A program of the look-back
-    waits only on programs of a lower index, which the GPU starts first (an assumption: NVIDIA's
-    GPUs start a grid's programs in index order, CUDA does not promise it), so the chain cannot
-    deadlock; no ticket is taken (a counter that
-    every program increments before its first load cost 8-11 µs at 2^24 elements on an H100:
-    docs/kernel-choices.md, 'Long rows split: look-back or three passes'). The last of three passes
-    takes the chunks in the reverse order of the first, so that it starts on those the first read
-    last, while they are still in L2."""
+    test runs one program of a launch by itself). Consecutive programs take different row tiles at
+    the same rank, so that the programs in flight advance many rows' chains at once.
+
+    A program of the look-back waits only on programs of a lower index, which the GPU starts first
+    (an assumption: NVIDIA's GPUs start a grid's programs in index order, CUDA does not promise it),
+    so the chain cannot deadlock; no ticket is taken (a counter that every program increments before
+    its first load cost 8-11 µs at 2^24 elements on an H100: docs/kernel-choices.md, 'Long rows
+    split: look-back or three passes'). The last of three passes takes the chunks in the reverse
+    order of the first, so that it starts on those the first read last, while they are still in L2."""
     if PASS == WALK or PASS == ONE_CHUNK:  # whole rows: p0 unread (the walked kernels' code stays as it was)
         tile = tl.program_id(0).to(tl.int64)
         return tile, tile * 0
