@@ -105,16 +105,9 @@ def make_batch(B, L, group_size, device, seed=0):
 
 def device_us(fn, reps=20):
     """Mean device time of one call: the sum of its kernels' times (profiler)."""
-    from torch.profiler import ProfilerActivity, profile
+    from benchmarks.clocks import kernel_times
 
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            fn()
-        torch.cuda.synchronize()
-    total = sum(e.device_time for e in prof.events() if e.device_type.name == "CUDA")
-    return total / reps
+    return sum(kernel_times(fn, reps).values())
 
 
 def run(args):

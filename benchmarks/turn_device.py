@@ -18,8 +18,7 @@ import torch
 
 
 def main(argv=None) -> int:
-    from torch.profiler import ProfilerActivity, profile
-
+    from benchmarks.clocks import kernel_times
     from benchmarks.llm_agents import provenance, turn_batch
     from rollbuf.integrations import llm
 
@@ -35,14 +34,9 @@ def main(argv=None) -> int:
     for name, fn in (("masked_gae", lambda: llm.compute_gae_advantage_return(r, v, m, 0.99, 0.95)),
                      ("turn_returns", lambda: llm.turn_returns(r, m, 0.99)),
                      ("turn_gae", lambda: llm.turn_gae(r, v, m, 0.99, 0.95))):
-        for _ in range(3):
-            fn()
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(10):
-                fn()
-            torch.cuda.synchronize()
-        per = {e.key[:28]: getattr(e, "device_time_total", 0) / 10 for e in prof.key_averages()}
+        per: dict = {}
+        for k, t in kernel_times(fn, reps=10, warmup=3).items():  # names cut to 28 characters, summed
+            per[k[:28]] = per.get(k[:28], 0.0) + t
         per = {k: t for k, t in per.items() if t > 0}
         rows.append((name, sum(per.values()), per))
     a, b = llm.turn_gae(r, v, m, 0.99, 0.95), llm.turn_gae(r, v, m, 0.99, 0.95, backend="torch")
