@@ -2,6 +2,8 @@
 
     python -m benchmarks wall --out DIR                 # a CUDA GPU: the survey (default strategy)
     python -m benchmarks wall --sweep --out DIR         # and GAE under forced strategies (the table's choices)
+    python -m benchmarks wall --tilings gae:mask:float32,discounted_returns --out DIR
+                                                        # those cases under the whole-row tilings of TILINGS
     python -m benchmarks wall --dry-run --out DIR       # the same plumbing on the CPU, tiny shapes, wall clock
 
 * **survey**: every estimator of the table on docs/benchmarks.md ('At the memory wall'), fp32, 1%
@@ -11,6 +13,12 @@
   (:func:`rollbuf.kernels.forced`: rows per program, warps, chunk length, look-back or three or two
   passes), each variant's outputs compared with the default's on the same inputs (``diff``: the largest
   difference over the output's largest magnitude, at least 1; exit 1 above 1e-4).
+* **tilings** (``--tilings est[:mix[:dtype]],...``): those cases (GAE with a mask, bf16 inputs, the
+  estimators of fewer bytes a step) at the shapes whose rows are held whole by one program, under the
+  tilings of :data:`TILINGS` (the fastest of the GAE sweep at each shape), each with its chunks held
+  in reverse (``flip``) and not, and with a mask the exclusive state by re-loading the neighbour and by
+  the in-register shift; compared with the default's outputs as the sweep's are. Rows only the
+  survey skips (``--survey`` off with ``--tilings``).
 
 Device time: :func:`benchmarks.clocks.graph_time` (a CUDA graph of the call, replayed); % of copy: the
 bytes the call must move (:func:`benchmarks.suite.bytes_moved`) over the device time and the copy bandwidth
@@ -62,6 +70,37 @@ def variants(n: int, t: int, sms: int = host.CPU_SMS):
                     w = bn * bt // (32 * e)
                     if w in (2, 4, 8, 16) and 256 <= bn * bt <= 16384:
                         yield dict(split=False, block_t=bt, block_n=bn, num_warps=w, max_chunk=max(bt, 2048))
+
+
+#: the whole-row tilings ``(rows per program, chunk, warps)`` the ``--tilings`` cases are timed under at
+#: each shape: the fastest few of the GAE sweep (benchmarks/results/sweep_gpu_da7134b.csv) and their
+#: neighbours in elements per thread
+TILINGS = {
+    (4096, 4096): [(1, 1024, 4), (1, 1024, 8), (1, 2048, 4), (1, 2048, 8), (1, 4096, 16)],
+    (16384, 1024): [(1, 1024, 2), (1, 1024, 4), (1, 1024, 8), (2, 1024, 8)],
+    (65536, 256): [(1, 256, 2), (2, 256, 2), (2, 256, 4), (4, 256, 8)],
+    (1 << 18, 64): [(4, 64, 2), (8, 64, 2), (8, 64, 4), (16, 64, 8)],
+    (1 << 21, 8): [(32, 8, 4), (64, 8, 8), (128, 8, 16)],
+}
+
+
+def tilings(n: int, t: int, mask: bool):
+    """The forced choices of ``--tilings`` at ``n`` rows of ``t`` steps (none where the table splits
+    rows): each of :data:`TILINGS`, flipped and not, and with a mask both ways of the exclusive state."""
+    for bn, bt, w in TILINGS.get((n, t), ()):
+        for flip in (False, True):
+            for sl in ((False, True) if mask else (None,)):
+                yield dict(split=False, block_t=bt, block_n=bn, num_warps=w, max_chunk=max(bt, 2048), flip=flip,
+                           **({} if sl is None else dict(shift_load=sl)))
+
+
+def parse_cases(text: str) -> list:
+    """``est[:mix[:dtype]],...`` as ``(estimator, mix, dtype)`` (mix ``term+trunc``, dtype ``float32`` by default)."""
+    out = []
+    for item in filter(None, text.split(",")):
+        est, mix, dt = (item.split(":") + ["term+trunc", "float32"][len(item.split(":")) - 1:])[:3]
+        out.append((est, mix, dt))
+    return out
 
 
 class _Seen:
@@ -130,13 +169,15 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--out", required=True, help="the results folder")
     ap.add_argument("--sweep", action="store_true", help="also GAE under every forced choice of variants()")
+    ap.add_argument("--tilings", default="", help="est[:mix[:dtype]],...: those cases under the tilings of TILINGS")
     ap.add_argument("--budget-s", type=float, default=400.0, help="start no case or variant after this many seconds")
     ap.add_argument("--dry-run", action="store_true", help="CPU tensors (Triton's interpreter), tiny shapes")
     args = ap.parse_args(argv)
     if args.dry_run:
         from benchmarks.suite import interpreted
 
-        rc = interpreted("wall", ["--dry-run", "--out", args.out] + (["--sweep"] if args.sweep else []))
+        rc = interpreted("wall", ["--dry-run", "--out", args.out] + (["--sweep"] if args.sweep else [])
+                         + (["--tilings", args.tilings] if args.tilings else []))
         if rc is not None:
             return rc
     device = "cpu" if args.dry_run else "cuda"
@@ -144,8 +185,9 @@ def main(argv=None) -> int:
     bw = None if args.dry_run else copy_bandwidth()
     deadline = time.perf_counter() + args.budget_s
     rows = []
+    cases = parse_cases(args.tilings)
     for n, t in shapes:
-        for est, mix, dt in SURVEY[:2] if args.dry_run else SURVEY:
+        for est, mix, dt in [] if cases else SURVEY[:2] if args.dry_run else SURVEY:
             if time.perf_counter() > deadline:
                 break
             case = Case(est, n, t, dt, mix)
@@ -157,6 +199,17 @@ def main(argv=None) -> int:
             sweep = variants(n, t)
             if args.dry_run:  # two choices, in 16-step chunks: the interpreter is slow
                 sweep = [dict(v, block_t=16, num_warps=1) for v in list(sweep)[:2]]
+            for force in sweep:
+                if time.perf_counter() > deadline:
+                    break
+                rows.append(measure(case, f, device, bw, force, ref)[0])
+        for est, mix, dt in cases:
+            case = Case(est, n, t, dt, mix)
+            f = make_fields(case, device)
+            row, ref = measure(case, f, device, bw)
+            rows.append(row)
+            sweep = list(tilings(n, t, mix == "mask")) if not args.dry_run else [
+                dict(split=False, block_t=128, block_n=1, num_warps=1, flip=flip) for flip in (False, True)]
             for force in sweep:
                 if time.perf_counter() > deadline:
                     break
