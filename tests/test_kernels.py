@@ -246,7 +246,7 @@ def test_rows_held_whole_only_where_measured():
     held = H.strategy(128, 4096, True, max_chunk=None, whole_rows=lam)
     assert (held.block_n, held.block_t, held.split, held.num_warps) == (1, 4096, False, 16)
     many = H.strategy(4096, 4096, True, whole_rows=lam)  # walked by the table: kept
-    assert (many.block_t, many.split) == (2048, False)
+    assert (many.block_t, many.split) == (H.WALK_CHUNK, False)
     assert H.strategy(128, 2048, True, whole_rows=lam).num_warps == H.strategy(128, 2048, True).num_warps
     assert H.strategy(128, 2048, False, whole_rows=vt) == H.strategy(128, 2048, False)  # time-major
     assert H.strategy(128, 8192, True, max_chunk=1024, whole_rows=vt).block_t == 1024

@@ -40,6 +40,15 @@ from rollbuf.problem import Family, Problem
 # joint sweep of rows per program and warps (docs/kernel-choices.md, 'Tiles of short rows').
 TILE = 512
 WARP_ELEMS = 128
+# Rows of at most SHORT_T steps: tiles of TILE / 2 elements, one warp per 64 (2 per thread).
+SHORT_T = 8
+# Eight elements per thread (a warp per 2·WARP_ELEMS) in chunks of WIDE_FROM steps and more without a
+# mask, and in chunks of MASKED_WIDE steps with a mask over a scalar state (the exclusive state by the
+# in-register shift); rows walked by one program in WALK_CHUNK-step chunks. From the tilings of GAE
+# with a mask, bf16 GAE and discounted returns (docs/kernel-choices.md, 'Elements per thread').
+WIDE_FROM = 1024
+MASKED_WIDE = (64, 512)
+WALK_CHUNK = 1024
 FILL_PER_SM = 8  # programs per SM below which long rows are split across programs
 CPU_SMS = 132  # the SM count assumed off the GPU (an H200's), so the interpreter takes the GPU's choices
 # The in-register shift (tl.gather) is faster for chunks up to 512 steps, re-loading the neighbour from
@@ -92,7 +101,7 @@ class Choices:
 @functools.lru_cache(maxsize=4096)
 def strategy(R: int, T: int, time_contiguous: bool = True, *, sms: int = CPU_SMS, long_rows: LongRows | None = None,
              whole_rows: WholeRows | None = None, flip_chunks: tuple = (), fill_per_sm: int | None = None,
-             **choices) -> Strategy:
+             masked: bool = False, **choices) -> Strategy:
     """Tile sizes, split and warps for ``R`` rows of ``T`` steps on a GPU of ``sms`` SMs.
 
     ======================================  ===============================================================
@@ -122,7 +131,7 @@ def strategy(R: int, T: int, time_contiguous: bool = True, *, sms: int = CPU_SMS
     the chunk lengths flipped for this call (the family's ``Row.flip_chunks``).
     """
     c = Choices(**choices)
-    st = _table(R, T, time_contiguous, c, sms, long_rows, whole_rows, sms * (fill_per_sm or FILL_PER_SM))
+    st = _table(R, T, time_contiguous, c, sms, long_rows, whole_rows, sms * (fill_per_sm or FILL_PER_SM), masked)
     return attrs.evolve(st, flip=flip_rule(st, T, flip_chunks) if c.flip is None else bool(c.flip))
 
 
@@ -140,9 +149,10 @@ def flip_rule(st: Strategy, T: int, chunks: tuple) -> bool:
     return st.block_n == 1 and not st.split and st.block_t >= T and st.block_t in chunks
 
 
-def _table(R, T, time_contiguous, c: Choices, sms, long_rows, whole_rows, split_below) -> Strategy:
+def _table(R, T, time_contiguous, c: Choices, sms, long_rows, whole_rows, split_below, masked=False) -> Strategy:
     """:func:`strategy`'s table; ``split_below``: the rows below which long rows are split (the table's
-    ``FILL_PER_SM · sms``, or the family's own)."""
+    ``FILL_PER_SM · sms``, or the family's own); ``masked``: a mask over a scalar state (the scan's
+    outputs read the exclusive state)."""
     block_t, split, shift_load, block_n, presolve = c.block_t, c.split, c.shift_load, c.block_n, c.presolve
     num_warps, resolve_block_r, max_chunk = c.num_warps, c.resolve_block_r, c.max_chunk
     fill = FILL_PER_SM * sms
@@ -157,7 +167,13 @@ def _table(R, T, time_contiguous, c: Choices, sms, long_rows, whole_rows, split_
     def warps(elems, bt):
         if num_warps:
             return num_warps
-        return max(1, min(8, elems // (WARP_ELEMS // 2 if bt <= 8 else WARP_ELEMS)))
+        if bt <= SHORT_T:
+            per = WARP_ELEMS // 2
+        elif (masked and MASKED_WIDE[0] <= bt <= MASKED_WIDE[1]) or (not masked and bt >= WIDE_FROM):
+            per = 2 * WARP_ELEMS
+        else:
+            per = WARP_ELEMS
+        return max(1, min(8, elems // per))
 
     if not time_contiguous and block_t is None and split is None and block_n is None and fill // 2 > R // 16:
         # time-major, too few rows to fill the GPU with 16-row tiles walking their rows: rows up to 128
@@ -175,6 +191,10 @@ def _table(R, T, time_contiguous, c: Choices, sms, long_rows, whole_rows, split_
     sl = bt > GATHER_MAX_T if shift_load is None else shift_load
     if split is None:
         split = chunks > 1 and split_below > R
+    if not split and chunks > 1 and block_t is None and max_chunk is None and time_contiguous:
+        bt = min(bt, WALK_CHUNK)  # rows walked by one program: shorter chunks
+        chunks = -(-T // bt)
+        sl = bt > GATHER_MAX_T if shift_load is None else shift_load
     if split:
         bn = block_n or 1
         pre = R <= PRESOLVE_MAX_ROWS if presolve is None else presolve
@@ -186,7 +206,7 @@ def _table(R, T, time_contiguous, c: Choices, sms, long_rows, whole_rows, split_
                         resolve_block_r=resolve_block_r)
     if long_rows and bt >= 1024:
         return Strategy(long_rows.rows, bt, False, 1, num_warps or long_rows.warps, sl, resolve_block_r=resolve_block_r)
-    bn = max(1, min(TILE // bt, _pow2(R)))
+    bn = max(1, min((TILE // 2 if bt <= SHORT_T else TILE) // bt, _pow2(R)))
     if not time_contiguous:
         bn = max(bn, min(64, _pow2(R)))
     while bn > 1 and -(-R // bn) < fill // 2 and bn * bt > 256:  # keep enough programs in flight
@@ -511,7 +531,8 @@ class Launch:
         flip_chunks = fam.flip_chunks if timed else ()
         fc["max_chunk"] = fc.get("max_chunk") or fam.max_chunk
         st = strategy(self.R, T, T == 1 or s_t == 1, sms=device_sms(self.device), long_rows=fam.long_rows,
-                      whole_rows=whole, flip_chunks=flip_chunks, fill_per_sm=fam.fill_per_sm, flip=flip, **fc)
+                      whole_rows=whole, flip_chunks=flip_chunks, fill_per_sm=fam.fill_per_sm,
+                      masked=f.get("mask") is not None and not fam.pair, flip=flip, **fc)
         self.strategy = st
         tiles = -(-self.R // st.block_n)
         self.grid = tiles * st.num_seg if st.split else tiles
