@@ -213,6 +213,38 @@ def test_strategy_tiles_short_rows(R, T, tile):
     assert (st.block_n, st.num_warps) == tile and not st.split and st.block_t >= T
 
 
+def test_strategy_elements_per_thread():
+    """Eight elements per thread where timed to win (docs/kernel-choices.md, 'Elements per thread'):
+    rows walked by one program in 1024-step chunks with 4 warps (8 with a mask); one chunk of 1024
+    steps with 4 warps only where a step moves at most 10 bytes; masked tiles of 64-512 steps with a
+    warp per 256 elements; rows of 8 steps or fewer in 256-element tiles; split rows keep theirs."""
+    def plan(R, T, **kw):
+        st = K.strategy(R, T, sms=132, **kw)
+        return st.block_n, st.block_t, st.num_warps, st.split
+
+    assert plan(4096, 4096) == (1, 1024, 4, False) and plan(4096, 4096, masked=True) == (1, 1024, 8, False)
+    assert plan(4096, 4096, block_t=2048) == (1, 2048, 8, False)  # a forced chunk keeps its warps
+    assert plan(16384, 1024, step_bytes=10) == (1, 1024, 4, False)
+    assert plan(16384, 1024, step_bytes=14) == plan(16384, 1024) == (1, 1024, 8, False)  # 0: not known
+    assert plan(16384, 1024, masked=True, step_bytes=6) == (1, 1024, 8, False)
+    assert plan(65536, 256, masked=True) == (2, 256, 2, False) and plan(65536, 256) == (2, 256, 4, False)
+    assert plan(1 << 18, 64, masked=True) == (8, 64, 2, False) and plan(1 << 18, 64) == (8, 64, 4, False)
+    assert plan(1 << 16, 16, masked=True) == plan(1 << 16, 16)  # not timed below 64 steps
+    assert plan(1 << 21, 8) == (32, 8, 4, False)
+    assert plan(64, 1 << 18, step_bytes=8) == plan(64, 1 << 18) == (1, 2048, 8, True)
+    assert plan(8192, 2048, step_bytes=8) == (1, 2048, 8, False)  # one chunk of 2048: 8 a thread already
+
+
+def test_step_bytes_counts_the_fields_read():
+    """The bytes a step moves, as the table reads them: per-step fields (bootstrap values aside) and
+    outputs at their sizes, flags one byte each."""
+    f = make(3, 17, "term+trunc", seed=0)
+    p = _gae_problem(f, ("advantages", "returns"))
+    la = K.Launch(p)
+    want = sum(f[k].element_size() for k in ("rewards", "values", "terminated", "truncated")) + 2 * 4
+    assert la.step_bytes(p.fields) == want == 18
+
+
 def test_forced_choices_are_scoped():
     with K.forced(block_t=16, split=True):
         with K.forced(presolve=True):

@@ -42,11 +42,13 @@ TILE = 512
 WARP_ELEMS = 128
 # Rows of at most SHORT_T steps: tiles of TILE / 2 elements, one warp per 64 (2 per thread).
 SHORT_T = 8
-# Eight elements per thread (a warp per 2·WARP_ELEMS) in chunks of WIDE_FROM steps and more without a
-# mask, and in chunks of MASKED_WIDE steps with a mask over a scalar state (the exclusive state by the
-# in-register shift); rows walked by one program in WALK_CHUNK-step chunks. From the tilings of GAE
-# with a mask, bf16 GAE and discounted returns (docs/kernel-choices.md, 'Elements per thread').
+# Eight elements per thread (a warp per 2·WARP_ELEMS) in tiles of whole rows: without a mask, in the
+# WALK_CHUNK-step chunks of rows walked by one program, and in one chunk of WIDE_FROM steps or more
+# where a step moves at most FEW_BYTES bytes (the scan's work per element outweighs the loads in flight);
+# with a mask over a scalar state (the exclusive state by the in-register shift), in chunks of
+# MASKED_WIDE steps. Timed on every estimator (docs/kernel-choices.md, 'Elements per thread').
 WIDE_FROM = 1024
+FEW_BYTES = 10
 MASKED_WIDE = (64, 512)
 WALK_CHUNK = 1024
 FILL_PER_SM = 8  # programs per SM below which long rows are split across programs
@@ -101,7 +103,7 @@ class Choices:
 @functools.lru_cache(maxsize=4096)
 def strategy(R: int, T: int, time_contiguous: bool = True, *, sms: int = CPU_SMS, long_rows: LongRows | None = None,
              whole_rows: WholeRows | None = None, flip_chunks: tuple = (), fill_per_sm: int | None = None,
-             masked: bool = False, **choices) -> Strategy:
+             masked: bool = False, step_bytes: int = 0, **choices) -> Strategy:
     """Tile sizes, split and warps for ``R`` rows of ``T`` steps on a GPU of ``sms`` SMs.
 
     ======================================  ===============================================================
@@ -131,7 +133,8 @@ def strategy(R: int, T: int, time_contiguous: bool = True, *, sms: int = CPU_SMS
     the chunk lengths flipped for this call (the family's ``Row.flip_chunks``).
     """
     c = Choices(**choices)
-    st = _table(R, T, time_contiguous, c, sms, long_rows, whole_rows, sms * (fill_per_sm or FILL_PER_SM), masked)
+    st = _table(R, T, time_contiguous, c, sms, long_rows, whole_rows, sms * (fill_per_sm or FILL_PER_SM), masked,
+                step_bytes)
     return attrs.evolve(st, flip=flip_rule(st, T, flip_chunks) if c.flip is None else bool(c.flip))
 
 
@@ -149,10 +152,11 @@ def flip_rule(st: Strategy, T: int, chunks: tuple) -> bool:
     return st.block_n == 1 and not st.split and st.block_t >= T and st.block_t in chunks
 
 
-def _table(R, T, time_contiguous, c: Choices, sms, long_rows, whole_rows, split_below, masked=False) -> Strategy:
+def _table(R, T, time_contiguous, c: Choices, sms, long_rows, whole_rows, split_below, masked=False,
+           step_bytes=0) -> Strategy:
     """:func:`strategy`'s table; ``split_below``: the rows below which long rows are split (the table's
     ``FILL_PER_SM · sms``, or the family's own); ``masked``: a mask over a scalar state (the scan's
-    outputs read the exclusive state)."""
+    outputs read the exclusive state); ``step_bytes``: the bytes a step reads and writes (0: unknown)."""
     block_t, split, shift_load, block_n, presolve = c.block_t, c.split, c.shift_load, c.block_n, c.presolve
     num_warps, resolve_block_r, max_chunk = c.num_warps, c.resolve_block_r, c.max_chunk
     fill = FILL_PER_SM * sms
@@ -164,15 +168,12 @@ def _table(R, T, time_contiguous, c: Choices, sms, long_rows, whole_rows, split_
             return Strategy(1, bt, False, 1, num_warps or dict(whole_rows.warps)[bt],
                             bt > GATHER_MAX_T if shift_load is None else shift_load, resolve_block_r=resolve_block_r)
 
-    def warps(elems, bt):
+    def warps(elems, bt, wide=False):
+        """One warp per WARP_ELEMS elements (``wide``: twice as many), half as many for rows of at most
+        SHORT_T steps; 1 to 8."""
         if num_warps:
             return num_warps
-        if bt <= SHORT_T:
-            per = WARP_ELEMS // 2
-        elif (masked and MASKED_WIDE[0] <= bt <= MASKED_WIDE[1]) or (not masked and bt >= WIDE_FROM):
-            per = 2 * WARP_ELEMS
-        else:
-            per = WARP_ELEMS
+        per = WARP_ELEMS // 2 if bt <= SHORT_T else 2 * WARP_ELEMS if wide else WARP_ELEMS
         return max(1, min(8, elems // per))
 
     if not time_contiguous and block_t is None and split is None and block_n is None and fill // 2 > R // 16:
@@ -211,7 +212,11 @@ def _table(R, T, time_contiguous, c: Choices, sms, long_rows, whole_rows, split_
         bn = max(bn, min(64, _pow2(R)))
     while bn > 1 and -(-R // bn) < fill // 2 and bn * bt > 256:  # keep enough programs in flight
         bn //= 2
-    return Strategy(bn, bt, False, 1, warps(bn * bt, bt), sl,
+    if masked:
+        wide = MASKED_WIDE[0] <= bt <= MASKED_WIDE[1]
+    else:
+        wide = bt >= WIDE_FROM and (chunks > 1 or 0 < step_bytes <= FEW_BYTES)
+    return Strategy(bn, bt, False, 1, warps(bn * bt, bt, wide), sl,
                     resolve_block_r=resolve_block_r)
 
 
@@ -532,7 +537,8 @@ class Launch:
         fc["max_chunk"] = fc.get("max_chunk") or fam.max_chunk
         st = strategy(self.R, T, T == 1 or s_t == 1, sms=device_sms(self.device), long_rows=fam.long_rows,
                       whole_rows=whole, flip_chunks=flip_chunks, fill_per_sm=fam.fill_per_sm,
-                      masked=f.get("mask") is not None and not fam.pair, flip=flip, **fc)
+                      masked=f.get("mask") is not None and not fam.pair, step_bytes=self.step_bytes(f), flip=flip,
+                      **fc)
         self.strategy = st
         tiles = -(-self.R // st.block_n)
         self.grid = tiles * st.num_seg if st.split else tiles
@@ -575,6 +581,13 @@ class Launch:
             self.scratch_words = 0
         itemsize = 8 if acc is float64 else 4
         self.scratch_len = self.slot_values + -(-self.scratch_words * 4 // itemsize)
+
+    def step_bytes(self, f: dict) -> int:
+        """The bytes one step of a row reads and writes: the per-step fields the kernel reads (bootstrap
+        values aside: read where a step is truncated) and the outputs."""
+        read = sum(f[name].element_size() for name in self.slot_names
+                   if name is not None and name != "bootstrap_values" and f[name].dim() >= 2)
+        return read + len(self.out_names) * self.out_dtype.itemsize
 
     # -- per call --------------------------------------------------------------------------------
 
