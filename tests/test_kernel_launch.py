@@ -215,9 +215,10 @@ def test_strategy_tiles_short_rows(R, T, tile):
 
 def test_strategy_elements_per_thread():
     """Eight elements per thread where timed to win (docs/kernel-choices.md, 'Elements per thread'):
-    rows walked by one program in 1024-step chunks with 4 warps (8 with a mask); one chunk of 1024
-    steps with 4 warps only where a step moves at most 10 bytes; masked tiles of 64-512 steps with a
-    warp per 256 elements; rows of 8 steps or fewer in 256-element tiles; split rows keep theirs."""
+    backward scans' rows walked by one program in 1024-step chunks with 4 warps (8 with a mask), and
+    their one chunk of 1024 steps with 4 warps only where a step moves at most 10 bytes; masked tiles
+    of 64-512 steps with a warp per 256 elements; rows of 8 steps or fewer in 256-element tiles; split
+    rows keep theirs."""
     def plan(R, T, **kw):
         st = K.strategy(R, T, sms=132, **kw)
         return st.block_n, st.block_t, st.num_warps, st.split
@@ -233,6 +234,10 @@ def test_strategy_elements_per_thread():
     assert plan(1 << 21, 8) == (32, 8, 4, False)
     assert plan(64, 1 << 18, step_bytes=8) == plan(64, 1 << 18) == (1, 2048, 8, True)
     assert plan(8192, 2048, step_bytes=8) == (1, 2048, 8, False)  # one chunk of 2048: 8 a thread already
+    # forward scans keep the table's chunks and warps (masked tiles of 64-512 steps aside)
+    assert plan(4096, 4096, reverse_scan=False) == (1, 2048, 8, False)
+    assert plan(16384, 1024, step_bytes=10, reverse_scan=False) == (1, 1024, 8, False)
+    assert plan(65536, 256, masked=True, reverse_scan=False) == (2, 256, 2, False)
 
 
 def test_step_bytes_counts_the_fields_read():

@@ -42,11 +42,12 @@ TILE = 512
 WARP_ELEMS = 128
 # Rows of at most SHORT_T steps: tiles of TILE / 2 elements, one warp per 64 (2 per thread).
 SHORT_T = 8
-# Eight elements per thread (a warp per 2·WARP_ELEMS) in tiles of whole rows: without a mask, in the
-# WALK_CHUNK-step chunks of rows walked by one program, and in one chunk of WIDE_FROM steps or more
-# where a step moves at most FEW_BYTES bytes (the scan's work per element outweighs the loads in flight);
-# with a mask over a scalar state (the exclusive state by the in-register shift), in chunks of
-# MASKED_WIDE steps. Timed on every estimator (docs/kernel-choices.md, 'Elements per thread').
+# Eight elements per thread (a warp per 2·WARP_ELEMS) in tiles of whole rows: for backward scans
+# without a mask (Triton's reverse scan flips every element across the warp), in the WALK_CHUNK-step
+# chunks of rows walked by one program, and in one chunk of WIDE_FROM steps or more where a step moves
+# at most FEW_BYTES bytes (the scan's work per element outweighs the loads in flight); with a mask over
+# a scalar state (the exclusive state by the in-register shift), in chunks of MASKED_WIDE steps. Timed
+# on every estimator (docs/kernel-choices.md, 'Elements per thread').
 WIDE_FROM = 1024
 FEW_BYTES = 10
 MASKED_WIDE = (64, 512)
@@ -103,7 +104,7 @@ class Choices:
 @functools.lru_cache(maxsize=4096)
 def strategy(R: int, T: int, time_contiguous: bool = True, *, sms: int = CPU_SMS, long_rows: LongRows | None = None,
              whole_rows: WholeRows | None = None, flip_chunks: tuple = (), fill_per_sm: int | None = None,
-             masked: bool = False, step_bytes: int = 0, **choices) -> Strategy:
+             masked: bool = False, step_bytes: int = 0, reverse_scan: bool = True, **choices) -> Strategy:
     """Tile sizes, split and warps for ``R`` rows of ``T`` steps on a GPU of ``sms`` SMs.
 
     ======================================  ===============================================================
@@ -134,7 +135,7 @@ def strategy(R: int, T: int, time_contiguous: bool = True, *, sms: int = CPU_SMS
     """
     c = Choices(**choices)
     st = _table(R, T, time_contiguous, c, sms, long_rows, whole_rows, sms * (fill_per_sm or FILL_PER_SM), masked,
-                step_bytes)
+                step_bytes, reverse_scan)
     return attrs.evolve(st, flip=flip_rule(st, T, flip_chunks) if c.flip is None else bool(c.flip))
 
 
@@ -153,10 +154,11 @@ def flip_rule(st: Strategy, T: int, chunks: tuple) -> bool:
 
 
 def _table(R, T, time_contiguous, c: Choices, sms, long_rows, whole_rows, split_below, masked=False,
-           step_bytes=0) -> Strategy:
+           step_bytes=0, reverse_scan=True) -> Strategy:
     """:func:`strategy`'s table; ``split_below``: the rows below which long rows are split (the table's
     ``FILL_PER_SM · sms``, or the family's own); ``masked``: a mask over a scalar state (the scan's
-    outputs read the exclusive state); ``step_bytes``: the bytes a step reads and writes (0: unknown)."""
+    outputs read the exclusive state); ``step_bytes``: the bytes a step reads and writes (0: unknown);
+    ``reverse_scan``: the scan runs backward in time (Triton's reverse scan)."""
     block_t, split, shift_load, block_n, presolve = c.block_t, c.split, c.shift_load, c.block_n, c.presolve
     num_warps, resolve_block_r, max_chunk = c.num_warps, c.resolve_block_r, c.max_chunk
     fill = FILL_PER_SM * sms
@@ -192,7 +194,7 @@ def _table(R, T, time_contiguous, c: Choices, sms, long_rows, whole_rows, split_
     sl = bt > GATHER_MAX_T if shift_load is None else shift_load
     if split is None:
         split = chunks > 1 and split_below > R
-    if not split and chunks > 1 and block_t is None and max_chunk is None and time_contiguous:
+    if not split and chunks > 1 and block_t is None and max_chunk is None and time_contiguous and reverse_scan:
         bt = min(bt, WALK_CHUNK)  # rows walked by one program: shorter chunks
         chunks = -(-T // bt)
         sl = bt > GATHER_MAX_T if shift_load is None else shift_load
@@ -215,7 +217,7 @@ def _table(R, T, time_contiguous, c: Choices, sms, long_rows, whole_rows, split_
     if masked:
         wide = MASKED_WIDE[0] <= bt <= MASKED_WIDE[1]
     else:
-        wide = bt >= WIDE_FROM and (chunks > 1 or 0 < step_bytes <= FEW_BYTES)
+        wide = reverse_scan and bt >= WIDE_FROM and (chunks > 1 or 0 < step_bytes <= FEW_BYTES)
     return Strategy(bn, bt, False, 1, warps(bn * bt, bt, wide), sl,
                     resolve_block_r=resolve_block_r)
 
@@ -537,8 +539,8 @@ class Launch:
         fc["max_chunk"] = fc.get("max_chunk") or fam.max_chunk
         st = strategy(self.R, T, T == 1 or s_t == 1, sms=device_sms(self.device), long_rows=fam.long_rows,
                       whole_rows=whole, flip_chunks=flip_chunks, fill_per_sm=fam.fill_per_sm,
-                      masked=f.get("mask") is not None and not fam.pair, step_bytes=self.step_bytes(f), flip=flip,
-                      **fc)
+                      masked=f.get("mask") is not None and not fam.pair, step_bytes=self.step_bytes(f),
+                      reverse_scan=fam.backward or (p.family == Family.AFFINE and p.reverse), flip=flip, **fc)
         self.strategy = st
         tiles = -(-self.R // st.block_n)
         self.grid = tiles * st.num_seg if st.split else tiles
