@@ -114,13 +114,18 @@ def strategy(R: int, T: int, time_contiguous: bool = True, *, sms: int = CPU_SMS
     of 16 rows                              128 steps, split across programs (look-back)
     ``T ≤ max_chunk``                       tiles of ``TILE / T`` rows (512 elements; halved while fewer
                                             than ``4·sms`` programs), the whole row in one chunk
-    longer, ``R ≥ 8·sms``                   one row per program, walked in ``max_chunk`` chunks
+    longer, ``R ≥ 8·sms``                   one row per program, walked in ``max_chunk`` chunks (a
+                                            backward scan: ``WALK_CHUNK``)
     longer, ``R < 8·sms``                   one chunk per program: look-back; one row: three passes
     ======================================  ===============================================================
 
     ``max_chunk``: 2048 steps (1024 for V-trace's pair state); the exclusive state by an in-register
     shift for chunks up to 512 steps, by re-loading the neighbouring step beyond. Warps: one per 128
-    elements of a program's tile, 1 to 8 (one per 64 for rows of 8 steps or fewer). ``long_rows``
+    elements of a program's tile, 1 to 8 (rows of 8 steps or fewer: 256-element tiles, one per 64);
+    one per 256 (8 elements a thread) where that was timed to win: a backward scan's
+    (``reverse_scan``) rows walked by one program, then in ``WALK_CHUNK``-step chunks (4 warps, 8 with
+    a mask), and its one chunk of 1024 steps where a step moves at most ``FEW_BYTES`` (``step_bytes``);
+    tiles of 64-512 steps with a mask over a scalar state (``masked``). ``long_rows``
     (:class:`~rollbuf.kernels.row.LongRows`: rows per program, its warps, split warps) for chunks of
     1024 steps and more: V-trace's. ``whole_rows`` (:class:`~rollbuf.kernels.row.WholeRows`): env-major
     rows of ``shortest`` to ``longest`` steps held whole, one per program in one chunk, with the warps
@@ -584,11 +589,11 @@ class Launch:
         itemsize = 8 if acc is float64 else 4
         self.scratch_len = self.slot_values + -(-self.scratch_words * 4 // itemsize)
 
-    def step_bytes(self, f: dict) -> int:
-        """The bytes one step of a row reads and writes: the per-step fields the kernel reads (bootstrap
-        values aside: read where a step is truncated) and the outputs."""
-        read = sum(f[name].element_size() for name in self.slot_names
-                   if name is not None and name != "bootstrap_values" and f[name].dim() >= 2)
+    def step_bytes(self, f) -> int:
+        """The bytes one step of a row reads and writes: the per-step fields the kernel reads (``f``: the
+        problem's fields; bootstrap values aside: read where a step is truncated) and the outputs."""
+        read = sum(t.element_size() for name in self.slot_names if name is not None and name != "bootstrap_values"
+                   for t in (f[name],) if t is not None and t.dim() >= 2)
         return read + len(self.out_names) * self.out_dtype.itemsize
 
     # -- per call --------------------------------------------------------------------------------
