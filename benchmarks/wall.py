@@ -18,8 +18,8 @@
   estimators of fewer bytes a step) at the shapes whose rows are held whole by one program, under the
   tilings of :data:`TILINGS` (the fastest of the GAE sweep at each shape), each with its chunks held
   in reverse (``flip``) and not, and with a mask the exclusive state by re-loading the neighbour and by
-  the in-register shift; compared with the default's outputs as the sweep's are. Rows only the
-  survey skips (``--survey`` off with ``--tilings``).
+  the in-register shift; compared with the default's outputs as the sweep's are. With
+  ``--tilings`` the survey is not run.
 
 Device time: :func:`benchmarks.clocks.graph_time` (a CUDA graph of the call, replayed); % of copy: the
 bytes the call must move (:func:`benchmarks.suite.bytes_moved`) over the device time and the copy bandwidth
@@ -209,7 +209,9 @@ def main(argv=None) -> int:
                 if time.perf_counter() > deadline:
                     break
                 rows.append(measure(case, f, device, bw, force, ref)[0])
-        for est, mix, dt in cases:
+        for est, mix, dt in cases if args.dry_run or (n, t) in TILINGS else ():
+            if time.perf_counter() > deadline:
+                break
             case = Case(est, n, t, dt, mix)
             f = make_fields(case, device)
             row, ref = measure(case, f, device, bw)

@@ -224,7 +224,12 @@ def test_strategy_elements_per_thread():
         return st.block_n, st.block_t, st.num_warps, st.split
 
     assert plan(4096, 4096) == (1, 1024, 4, False) and plan(4096, 4096, masked=True) == (1, 1024, 8, False)
-    assert plan(4096, 4096, block_t=2048) == (1, 2048, 8, False)  # a forced chunk keeps its warps
+    # forced choices: a forced chunk keeps the warps of before the rule, a forced block_n or num_warps
+    # the 2048-step walked chunk
+    assert plan(4096, 4096, block_t=1024) == plan(4096, 4096, max_chunk=1024) == (1, 1024, 8, False)
+    assert plan(4096, 4096, block_n=1) == (1, 2048, 8, False) and plan(4096, 4096, num_warps=4)[1] == 2048
+    assert plan(65536, 256, masked=True, block_t=256) == (2, 256, 4, False)
+    assert plan(1 << 21, 8, time_contiguous=False)[:3] == (64, 8, 8)  # time-major: the table's tiles
     assert plan(16384, 1024, step_bytes=10) == (1, 1024, 4, False)
     assert plan(16384, 1024, step_bytes=14) == plan(16384, 1024) == (1, 1024, 8, False)  # 0: not known
     assert plan(16384, 1024, masked=True, step_bytes=6) == (1, 1024, 8, False)
@@ -238,6 +243,33 @@ def test_strategy_elements_per_thread():
     assert plan(4096, 4096, reverse_scan=False) == (1, 2048, 8, False)
     assert plan(16384, 1024, step_bytes=10, reverse_scan=False) == (1, 1024, 8, False)
     assert plan(65536, 256, masked=True, reverse_scan=False) == (2, 256, 2, False)
+
+
+def test_launch_tells_the_table_direction_and_mask():
+    """Launch passes the table what the rule reads: a backward family's scan runs in reverse (the
+    forward traces' does not), a mask over V-trace's pair state is not a scalar-state mask, and the
+    bytes a step moves."""
+    seen = []
+    real = K.host.strategy
+
+    def spy(*a, **kw):
+        seen.append(kw)
+        return real(*a, **kw)
+
+    f = make(3, 17, "term+trunc+mask", seed=1)
+    K.host.strategy = spy
+    try:
+        for name in ("gae", "eligibility_traces", "vtrace"):
+            cache.PLANS.clear()
+            seen.clear()
+            call(name, f, "triton")
+            kw = seen[-1]
+            assert kw["reverse_scan"] == (name != "eligibility_traces"), name
+            assert kw["masked"] == (name != "vtrace"), name
+            assert kw["step_bytes"] > 0, name
+    finally:
+        K.host.strategy = real
+        cache.PLANS.clear()
 
 
 def test_step_bytes_counts_the_fields_read():

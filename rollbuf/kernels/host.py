@@ -40,14 +40,15 @@ from rollbuf.problem import Family, Problem
 # joint sweep of rows per program and warps (docs/kernel-choices.md, 'Tiles of short rows').
 TILE = 512
 WARP_ELEMS = 128
-# Rows of at most SHORT_T steps: tiles of TILE / 2 elements, one warp per 64 (2 per thread).
+# Rows of at most SHORT_T steps: tiles of TILE / 2 elements (time-contiguous rows), one warp per 64
+# (2 per thread).
 SHORT_T = 8
-# Eight elements per thread (a warp per 2·WARP_ELEMS) in tiles of whole rows: for backward scans
-# without a mask (Triton's reverse scan flips every element across the warp), in the WALK_CHUNK-step
-# chunks of rows walked by one program, and in one chunk of WIDE_FROM steps or more where a step moves
-# at most FEW_BYTES bytes (the scan's work per element outweighs the loads in flight); with a mask over
-# a scalar state (the exclusive state by the in-register shift), in chunks of MASKED_WIDE steps. Timed
-# on every estimator (docs/kernel-choices.md, 'Elements per thread').
+# Backward scans (Triton's reverse scan flips every element across the warp) walk rows in WALK_CHUNK-step
+# chunks, with 8 elements per thread (a warp per 2·WARP_ELEMS) without a mask and 4 with one; their one
+# chunk of WIDE_FROM steps or more takes 8 per thread where a step moves at most FEW_BYTES bytes (the
+# scan's work per element outweighs the loads in flight); with a mask over a scalar state (the exclusive
+# state by the in-register shift), tiles of MASKED_WIDE steps take 8 per thread. None of it where a
+# tiling choice is forced. Timed on every estimator (docs/kernel-choices.md, 'Elements per thread').
 WIDE_FROM = 1024
 FEW_BYTES = 10
 MASKED_WIDE = (64, 512)
@@ -122,10 +123,11 @@ def strategy(R: int, T: int, time_contiguous: bool = True, *, sms: int = CPU_SMS
     ``max_chunk``: 2048 steps (1024 for V-trace's pair state); the exclusive state by an in-register
     shift for chunks up to 512 steps, by re-loading the neighbouring step beyond. Warps: one per 128
     elements of a program's tile, 1 to 8 (rows of 8 steps or fewer: 256-element tiles, one per 64);
-    one per 256 (8 elements a thread) where that was timed to win: a backward scan's
-    (``reverse_scan``) rows walked by one program, then in ``WALK_CHUNK``-step chunks (4 warps, 8 with
-    a mask), and its one chunk of 1024 steps where a step moves at most ``FEW_BYTES`` (``step_bytes``);
-    tiles of 64-512 steps with a mask over a scalar state (``masked``). ``long_rows``
+    a backward scan's (``reverse_scan``) rows walked by one program in ``WALK_CHUNK``-step chunks (4
+    warps: one per 256 elements, 8 a thread; 8 warps with a mask), and its one chunk of 1024 steps one
+    warp per 256 where a step moves at most ``FEW_BYTES`` (``step_bytes``); tiles of 64-512 steps with
+    a mask over a scalar state (``masked``) one warp per 256; none of these where a tiling choice is
+    forced (``block_t``, ``max_chunk``, ``block_n``, ``num_warps``). ``long_rows``
     (:class:`~rollbuf.kernels.row.LongRows`: rows per program, its warps, split warps) for chunks of
     1024 steps and more: V-trace's. ``whole_rows`` (:class:`~rollbuf.kernels.row.WholeRows`): env-major
     rows of ``shortest`` to ``longest`` steps held whole, one per program in one chunk, with the warps
@@ -199,7 +201,8 @@ def _table(R, T, time_contiguous, c: Choices, sms, long_rows, whole_rows, split_
     sl = bt > GATHER_MAX_T if shift_load is None else shift_load
     if split is None:
         split = chunks > 1 and split_below > R
-    if not split and chunks > 1 and block_t is None and max_chunk is None and time_contiguous and reverse_scan:
+    if (not split and chunks > 1 and time_contiguous and reverse_scan and block_t is None and max_chunk is None
+            and block_n is None and num_warps is None):  # no tiling choice forced
         bt = min(bt, WALK_CHUNK)  # rows walked by one program: shorter chunks
         chunks = -(-T // bt)
         sl = bt > GATHER_MAX_T if shift_load is None else shift_load
@@ -214,12 +217,14 @@ def _table(R, T, time_contiguous, c: Choices, sms, long_rows, whole_rows, split_
                         resolve_block_r=resolve_block_r)
     if long_rows and bt >= 1024:
         return Strategy(long_rows.rows, bt, False, 1, num_warps or long_rows.warps, sl, resolve_block_r=resolve_block_r)
-    bn = max(1, min((TILE // 2 if bt <= SHORT_T else TILE) // bt, _pow2(R)))
+    bn = max(1, min((TILE // 2 if bt <= SHORT_T and time_contiguous else TILE) // bt, _pow2(R)))
     if not time_contiguous:
         bn = max(bn, min(64, _pow2(R)))
     while bn > 1 and -(-R // bn) < fill // 2 and bn * bt > 256:  # keep enough programs in flight
         bn //= 2
-    if masked:
+    if block_t is not None or max_chunk is not None:  # a forced chunk: the warps as before the rule
+        wide = False
+    elif masked:
         wide = MASKED_WIDE[0] <= bt <= MASKED_WIDE[1]
     else:
         wide = reverse_scan and bt >= WIDE_FROM and (chunks > 1 or 0 < step_bytes <= FEW_BYTES)
