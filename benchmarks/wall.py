@@ -99,8 +99,10 @@ def parse_cases(text: str) -> list:
     """``est[:mix[:dtype]],...`` as ``(estimator, mix, dtype)`` (mix ``term+trunc``, dtype ``float32`` by default)."""
     out = []
     for item in filter(None, text.split(",")):
-        est, mix, dt = (item.split(":") + ["term+trunc", "float32"][len(item.split(":")) - 1:])[:3]
-        out.append((est, mix, dt))
+        parts = item.split(":")
+        if len(parts) > 3:
+            raise ValueError(f"--tilings: {item!r} is not est[:mix[:dtype]]")
+        out.append(tuple(parts + ["term+trunc", "float32"][len(parts) - 1:]))
     return out
 
 
@@ -170,6 +172,17 @@ def measure(case: Case, f, device, bw, force=None, ref=None) -> tuple[dict, tupl
     return row, outs
 
 
+def forced_rows(case: Case, f, device, bw, ref, forces, deadline) -> list:
+    """:func:`measure`'s rows of ``case`` under each of ``forces`` in turn, compared with ``ref``,
+    none started after ``deadline`` (``time.perf_counter``)."""
+    rows = []
+    for force in forces:
+        if time.perf_counter() > deadline:
+            break
+        rows.append(measure(case, f, device, bw, force, ref)[0])
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks wall", description=__doc__.splitlines()[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -205,10 +218,7 @@ def main(argv=None) -> int:
             sweep = variants(n, t)
             if args.dry_run:  # two choices, in 16-step chunks: the interpreter is slow
                 sweep = [dict(v, block_t=16, num_warps=1) for v in list(sweep)[:2]]
-            for force in sweep:
-                if time.perf_counter() > deadline:
-                    break
-                rows.append(measure(case, f, device, bw, force, ref)[0])
+            rows += forced_rows(case, f, device, bw, ref, sweep, deadline)
         for est, mix, dt in cases if args.dry_run or (n, t) in TILINGS else ():
             if time.perf_counter() > deadline:
                 break
@@ -218,10 +228,7 @@ def main(argv=None) -> int:
             rows.append(row)
             sweep = list(tilings(n, t, mix == "mask")) if not args.dry_run else [
                 dict(split=False, block_t=128, block_n=1, num_warps=1, flip=flip) for flip in (False, True)]
-            for force in sweep:
-                if time.perf_counter() > deadline:
-                    break
-                rows.append(measure(case, f, device, bw, force, ref)[0])
+            rows += forced_rows(case, f, device, bw, ref, sweep, deadline)
         if device == "cuda":
             torch.cuda.empty_cache()
     prov = provenance(device)

@@ -198,14 +198,13 @@ def _table(R, T, time_contiguous, c: Choices, sms, long_rows, whole_rows, split_
     bt = block_t or (min(_pow2(T), mc) if time_contiguous else min(_pow2(T), 32))
     bt = max(bt, 2)
     chunks = -(-T // bt)
-    sl = bt > GATHER_MAX_T if shift_load is None else shift_load
     if split is None:
         split = chunks > 1 and split_below > R
     if (not split and chunks > 1 and time_contiguous and reverse_scan and block_t is None and max_chunk is None
             and block_n is None and num_warps is None):  # no tiling choice forced
         bt = min(bt, WALK_CHUNK)  # rows walked by one program: shorter chunks
         chunks = -(-T // bt)
-        sl = bt > GATHER_MAX_T if shift_load is None else shift_load
+    sl = bt > GATHER_MAX_T if shift_load is None else shift_load
     if split:
         bn = block_n or 1
         pre = R <= PRESOLVE_MAX_ROWS if presolve is None else presolve
