@@ -139,7 +139,8 @@ def _plan(launch) -> str:
         return "-"
     st = launch.strategy
     how = "split" if st.split else "walk"
-    return f"bn{st.block_n} bt{st.block_t} w{st.num_warps} {how}{int(st.presolve)} g{launch.grid}"
+    order = " quads" if st.quads else " flip" if st.flip else ""
+    return f"bn{st.block_n} bt{st.block_t} w{st.num_warps} {how}{int(st.presolve)} g{launch.grid}{order}"
 
 
 def _time(call, device):

@@ -173,22 +173,24 @@ FLIP_PASSES = {"one-chunk": dict(block_t=64), "one-chunk-reload": dict(block_t=6
                "resolving-reload": dict(block_t=16, split=True, shift_load=True, presolve=2)}
 
 
+@pytest.mark.parametrize("order", ["flip", "quads"])
 @pytest.mark.parametrize("layout", ["env", "time"])
 @pytest.mark.parametrize("pass_", list(FLIP_PASSES))
 @pytest.mark.parametrize("mix", ["none", "term+trunc", "term+trunc+mask"])
 @pytest.mark.parametrize("name", ESTIMATORS)
-def test_flipped_chunks_match_reference(name, mix, pass_, layout):
+def test_lane_orders_match_reference(name, mix, pass_, layout, order):
     """Backward scans with each chunk held in reverse (``flip``: lane j at the chunk's step
-    BLOCK_T−1−j, the scan in lane order) in every pass, env- and time-major, against the
+    BLOCK_T−1−j, the scan in lane order) or in quads (``quads``: 4 steps a quad, the latest quad
+    first, scanned without Triton's reverse scan) in every pass, env- and time-major, against the
     reference; the forward estimators ignore the choice (their strategy says so)."""
     T = 37 if pass_.startswith("one-chunk") or not CUDA else 1000
     f = make(3, T, mix, seed=zlib.crc32(f"flip-{name}-{mix}".encode()))
     if layout == "time":
         f = time_major(f)
-    with K.forced(flip=True, **FLIP_PASSES[pass_]), _launches() as seen:
+    with K.forced(**{order: True}, **FLIP_PASSES[pass_]), _launches() as seen:
         got = call(name, f, "triton")
     forward = name in ("eligibility_traces", "episodic_sums")
-    assert seen and all(la.strategy.flip is not forward for la in seen), [la.strategy for la in seen]
+    assert seen and all(getattr(la.strategy, order) is not forward for la in seen), [la.strategy for la in seen]
     want = FLIP_PASSES[pass_]
     if "split" in want and T > 16:  # the pass asked for ran (a row of one chunk is never split)
         assert all(la.strategy.split is want["split"] and la.strategy.presolve == want.get("presolve", False)

@@ -35,8 +35,8 @@ from rollbuf.problem import Family
 _FLAGS = ("terminated", "truncated", "mask", "model")
 
 
-# a variant's pass and tiling: the kernel's PASS, SHIFT_LOAD, BLOCK_N, BLOCK_T, its warps and FLIP
-Mode = namedtuple("Mode", "pass_ shift_load block_n block_t warps flip", defaults=(False,))
+# a variant's pass and tiling: the kernel's PASS, SHIFT_LOAD, BLOCK_N, BLOCK_T, its warps, FLIP and QUADS
+Mode = namedtuple("Mode", "pass_ shift_load block_n block_t warps flip quads", defaults=(False, False))
 MODES = {
     "single": Mode(4, False, 4, 128, 4),
     "single-reload": Mode(4, True, 1, 1024, 8),
@@ -53,6 +53,10 @@ MODES = {
     "whole-flip": Mode(4, True, 1, 4096, 16, True),
     "walk-gather-flip": Mode(0, False, 2, 512, 4, True),
     "lookback-gather-flip": Mode(1, False, 1, 512, 2, True),
+    "single-quads": Mode(4, False, 4, 128, 4, False, True),  # chunks held in quads, latest first
+    "whole-quads": Mode(4, False, 1, 4096, 16, False, True),
+    "walk-gather-quads": Mode(0, False, 2, 512, 4, False, True),
+    "lookback-gather-quads": Mode(1, False, 1, 512, 2, False, True),
 }
 
 
@@ -76,11 +80,12 @@ def variants() -> list[dict]:
     backward = {"gae", "mc_returns", "retrace", "vtrace"}  # the families a flipped chunk changes
     for name, (family, ci, absent) in fams.items():
         for mode in MODES:
-            if mode.endswith("-flip") and name not in backward:
+            if mode.endswith(("-flip", "-quads")) and name not in backward:
                 continue
             out.append(dict(name=f"{name}/{mode}/fp32", family=family, carry_in=ci, absent=absent, mode=mode))
     # the affine scan backward (REVERSE), in lane order and flipped
-    for mode in ("single", "single-flip", "walk-gather", "walk-gather-flip", "lookback-gather", "lookback-gather-flip"):
+    for mode in ("single", "single-flip", "single-quads", "walk-gather", "walk-gather-flip", "walk-gather-quads",
+                 "lookback-gather", "lookback-gather-flip", "lookback-gather-quads"):
         out.append(dict(name=f"affine/{mode}/fp32-reverse", family=Family.AFFINE, carry_in=STATE, absent=(), mode=mode,
                         reverse=True))
     # turn GAE with a truncated row's V(s') as the state past the row's end
@@ -119,7 +124,7 @@ def variants() -> list[dict]:
     for name in ("gae", "vtrace", "traces"):
         family, ci, absent = fams[name]
         for mode in MODES:
-            if mode.endswith("-flip") and name == "traces":
+            if mode.endswith(("-flip", "-quads")) and name == "traces":
                 continue
             out.append(dict(name=f"{name}/{mode}/fp32-nomask", family=family, carry_in=ci, mode=mode,
                             absent=(*absent, "mask"), carry_out=True))
@@ -133,6 +138,17 @@ def variants() -> list[dict]:
         out.append(dict(name=f"gae/row512{'-flip' if flip else ''}/fp32-adv-endcol", family=Family.TD_LAMBDA,
                         carry_in=END_COLUMN, absent=("truncated", "bootstrap_values", "mask"), mode="row512",
                         cfg=Mode(4, False, 1, 512, 4, flip), outs=("p_adv",)))
+    # the table's plans at 4096 x 4096, 16384 x 1024 and 65536 x 256 (one chunk of 1024 steps, 1024-step chunks
+    # walked, 256-step tiles of two rows), in lane order and in quads (whose exclusive state needs no re-load)
+    for quads in (False, True):
+        for mode, (pass_, bn, bt, warps) in (("row1024", (4, 1, 1024, 8)), ("walk1024", (0, 1, 1024, 4)),
+                                             ("tile256", (4, 2, 256, 2))):
+            cfg = Mode(pass_, bt > 512 and not quads, bn, bt, warps, False, quads)
+            for name, extra in (("gae", "nomask"), ("gae", "mask"), ("retrace", "nomask"), ("vtrace", "nomask")):
+                family, ci, absent = fams[name]
+                out.append(dict(name=f"{name}/{mode}{'-quads' if quads else ''}/fp32-{extra}", family=family,
+                                carry_in=ci, mode=mode, cfg=cfg,
+                                absent=(*absent, "mask") if extra == "nomask" else absent))
     # rows held whole in one chunk with the window end's `[N]` column and no truncations or mask, as the
     # table runs advantages at 4096 steps and V-trace and Retrace at 2048 (docs/benchmarks.md, the fold)
     rows: tuple[tuple[str, Family, int, int, tuple[str, ...] | None], ...]
@@ -230,7 +246,7 @@ def _signature(v: dict):
             sig[name] = "constexpr"
             cx[(i,)] = Config(PASS=mode.pass_, CARRY_IN=ci, ACC=float64 if acc == "fp64" else float32,
                               BLOCK_N=mode.block_n, BLOCK_T=mode.block_t, SHIFT_LOAD=mode.shift_load, FLIP=mode.flip,
-                              REVERSE=fam.family == Family.AFFINE and backward)
+                              REVERSE=fam.family == Family.AFFINE and backward, QUADS=mode.quads)
         else:
             assert jit.fn.__annotations__.get(name) == "fp64", name
             sig[name] = "fp64"

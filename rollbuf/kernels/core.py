@@ -72,8 +72,10 @@ Fam = namedtuple("Fam", "fields outputs scalars")
 # EMIT reads the inclusive state (the family scans its output itself); REVERSE: backward in time
 Scan = namedtuple("Scan", "LOAD STEP EMIT PAIR CARRY2 INCLUSIVE REVERSE")
 # the launch's configuration: the entry kernel's one constexpr parameter ``CFG`` (host.Launch builds
-# it; REVERSE: the affine scan's direction, which the other families fix themselves)
-Config = namedtuple("Config", "PASS CARRY_IN ACC BLOCK_N BLOCK_T SHIFT_LOAD FLIP REVERSE", defaults=(False,))
+# it; REVERSE: the affine scan's direction, which the other families fix themselves; QUADS: a backward
+# scan's chunks held in quads of 4 steps, latest quad first, scanned without Triton's reverse scan)
+Config = namedtuple("Config", "PASS CARRY_IN ACC BLOCK_N BLOCK_T SHIFT_LOAD FLIP REVERSE QUADS",
+                    defaults=(False, False))
 # the entry kernel's ``sizes``: R rows (N·F) of T steps, F features (1 but for the forward estimators'
 # x), the fields' pair of strides (s_n, s_t) and the outputs' (s_on, s_ot), the index of the launch's
 # first program (p0: 0 but in tests that run one program of a launch by itself, under the interpreter
@@ -493,10 +495,16 @@ def carry_in(fields, p_ci, geo, first, PAIR: tl.constexpr, CARRY_IN: tl.constexp
 
 
 @triton.jit
-def steps(start, lanes, REVERSE: tl.constexpr, FLIP: tl.constexpr, BLOCK_T: tl.constexpr):
+def steps(start, lanes, REVERSE: tl.constexpr, FLIP: tl.constexpr, BLOCK_T: tl.constexpr,
+          QUADS: tl.constexpr = False):
     """The steps a chunk's lanes hold: ``start + lane``, or with ``FLIP`` (backward scans) the chunk in
-    reverse, lane ``j`` at ``start + BLOCK_T − 1 − j``, so that the backward scan runs in lane order."""
-    if REVERSE and FLIP:
+    reverse, lane ``j`` at ``start + BLOCK_T − 1 − j``, so that the backward scan runs in lane order;
+    with ``QUADS`` (backward scans) in quads of 4 steps, the latest quad first and each quad's steps in
+    time order: lane ``4q + r`` at ``start + BLOCK_T − 4 − 4q + r`` (a thread's 4 lanes are 4
+    consecutive steps: vectorised loads; :func:`_quad_scan`)."""
+    if REVERSE and QUADS:
+        return start + (BLOCK_T - 4) - (lanes // 4) * 4 + lanes % 4
+    elif REVERSE and FLIP:
         return start + (BLOCK_T - 1) - lanes
     else:
         return start + lanes
@@ -504,10 +512,10 @@ def steps(start, lanes, REVERSE: tl.constexpr, FLIP: tl.constexpr, BLOCK_T: tl.c
 
 @triton.jit
 def _scan_steps(start, lanes, geo, REVERSE: tl.constexpr, FLIP: tl.constexpr, BLOCK_T: tl.constexpr,
-                D: tl.constexpr):
+                D: tl.constexpr, QUADS: tl.constexpr):
     """``(o, ok)``: the steps whose maps a chunk starting at ``start`` scans (its own, or with
     ``D = ±1`` each lane's neighbour along the scan) and which of them are inside the row."""
-    o = steps(start, lanes, REVERSE, FLIP, BLOCK_T) + D
+    o = steps(start, lanes, REVERSE, FLIP, BLOCK_T, QUADS) + D
     ok = geo.row_ok[:, None] & (o < geo.T)
     if D < 0:  # the neighbour before the row's first step
         ok = ok & (o >= 0)
@@ -530,28 +538,137 @@ def _fold(e, at, cu, cv, PAIR: tl.constexpr):
 
 
 @triton.jit
-def _scan(fam, x, at, cu, cv, scan, SCAN_REV: tl.constexpr, FOLD: tl.constexpr, ACC: tl.constexpr):
-    """Inclusive scan over the chunk (axis 1) of the maps (``scan.STEP``) of the steps whose values are
-    ``x``, in lane order or (``SCAN_REV``) against it; ``FOLD``: the carry ``(cu, cv)`` folded into the
-    map at ``at`` first (:func:`_fold`), so that the scan gives the states."""
-    e = scan.STEP(fam, x, ACC)
-    if FOLD:
-        e = _fold(e, at, cu, cv, scan.PAIR)
-    if scan.PAIR:
-        return PairMap(*tl.associative_scan(e, 1, combine_pair_lanes, reverse=SCAN_REV))
-    else:
-        return Map(*tl.associative_scan(e, 1, combine_lanes, reverse=SCAN_REV))
+def _quarters(x, BLOCK_N: tl.constexpr, NQ: tl.constexpr):
+    """``x`` (``[BLOCK_N, 4·NQ]``, lanes ``4q + r``) as its four ``[BLOCK_N, NQ]`` quarters ``r = 0 … 3``:
+    a split of each thread's own 4 lanes, no data moved between threads."""
+    y01, y23 = tl.split(tl.permute(tl.reshape(x, (BLOCK_N, NQ, 2, 2)), (0, 1, 3, 2)))
+    x0, x1 = tl.split(y01)
+    x2, x3 = tl.split(y23)
+    return x0, x1, x2, x3
 
 
 @triton.jit
-def _finish(fam, geo, e, cu, cv, end, start, p_co, scan, cfg, FOLD: tl.constexpr):
+def _whole(x0, x1, x2, x3, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr):
+    """:func:`_quarters` undone: lane ``4q + r`` from ``x_r[q]``."""
+    return tl.reshape(tl.permute(tl.join(tl.join(x0, x1), tl.join(x2, x3)), (0, 1, 3, 2)), (BLOCK_N, BLOCK_T))
+
+
+@triton.jit
+def _quarter_maps(e, PAIR: tl.constexpr, BLOCK_N: tl.constexpr, NQ: tl.constexpr):
+    """The maps ``e`` as four maps of ``[BLOCK_N, NQ]`` (:func:`_quarters` of each component)."""
+    if PAIR:
+        p0, p1, p2, p3 = _quarters(e.p, BLOCK_N, NQ)
+        q0, q1, q2, q3 = _quarters(e.q, BLOCK_N, NQ)
+        s0, s1, s2, s3 = _quarters(e.s, BLOCK_N, NQ)
+        a0, a1, a2, a3 = _quarters(e.a, BLOCK_N, NQ)
+        w0, w1, w2, w3 = _quarters(e.w, BLOCK_N, NQ)
+        return (PairMap(p0, q0, s0, a0, w0), PairMap(p1, q1, s1, a1, w1), PairMap(p2, q2, s2, a2, w2),
+                PairMap(p3, q3, s3, a3, w3))
+    else:
+        a0, a1, a2, a3 = _quarters(e.a, BLOCK_N, NQ)
+        b0, b1, b2, b3 = _quarters(e.b, BLOCK_N, NQ)
+        return Map(a0, b0), Map(a1, b1), Map(a2, b2), Map(a3, b3)
+
+
+@triton.jit
+def _whole_map(m0, m1, m2, m3, PAIR: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr):
+    """Four maps of ``[BLOCK_N, NQ]`` as one of ``[BLOCK_N, BLOCK_T]`` (:func:`_whole` of each component)."""
+    if PAIR:
+        return PairMap(_whole(m0.p, m1.p, m2.p, m3.p, BLOCK_N, BLOCK_T),
+                       _whole(m0.q, m1.q, m2.q, m3.q, BLOCK_N, BLOCK_T),
+                       _whole(m0.s, m1.s, m2.s, m3.s, BLOCK_N, BLOCK_T),
+                       _whole(m0.a, m1.a, m2.a, m3.a, BLOCK_N, BLOCK_T),
+                       _whole(m0.w, m1.w, m2.w, m3.w, BLOCK_N, BLOCK_T))
+    else:
+        return Map(_whole(m0.a, m1.a, m2.a, m3.a, BLOCK_N, BLOCK_T), _whole(m0.b, m1.b, m2.b, m3.b, BLOCK_N, BLOCK_T))
+
+
+@triton.jit
+def combine_quads(a1, b1, c1, d1, a2, b2, c2, d2):
+    # (A, B) pairs of maps, A = (a, b), B = (c, d): (A₂ ∘ A₁, B₂ ∘ A₁). Scanned from (map, identity)
+    # elements, B comes out as the composition of the maps before each element: the exclusive scan
+    # within the inclusive one, with no value moved between lanes afterwards
+    a, b = compose(a2, b2, a1, b1)
+    c, d = compose(c2, d2, a1, b1)
+    return a, b, c, d
+
+
+@triton.jit
+def combine_pair_quads(p1, q1, s1, a1, w1, pb1, qb1, sb1, ab1, wb1, p2, q2, s2, a2, w2, pb2, qb2, sb2, ab2, wb2):
+    p, q, s, a, w = compose_pair(p2, q2, s2, a2, w2, p1, q1, s1, a1, w1)
+    pb, qb, sb, ab, wb = compose_pair(pb2, qb2, sb2, ab2, wb2, p1, q1, s1, a1, w1)
+    return p, q, s, a, w, pb, qb, sb, ab, wb
+
+
+@triton.jit
+def _quad_scan(e, cu, cv, FOLD: tl.constexpr, PAIR: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr):
+    """A backward scan of the maps ``e`` of a chunk held in quads (:func:`steps`, ``QUADS``) without
+    Triton's reverse scan: each quad's suffixes composed in registers (the thread's own 4 lanes), then
+    one forward scan over the quads (latest first: scan order) that gives, beside each quad's
+    inclusive map, the map past it in time (:func:`combine_quads`; the carry ``(cu, cv)`` at the first
+    quad with ``FOLD``, else the identity). Returns the inclusive and the exclusive maps
+    (``[BLOCK_N, BLOCK_T]``); ``FOLD``: the carry folded in, so that their additive components are the
+    states (:func:`_fold`). The quads' own values stay in the threads that loaded them: an index
+    tensor of the quads' shape (an arange, a gather's) would take another layout, and every quarter
+    would be moved between threads to meet it."""
+    NQ: tl.constexpr = BLOCK_T // 4
+    e0, e1, e2, e3 = _quarter_maps(e, PAIR, BLOCK_N, NQ)
+    s2 = _compose(e2, e3, PAIR)  # y_{4q+2} from y past the quad
+    s1 = _compose(e1, s2, PAIR)
+    s0 = _compose(e0, s1, PAIR)  # the quad's map
+    q, _, _, _ = _quarters(tl.arange(0, BLOCK_T)[None, :] // 4 + tl.zeros_like(e.a).to(tl.int32), BLOCK_N, NQ)
+    first = q == 0
+    g = _fold(s0, first, cu, cv, PAIR) if FOLD else s0
+    # the map past the first quad: the carry as a constant map, or the identity; built from `first`, so
+    # that every element of the scan is in the quarters' layout
+    one = tl.where(first, 1.0, 1.0)
+    zero = tl.where(first, 0.0, 0.0)
+    cu0 = tl.where(first, cu[:, None], 0.0) if FOLD else zero
+    if PAIR:
+        cv0 = tl.where(first, cv[:, None], 0.0) if FOLD else zero
+        m = tl.associative_scan((g.p, g.q, g.s, g.a, g.w, one, zero, one, cu0, cv0), 1, combine_pair_quads)
+        x = PairMap(m[5], m[6], m[7], m[8], m[9])
+    else:
+        m = tl.associative_scan((g.a, g.b, cu0, one), 1, combine_quads)
+        x = Map(m[2], m[3])
+    i0 = _compose(s0, x, PAIR)
+    i1 = _compose(s1, x, PAIR)
+    i2 = _compose(s2, x, PAIR)
+    i3 = _compose(e3, x, PAIR)
+    return _whole_map(i0, i1, i2, i3, PAIR, BLOCK_N, BLOCK_T), _whole_map(i1, i2, i3, x, PAIR, BLOCK_N, BLOCK_T)
+
+
+@triton.jit
+def _scan(fam, x, at, cu, cv, scan, SCAN_REV: tl.constexpr, FOLD: tl.constexpr, ACC: tl.constexpr,
+          QUADS: tl.constexpr = False, BLOCK_N: tl.constexpr = 1, BLOCK_T: tl.constexpr = 1):
+    """Inclusive scan over the chunk (axis 1) of the maps (``scan.STEP``) of the steps whose values are
+    ``x``, in lane order or (``SCAN_REV``) against it; ``FOLD``: the carry ``(cu, cv)`` folded into the
+    map at ``at`` first (:func:`_fold`), so that the scan gives the states. Returns the inclusive maps
+    and the exclusive ones: with ``QUADS`` (a backward chunk held in quads, :func:`_quad_scan`) both
+    come out of the scan; otherwise the inclusive ones twice (:func:`_finish` shifts them)."""
+    e = scan.STEP(fam, x, ACC)
+    if QUADS:
+        i, ex = _quad_scan(e, cu, cv, FOLD, scan.PAIR, BLOCK_N, BLOCK_T)
+    else:
+        if FOLD:
+            e = _fold(e, at, cu, cv, scan.PAIR)
+        if scan.PAIR:
+            i = PairMap(*tl.associative_scan(e, 1, combine_pair_lanes, reverse=SCAN_REV))
+        else:
+            i = Map(*tl.associative_scan(e, 1, combine_lanes, reverse=SCAN_REV))
+        ex = i
+    return i, ex
+
+
+@triton.jit
+def _finish(fam, geo, e, ex, cu, cv, end, start, p_co, scan, cfg, FOLD: tl.constexpr):
     """A chunk's scan ``e`` applied to the carry into it; the state ``EMIT`` reads at every lane (the
     inclusive one if the family's scan is its output; else the exclusive one: the scan of the
     neighbours' maps itself with ``SHIFT_LOAD``, or the inclusive one shifted by a lane in
     registers); the outputs written from the steps' fields (``LOAD``); the row's carry out stored
     by the chunk that holds its edge step. Returns the inclusive state (what the next chunk in scan
     order starts from). ``FOLD``: the carry was folded into the scan (:func:`_fold`): ``e`` holds the
-    states already."""
+    states already. ``ex``: the exclusive maps (``cfg.QUADS``: the scan gives them; else unread)."""
     PAIR: tl.constexpr = scan.PAIR
     CARRY2: tl.constexpr = scan.CARRY2
     INCLUSIVE: tl.constexpr = scan.INCLUSIVE
@@ -559,9 +676,10 @@ def _finish(fam, geo, e, cu, cv, end, start, p_co, scan, cfg, FOLD: tl.constexpr
     FLIP: tl.constexpr = cfg.FLIP
     SHIFT_LOAD: tl.constexpr = cfg.SHIFT_LOAD
     BLOCK_T: tl.constexpr = cfg.BLOCK_T
+    QUADS: tl.constexpr = cfg.QUADS and REVERSE
     rows, row_ok = geo.rows, geo.row_ok
     lanes = tl.arange(0, BLOCK_T)[None, :]
-    o = steps(start, lanes, REVERSE, FLIP, BLOCK_T)
+    o = steps(start, lanes, REVERSE, FLIP, BLOCK_T, QUADS)
     ok = row_ok[:, None] & (o < geo.T)
     if FOLD:
         if PAIR:
@@ -575,6 +693,14 @@ def _finish(fam, geo, e, cu, cv, end, start, p_co, scan, cfg, FOLD: tl.constexpr
     if INCLUSIVE or SHIFT_LOAD:
         zu = iu
         zv = iv
+    elif QUADS:  # the scan gave the exclusive maps
+        if FOLD:
+            zu = ex.a
+            zv = ex.w if PAIR else zu
+        else:
+            zu, zv = apply(ex, cu[:, None], cv[:, None], PAIR)
+            if not PAIR:
+                zv = zu
     else:
         zu = _shift(iu, cu[:, None], lanes, REVERSE and not FLIP, BLOCK_T)
         zv = _shift(iv, cv[:, None], lanes, REVERSE and not FLIP, BLOCK_T) if PAIR else zu
@@ -658,6 +784,7 @@ def drive(fam, sizes, carries, scan, cfg):
     BLOCK_N: tl.constexpr = cfg.BLOCK_N
     BLOCK_T: tl.constexpr = cfg.BLOCK_T
     FLIP: tl.constexpr = cfg.FLIP
+    QUADS: tl.constexpr = cfg.QUADS and REVERSE
     R, T, F = sizes.R, sizes.T, sizes.F
     p_ci, p_co, p_ws = carries.p_ci, carries.p_co, carries.p_ws
     tile, rank = _program(R, T, sizes.p0, BLOCK_N, BLOCK_T, PASS)
@@ -665,8 +792,11 @@ def drive(fam, sizes, carries, scan, cfg):
     row_ok = rows < R
     geo = Geo(rows, row_ok, (rows // F)[:, None], (rows % F)[:, None], F, sizes.s_n, sizes.s_t, sizes.s_on,
               sizes.s_ot, T)
-    SCAN_REV: tl.constexpr = REVERSE and not FLIP  # the scan runs against lane order
-    if SCAN_REV:  # the chunk's first and last lane in scan order
+    SCAN_REV: tl.constexpr = REVERSE and not FLIP and not QUADS  # the scan runs against lane order
+    if QUADS:  # the chunk's first lane in scan order (unread: the quad scan folds the carry itself), its last
+        FIRST: tl.constexpr = 3
+        EDGE: tl.constexpr = BLOCK_T - 4
+    elif SCAN_REV:  # the chunk's first and last lane in scan order
         FIRST: tl.constexpr = BLOCK_T - 1
         EDGE: tl.constexpr = 0
     else:
@@ -684,17 +814,17 @@ def drive(fam, sizes, carries, scan, cfg):
     cu, cv = carry_in(fam.fields, p_ci, geo, rank == 0, CARRY2, cfg.CARRY_IN, ACC, BLOCK_N, BLOCK_T)
     end = State(cu[:, None], cv[:, None])
     if PASS == ONE_CHUNK:
-        o_s, ok_s = _scan_steps(0, lanes, geo, REVERSE, FLIP, BLOCK_T, D)
+        o_s, ok_s = _scan_steps(0, lanes, geo, REVERSE, FLIP, BLOCK_T, D, QUADS)
         x = scan.LOAD(fam, geo, o_s, ok_s, end, ACC)
-        e = _scan(fam, x, lanes == FIRST, cu, cv, scan, SCAN_REV, True, ACC)
-        _finish(fam, geo, e, cu, cv, end, 0, p_co, scan, cfg, True)
+        e, ex = _scan(fam, x, lanes == FIRST, cu, cv, scan, SCAN_REV, True, ACC, QUADS, BLOCK_N, BLOCK_T)
+        _finish(fam, geo, e, ex, cu, cv, end, 0, p_co, scan, cfg, True)
     elif PASS == WALK:
         for i in range(0, NUM_SEG):
             start = (NUM_SEG - 1 - i) * BLOCK_T if REVERSE else i * BLOCK_T
-            o_s, ok_s = _scan_steps(start, lanes, geo, REVERSE, FLIP, BLOCK_T, D)
+            o_s, ok_s = _scan_steps(start, lanes, geo, REVERSE, FLIP, BLOCK_T, D, QUADS)
             x = scan.LOAD(fam, geo, o_s, ok_s, end, ACC)
-            e = _scan(fam, x, lanes == FIRST, cu, cv, scan, SCAN_REV, True, ACC)
-            iu, iv = _finish(fam, geo, e, cu, cv, end, start, p_co, scan, cfg, True)
+            e, ex = _scan(fam, x, lanes == FIRST, cu, cv, scan, SCAN_REV, True, ACC, QUADS, BLOCK_N, BLOCK_T)
+            iu, iv = _finish(fam, geo, e, ex, cu, cv, end, start, p_co, scan, cfg, True)
             if i + 1 < NUM_SEG:  # the state at the chunk's edge carries into the next chunk
                 cu = _edge(iu, lanes, EDGE)
                 if PAIR:
@@ -705,9 +835,10 @@ def drive(fam, sizes, carries, scan, cfg):
         o_b = tl.arange(0, BLOCK_N)
         slot = tile * NUM_SEG + rank
         p_slot = p_ws + slot * (W * BLOCK_N)
-        o_s, ok_s = _scan_steps(start, lanes, geo, REVERSE, FLIP, BLOCK_T, D)
+        o_s, ok_s = _scan_steps(start, lanes, geo, REVERSE, FLIP, BLOCK_T, D, QUADS)
         x = scan.LOAD(fam, geo, o_s, ok_s, end, ACC)
-        e = _scan(fam, x, lanes, cu, cv, scan, SCAN_REV, False, ACC)  # the carry is found after the scan
+        # the carry is found after the scan
+        e, ex = _scan(fam, x, lanes, cu, cv, scan, SCAN_REV, False, ACC, QUADS, BLOCK_N, BLOCK_T)
         if PASS == OUTPUTS:  # the carry resolved by the earlier passes: the predecessor's inclusive state
             if rank > 0:
                 cu, cv = _load_state(p_ws + (slot - 1) * (W * BLOCK_N), o_b, BLOCK_N, PAIR)
@@ -728,4 +859,4 @@ def drive(fam, sizes, carries, scan, cfg):
                     tl.pointer_type(tl.int64))
                 cu, cv = _look_back(p_ws, p_word, tile, rank, NUM_SEG, g, cu, cv, BLOCK_N, PAIR, ACC)
         if PASS != AGGREGATES:
-            _finish(fam, geo, e, cu, cv, end, start, p_co, scan, cfg, False)
+            _finish(fam, geo, e, ex, cu, cv, end, start, p_co, scan, cfg, False)

@@ -81,6 +81,7 @@ class Strategy:
     presolve: int = False  # split rows: three passes (True) instead of the look-back chain; 2: two passes
     resolve_block_r: int = 0  # chunks per block of the three passes' middle kernel (0: the rule)
     flip: bool = False  # backward scans: each chunk held in reverse, lane j at its step BLOCK_T−1−j
+    quads: bool = False  # backward scans: each chunk held in quads of 4 steps, latest first (no reverse scan)
 
 
 def _pow2(x: int) -> int:
@@ -100,6 +101,7 @@ class Choices:
     num_warps: int | None = None
     resolve_block_r: int = 0  # chunks per block of the three passes' middle kernel (0: the rule)
     flip: bool | None = None  # backward scans: chunks held in reverse
+    quads: bool | None = None  # backward scans: chunks held in quads, latest first
 
 
 @functools.lru_cache(maxsize=4096)
@@ -143,7 +145,11 @@ def strategy(R: int, T: int, time_contiguous: bool = True, *, sms: int = CPU_SMS
     c = Choices(**choices)
     st = _table(R, T, time_contiguous, c, sms, long_rows, whole_rows, sms * (fill_per_sm or FILL_PER_SM), masked,
                 step_bytes, reverse_scan)
-    return attrs.evolve(st, flip=flip_rule(st, T, flip_chunks) if c.flip is None else bool(c.flip))
+    flip = flip_rule(st, T, flip_chunks) if c.flip is None else bool(c.flip)
+    quads = bool(c.quads) and st.block_t >= 4 and not flip
+    # in quads the scan gives the exclusive state itself: nothing to re-load
+    shift_load = False if quads and c.shift_load is None else st.shift_load
+    return attrs.evolve(st, flip=flip, quads=quads, shift_load=shift_load)
 
 
 # Backward scans with each chunk held in reverse, lane j at step BLOCK_T−1−j (the scan in lane order),
@@ -250,7 +256,7 @@ def device_sms(device: torch.device) -> int:
 #: the kernel choices in force (a sorted tuple of (name, value)); part of every plan's key
 FORCE: contextvars.ContextVar = contextvars.ContextVar("rollbuf_kernels_force", default=())
 _FORCE_KEYS = ("block_t", "split", "shift_load", "max_chunk", "block_n", "presolve", "num_warps",
-               "resolve_block_r", "flip", "poison", "layout")
+               "resolve_block_r", "flip", "quads", "poison", "layout")
 
 
 @contextlib.contextmanager
@@ -538,8 +544,9 @@ class Launch:
         if whole is None or f.get("mask") is not None or len(self.out_names) > whole.most_outputs or "max_chunk" in fc:
             whole = None
         flip = fc.pop("flip", None)  # lane order only matters to a backward scan
+        quads = fc.pop("quads", None)
         if not (fam.backward or (p.family == Family.AFFINE and p.reverse)):
-            flip = False
+            flip = quads = False
         # the rule's chunk lengths only for the calls it was timed on: fp32, no mask, no truncations
         timed = (f.get("mask") is None and f.get("truncated") is None and p.compute_dtype == torch.float32
                  and p.out_dtype == torch.float32
@@ -549,7 +556,8 @@ class Launch:
         st = strategy(self.R, T, T == 1 or s_t == 1, sms=device_sms(self.device), long_rows=fam.long_rows,
                       whole_rows=whole, flip_chunks=flip_chunks, fill_per_sm=fam.fill_per_sm,
                       masked=f.get("mask") is not None and not fam.pair, step_bytes=self.step_bytes(f),
-                      reverse_scan=fam.backward or (p.family == Family.AFFINE and p.reverse), flip=flip, **fc)
+                      reverse_scan=fam.backward or (p.family == Family.AFFINE and p.reverse), flip=flip,
+                      quads=quads, **fc)
         self.strategy = st
         tiles = -(-self.R // st.block_n)
         self.grid = tiles * st.num_seg if st.split else tiles
@@ -563,7 +571,8 @@ class Launch:
 
         def const(pass_):
             return dict(CFG=Config(PASS=pass_, CARRY_IN=carry_in, ACC=acc, BLOCK_N=st.block_n, BLOCK_T=st.block_t,
-                                   SHIFT_LOAD=st.shift_load, FLIP=st.flip, REVERSE=reverse))
+                                   SHIFT_LOAD=st.shift_load, FLIP=st.flip, REVERSE=reverse,
+                                   QUADS=st.quads))
 
         self.pair_maps = pair_maps = fam.pair and f.get("mask") is not None  # V-trace: pair maps with a mask only
         W = 7 if pair_maps else 3

@@ -130,7 +130,7 @@ def vtrace_kernel(
     # longer than 128 steps (docs/kernel-choices.md, "V-trace's targets read back (vtrace/triton.py)").
     out = Outputs(*outputs)
     READBACK: tl.constexpr = (f.p_m is None and CFG.PASS != core.WALK and out.p_vs.dtype.element_ty == ACC
-                              and CFG.BLOCK_T > 128)
+                              and CFG.BLOCK_T > 128 and not CFG.QUADS)
     core.drive(Fam(f, out, scal, READBACK), core.Sizes(*sizes), core.Carries(*carries),
                core.Scan(_load, _step, _emit, PAIR=f.p_m is not None, CARRY2=True, INCLUSIVE=READBACK, REVERSE=True),
                CFG)
