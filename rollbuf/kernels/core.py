@@ -601,31 +601,40 @@ def combine_pair_quads(p1, q1, s1, a1, w1, pb1, qb1, sb1, ab1, wb1, p2, q2, s2, 
 
 
 @triton.jit
-def _quad_scan(e, cu, cv, FOLD: tl.constexpr, PAIR: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr):
-    """A backward scan of the maps ``e`` of a chunk held in quads (:func:`steps`, ``QUADS``) without
-    Triton's reverse scan: each quad's suffixes composed in registers (the thread's own 4 lanes), then
-    one forward scan over the quads (latest first: scan order) that gives, beside each quad's
-    inclusive map, the map past it in time (:func:`combine_quads`; the carry ``(cu, cv)`` at the first
-    quad with ``FOLD``, else the identity). Returns the inclusive and the exclusive maps
-    (``[BLOCK_N, BLOCK_T]``); ``FOLD``: the carry folded in, so that their additive components are the
-    states (:func:`_fold`). The quads' own values stay in the threads that loaded them: an index
-    tensor of the quads' shape (an arange, a gather's) would take another layout, and every quarter
-    would be moved between threads to meet it."""
+def _quads(e, PAIR: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr):
+    """The maps ``e`` of a chunk held in quads (:func:`steps`, ``QUADS``) as each quad's suffixes
+    ``s0, s1, s2, e3`` (``[BLOCK_N, NQ]`` each: ``s_r`` takes the state past the quad, in time, to the
+    quad's step ``r``; ``s0`` is the quad's map), composed in registers from the thread's own 4 lanes,
+    and the quads' indices ``q`` in the same layout (an index tensor of the quads' shape built
+    otherwise, an arange, would take another layout, and every quarter would be moved between threads
+    to meet it)."""
     NQ: tl.constexpr = BLOCK_T // 4
     e0, e1, e2, e3 = _quarter_maps(e, PAIR, BLOCK_N, NQ)
-    s2 = _compose(e2, e3, PAIR)  # y_{4q+2} from y past the quad
+    s2 = _compose(e2, e3, PAIR)
     s1 = _compose(e1, s2, PAIR)
-    s0 = _compose(e0, s1, PAIR)  # the quad's map
+    s0 = _compose(e0, s1, PAIR)
     q, _, _, _ = _quarters(tl.arange(0, BLOCK_T)[None, :] // 4 + tl.zeros_like(e.a).to(tl.int32), BLOCK_N, NQ)
+    return s0, s1, s2, e3, q
+
+
+@triton.jit
+def _quad_scan(e, cu, cv, PAIR: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr):
+    """A backward scan of the maps ``e`` of a chunk held in quads (:func:`steps`, ``QUADS``) from the
+    carry ``(cu, cv)``, without Triton's reverse scan: the quads' suffixes (:func:`_quads`), then one
+    forward scan over the quads (latest first: scan order) that gives, beside each quad's inclusive
+    map, the map past it in time (:func:`combine_quads`; the carry, as a constant map, past the
+    first). Returns the inclusive and the exclusive maps (``[BLOCK_N, BLOCK_T]``), whose additive
+    components are the states (the carry folded in, as :func:`_fold` does)."""
+    s0, s1, s2, e3, q = _quads(e, PAIR, BLOCK_N, BLOCK_T)
     first = q == 0
-    g = _fold(s0, first, cu, cv, PAIR) if FOLD else s0
-    # the map past the first quad: the carry as a constant map, or the identity; built from `first`, so
-    # that every element of the scan is in the quarters' layout
+    g = _fold(s0, first, cu, cv, PAIR)
+    # the map past the first quad, built from `first` so that every element of the scan is in the
+    # quarters' layout
     one = tl.where(first, 1.0, 1.0)
     zero = tl.where(first, 0.0, 0.0)
-    cu0 = tl.where(first, cu[:, None], 0.0) if FOLD else zero
+    cu0 = tl.where(first, cu[:, None], 0.0)
     if PAIR:
-        cv0 = tl.where(first, cv[:, None], 0.0) if FOLD else zero
+        cv0 = tl.where(first, cv[:, None], 0.0)
         m = tl.associative_scan((g.p, g.q, g.s, g.a, g.w, one, zero, one, cu0, cv0), 1, combine_pair_quads)
         x = PairMap(m[5], m[6], m[7], m[8], m[9])
     else:
@@ -639,6 +648,20 @@ def _quad_scan(e, cu, cv, FOLD: tl.constexpr, PAIR: tl.constexpr, BLOCK_N: tl.co
 
 
 @triton.jit
+def _quad_total(e, PAIR: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr):
+    """The composition of a chunk's maps ``e`` held in quads (``[BLOCK_N]``): a forward scan over the
+    quads' maps, its last element. For split rows, whose carry is found after it: the states are
+    scanned once the carry is known (:func:`_quad_scan`), so that no map of every step waits, held in
+    registers, through the look-back."""
+    s0, _, _, _, q = _quads(e, PAIR, BLOCK_N, BLOCK_T)
+    if PAIR:
+        m = PairMap(*tl.associative_scan(s0, 1, combine_pair_lanes))
+    else:
+        m = Map(*tl.associative_scan(s0, 1, combine_lanes))
+    return _edge_map(m, q, BLOCK_T // 4 - 1, PAIR)
+
+
+@triton.jit
 def _scan(fam, x, at, cu, cv, scan, SCAN_REV: tl.constexpr, FOLD: tl.constexpr, ACC: tl.constexpr,
           QUADS: tl.constexpr = False, BLOCK_N: tl.constexpr = 1, BLOCK_T: tl.constexpr = 1):
     """Inclusive scan over the chunk (axis 1) of the maps (``scan.STEP``) of the steps whose values are
@@ -648,7 +671,8 @@ def _scan(fam, x, at, cu, cv, scan, SCAN_REV: tl.constexpr, FOLD: tl.constexpr, 
     come out of the scan; otherwise the inclusive ones twice (:func:`_finish` shifts them)."""
     e = scan.STEP(fam, x, ACC)
     if QUADS:
-        i, ex = _quad_scan(e, cu, cv, FOLD, scan.PAIR, BLOCK_N, BLOCK_T)
+        tl.static_assert(FOLD, "a chunk in quads is scanned from its carry")
+        i, ex = _quad_scan(e, cu, cv, scan.PAIR, BLOCK_N, BLOCK_T)
     else:
         if FOLD:
             e = _fold(e, at, cu, cv, scan.PAIR)
@@ -837,8 +861,8 @@ def drive(fam, sizes, carries, scan, cfg):
         p_slot = p_ws + slot * (W * BLOCK_N)
         o_s, ok_s = _scan_steps(start, lanes, geo, REVERSE, FLIP, BLOCK_T, D, QUADS)
         x = scan.LOAD(fam, geo, o_s, ok_s, end, ACC)
-        # the carry is found after the scan
-        e, ex = _scan(fam, x, lanes, cu, cv, scan, SCAN_REV, False, ACC, QUADS, BLOCK_N, BLOCK_T)
+        if not QUADS:  # the carry is found after the scan (in quads: the chunk's aggregate alone first)
+            e, ex = _scan(fam, x, lanes, cu, cv, scan, SCAN_REV, False, ACC)
         if PASS == OUTPUTS:  # the carry resolved by the earlier passes: the predecessor's inclusive state
             if rank > 0:
                 cu, cv = _load_state(p_ws + (slot - 1) * (W * BLOCK_N), o_b, BLOCK_N, PAIR)
@@ -846,7 +870,10 @@ def drive(fam, sizes, carries, scan, cfg):
             if rank > 0:
                 cu, cv = _resolved(p_ws, tile, rank, NUM_SEG, BLOCK_N, BLOCK_T, PAIR)
         else:
-            g = _edge_map(e, lanes, EDGE, PAIR)  # this chunk's aggregate map
+            if QUADS:
+                g = _quad_total(scan.STEP(fam, x, ACC), PAIR, BLOCK_N, BLOCK_T)
+            else:
+                g = _edge_map(e, lanes, EDGE, PAIR)  # this chunk's aggregate map
             if PASS == AGGREGATES:
                 if rank > 0:
                     _store_map(p_slot, g, o_b, BLOCK_N, PAIR)
@@ -859,4 +886,8 @@ def drive(fam, sizes, carries, scan, cfg):
                     tl.pointer_type(tl.int64))
                 cu, cv = _look_back(p_ws, p_word, tile, rank, NUM_SEG, g, cu, cv, BLOCK_N, PAIR, ACC)
         if PASS != AGGREGATES:
-            _finish(fam, geo, e, ex, cu, cv, end, start, p_co, scan, cfg, False)
+            if QUADS:  # the states from the carry found, the steps' values read again (from the cache: not
+                # held in registers through the look-back)
+                x = scan.LOAD(fam, geo, o_s, ok_s, end, ACC)
+                e, ex = _scan(fam, x, lanes, cu, cv, scan, False, True, ACC, QUADS, BLOCK_N, BLOCK_T)
+            _finish(fam, geo, e, ex, cu, cv, end, start, p_co, scan, cfg, QUADS)

@@ -107,7 +107,8 @@ class Choices:
 @functools.lru_cache(maxsize=4096)
 def strategy(R: int, T: int, time_contiguous: bool = True, *, sms: int = CPU_SMS, long_rows: LongRows | None = None,
              whole_rows: WholeRows | None = None, flip_chunks: tuple = (), fill_per_sm: int | None = None,
-             masked: bool = False, step_bytes: int = 0, reverse_scan: bool = True, **choices) -> Strategy:
+             masked: bool = False, step_bytes: int = 0, reverse_scan: bool = True, in_quads: bool = False,
+             scan_output: bool = False, **choices) -> Strategy:
     """Tile sizes, split and warps for ``R`` rows of ``T`` steps on a GPU of ``sms`` SMs.
 
     ======================================  ===============================================================
@@ -140,13 +141,22 @@ def strategy(R: int, T: int, time_contiguous: bool = True, *, sms: int = CPU_SMS
 
     ``flip`` (backward scans only; the caller passes ``False`` for the others): hold each chunk in
     reverse, so that the scan runs in lane order; by default :func:`flip_rule` with ``flip_chunks``,
-    the chunk lengths flipped for this call (the family's ``Row.flip_chunks``).
+    the chunk lengths flipped for this call (the family's ``Row.flip_chunks``). ``quads`` (backward
+    scans only): hold each chunk in quads of 4 steps, the latest first (:func:`rollbuf.kernels.core.steps`),
+    scanned without Triton's reverse scan; by default, for a family whose chunks go in quads
+    (``in_quads``: its ``Row.quads``) and time-contiguous rows, :func:`quads_rule` (``scan_output``: the
+    scan is the family's output itself); a flipped chunk is not in quads. In quads the exclusive state
+    comes out of the scan: ``shift_load`` is off unless forced.
     """
     c = Choices(**choices)
     st = _table(R, T, time_contiguous, c, sms, long_rows, whole_rows, sms * (fill_per_sm or FILL_PER_SM), masked,
                 step_bytes, reverse_scan)
     flip = flip_rule(st, T, flip_chunks) if c.flip is None else bool(c.flip)
-    quads = bool(c.quads) and st.block_t >= 4 and not flip
+    if c.quads is None:
+        quads = in_quads and time_contiguous and quads_rule(st, T, scan_output)
+    else:
+        quads = bool(c.quads) and st.block_t >= 4
+    quads = quads and not flip
     # in quads the scan gives the exclusive state itself: nothing to re-load
     shift_load = False if quads and c.shift_load is None else st.shift_load
     return attrs.evolve(st, flip=flip, quads=quads, shift_load=shift_load)
@@ -158,6 +168,26 @@ def strategy(R: int, T: int, time_contiguous: bool = True, *, sms: int = CPU_SMS
 # Flipping wins only for 512-step one-row chunks of the TD(λ) family and V-trace, fp32, without
 # truncations or a mask (the families' Row.flip_chunks); bf16/fp16 inputs and float64 calls were not
 # timed flipped and are not flipped by default (docs/kernel-choices.md, 'Flipped chunks').
+
+
+# Backward chunks held in quads (core._quad_scan: each thread's 4 steps composed in registers, one forward
+# scan over the quads that also gives the exclusive state) against Triton's reverse scan (every element
+# flipped across the warp, and an exclusive state by a lane shift or a re-load). Quads win from 64-step
+# chunks on (2^21 rows of 8 steps lost: two quads a row), except for a scan of the output itself (TD(λ)
+# without a mask) walked or looked back at 8 elements a thread, where the quads' registers cost programs
+# in flight (docs/kernel-choices.md, 'Chunks in quads').
+QUADS_FROM = 64
+
+
+def quads_rule(st: Strategy, T: int, scan_output: bool) -> bool:
+    """Whether a backward call of ``T`` steps with strategy ``st`` holds its chunks in quads by default:
+    chunks of ``QUADS_FROM`` steps or more; a scan of the output itself (``scan_output``) not where its
+    rows are walked or looked back with 8 or more elements a thread."""
+    if st.block_t < QUADS_FROM:
+        return False
+    walked = (st.split and not st.presolve) or (not st.split and st.block_t < T)
+    thick = st.block_n * st.block_t >= 8 * 32 * st.num_warps
+    return not (scan_output and walked and thick)
 
 
 def flip_rule(st: Strategy, T: int, chunks: tuple) -> bool:
@@ -547,6 +577,8 @@ class Launch:
         quads = fc.pop("quads", None)
         if not (fam.backward or (p.family == Family.AFFINE and p.reverse)):
             flip = quads = False
+        # TD(λ) without a mask scans its returns themselves (td_lambda/triton.py)
+        scan_output = p.family == Family.TD_LAMBDA and f.get("mask") is None
         # the rule's chunk lengths only for the calls it was timed on: fp32, no mask, no truncations
         timed = (f.get("mask") is None and f.get("truncated") is None and p.compute_dtype == torch.float32
                  and p.out_dtype == torch.float32
@@ -557,7 +589,7 @@ class Launch:
                       whole_rows=whole, flip_chunks=flip_chunks, fill_per_sm=fam.fill_per_sm,
                       masked=f.get("mask") is not None and not fam.pair, step_bytes=self.step_bytes(f),
                       reverse_scan=fam.backward or (p.family == Family.AFFINE and p.reverse), flip=flip,
-                      quads=quads, **fc)
+                      quads=quads, in_quads=fam.quads, scan_output=scan_output, **fc)
         self.strategy = st
         tiles = -(-self.R // st.block_n)
         self.grid = tiles * st.num_seg if st.split else tiles

@@ -46,6 +46,7 @@ class Row:
     long_rows: LongRows | None = None  # long rows,
     max_chunk: int | None = None  # the longest chunk,
     flip_chunks: tuple[int, ...] = ()  # the chunk lengths of a backward scan held in reverse
+    quads: bool = False  # a backward scan's chunks held in quads by the table's rule (host.quads_rule)
     fill_per_sm: int | None = None  # programs per SM below which long rows are split (None: the table's)
     step: Callable[[], Any] | None = None  # the compiled CPU loop's step, imported when first asked for,
     step_data: tuple[str, ...] = ()  # the data fields it reads after the main input,

@@ -24,6 +24,6 @@ def step():
 # the rule untimed; walked or split rows of Retrace and masked calls keep the table.
 ROW = Row(Family.RETRACE, kernel, ("rewards", "values", *BOUNDARY, "log_probs", "target_log_probs", "q_values"),
           ("q_targets",), ("p_q",), scalars=("gamma", "lam", "c_bar"),
-          whole_rows=WholeRows(1025, 2048, False, ((2048, 16),), 1),
+          whole_rows=WholeRows(1025, 2048, False, ((2048, 16),), 1), quads=True,
           step=step, step_data=("values", "q_values", "log_probs", "target_log_probs"), step_outputs=1,
           adjoint=backward, saves_output=True, torch_steps=torch_path.steps, torch_outputs=torch_path.outputs)

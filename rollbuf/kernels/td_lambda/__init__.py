@@ -36,7 +36,7 @@ def adjoint_step():
 # family' and 'Flipped chunks').
 ROW = Row(Family.TD_LAMBDA, kernel, ("rewards", "values", *BOUNDARY), ("advantages", "returns"), ("p_adv", "p_ret"),
           scalars=("gamma", "lam"), whole_rows=WholeRows(2049, 4096, True, ((4096, 16),), 2), flip_chunks=(512,),
-          step=step, step_data=("values",), adjoint=backward, torch_steps=torch_path.steps,
+          quads=True, step=step, step_data=("values",), adjoint=backward, torch_steps=torch_path.steps,
           torch_outputs=torch_path.outputs)
 ADJOINT = Row(Family.TD_LAMBDA_ADJOINT, adjoint_kernel, ("grad_returns", "grad_advantages", "terminated", "truncated",
                                                         None, "mask"),

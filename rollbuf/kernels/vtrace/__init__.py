@@ -28,6 +28,6 @@ def step():
 ROW = Row(Family.VTRACE, kernel, ("rewards", "values", *BOUNDARY, "log_probs", "target_log_probs"),
           ("vs", "pg_advantages"), ("p_vs", "p_pg"), scalars=("gamma", "lam", "rho_bar", "c_bar", "pg_rho_bar"),
           pair=True, whole_rows=WholeRows(1024, 4096, False, ((1024, 8), (2048, 16), (4096, 16)), 2),
-          long_rows=LongRows(2, 16, 4), max_chunk=1024, flip_chunks=(512,),
+          long_rows=LongRows(2, 16, 4), max_chunk=1024, flip_chunks=(512,), quads=True,
           step=step, step_data=("values", "log_probs", "target_log_probs"), step_outputs=2,
           adjoint=backward, saves_output=True, torch_steps=torch_path.steps, torch_outputs=torch_path.outputs)
