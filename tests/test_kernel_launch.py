@@ -14,7 +14,7 @@ import rollbuf.kernels as K
 from rollbuf import cache
 from rollbuf import functional as F
 from rollbuf.problem import Family, Problem
-from test_kernels import DEV, assert_ref, call, make
+from test_kernels import DEV, _launches, assert_ref, call, make
 
 CUDA = torch.cuda.is_available()
 
@@ -272,6 +272,44 @@ def test_launch_tells_the_table_direction_and_mask():
         cache.PLANS.clear()
 
 
+def test_quads_rule():
+    """Backward chunks of 64 steps or more go in quads for the families whose Row says so, on
+    time-contiguous rows (docs/kernel-choices.md, 'Chunks in quads'); a scan of the output itself keeps
+    lane order where its rows are walked or looked back at 8 elements a thread; the exclusive state then
+    needs no re-load; a forced choice wins, a flipped chunk is not in quads, nor a chunk under 4 steps."""
+    def st(R, T, **kw):
+        return K.strategy(R, T, sms=132, in_quads=True, **kw)
+
+    for R, T in ((16384, 1024), (65536, 256), (1 << 18, 64), (1, 1 << 24), (64, 1 << 18), (4096, 4096)):
+        s = st(R, T)
+        assert s.quads and not s.shift_load, (R, T, s)
+        assert not K.strategy(R, T, sms=132).quads  # a family not in quads
+    assert not st(1 << 21, 8).quads and not st(1 << 19, 32).quads  # under QUADS_FROM steps
+    assert not st(4096, 4096, time_contiguous=False).quads
+    # a scan of the output: walked (4096 x 4096) and looked back (64 rows) at 8 a thread keep lane order;
+    # one chunk (4 a thread), three passes over one row, and tiles stay in quads
+    assert not st(4096, 4096, scan_output=True).quads and not st(64, 1 << 18, scan_output=True).quads
+    assert st(4096, 4096, scan_output=True).shift_load  # the table's re-load past 512 steps, as before
+    assert all(st(R, T, scan_output=True).quads for R, T in ((16384, 1024), (1, 1 << 24), (65536, 256)))
+    assert K.strategy(4096, 4096, sms=132, quads=True).quads and not st(16384, 1024, quads=False).quads
+    assert st(16384, 1024, quads=True, shift_load=True).shift_load  # a forced re-load stays
+    assert not st(16384, 1024, flip=True).quads and not st(3, 2, quads=True).quads
+    assert K.strategy(16384, 1024, sms=132, quads=True, block_t=4).quads  # forced: from 4 steps
+
+
+def test_families_in_quads():
+    """The families timed in quads (TD(λ), V-trace, Retrace) hold their backward chunks so by default
+    (a call of 100 steps: one 128-step chunk); the forward traces, the affine scan and the turn kernels
+    do not (not timed); a forced ``quads`` holds a backward call so whatever its family."""
+    f = make(3, 100, "term+trunc+mask", seed=2)
+    for name, want in (("gae", True), ("vtrace", True), ("retrace", True), ("eligibility_traces", False)):
+        with _launches() as seen:
+            call(name, f, "triton")
+        assert seen and all(la.strategy.quads is want for la in seen), (name, [la.strategy for la in seen])
+    assert K.FAMILIES[Family.TD_LAMBDA].quads and not K.FAMILIES[Family.AFFINE].quads
+    assert not K.FAMILIES[Family.TURN_GAE].quads and not K.FAMILIES[Family.TURN].quads
+
+
 def test_step_bytes_counts_the_fields_read():
     """The bytes a step moves, as the table reads them: per-step fields (bootstrap values aside) and
     outputs at their sizes, flags one byte each."""
@@ -452,7 +490,9 @@ def test_each_family_is_one_folder_with_its_row():
 def test_every_kernel_entry_and_helper_takes_at_most_12_parameters():
     """The family kernels are small entries over shared helpers: no ``@triton.jit`` function of
     ``rollbuf.kernels`` takes more than 12 parameters (the constexprs included), and every
-    family's entry is among them."""
+    family's entry is among them. A scan's combine function (``combine_*``) takes the components of
+    two scan elements, as ``tl.associative_scan`` passes them: at most 2 x 10 (the quads' scan of
+    V-trace's pair maps carries two maps of five components)."""
     import importlib
     import inspect
     import pkgutil
@@ -469,5 +509,5 @@ def test_every_kernel_entry_and_helper_takes_at_most_12_parameters():
                 counts[f"{m.name}.{name}"] = len(inspect.signature(fn).parameters)
     entries = {f"{row.kernel().fn.__module__}.{row.kernel().fn.__name__}" for row in K.FAMILIES.values()}
     assert entries and entries <= set(counts), (entries, sorted(counts))
-    over = {k: n for k, n in counts.items() if n > 12}
+    over = {k: n for k, n in counts.items() if n > (20 if k.rsplit(".", 1)[1].startswith("combine_") else 12)}
     assert not over, over

@@ -795,6 +795,14 @@ def drive(fam, sizes, carries, scan, cfg):
     Triton does not reverse every element across the warp; the chunk's edge lane, the lane shift and
     the aggregate follow the scan's direction in lanes (``SCAN_REV``), the row's edges stay in time.
 
+    ``cfg.QUADS`` (backward scans only): each chunk is held in quads of 4 steps, the latest quad
+    first and each quad's steps in time order (:func:`steps`: a thread's 4 lanes are 4 consecutive
+    steps, loaded as one vector), and scanned without Triton's reverse scan: the quads' suffixes in
+    registers and one forward scan over the quads that gives the exclusive state beside the
+    inclusive one (:func:`_quad_scan`; no lane shift, no re-load). The carry is always folded in: split
+    rows publish their chunk's aggregate from a scan of the quads' maps alone (:func:`_quad_total`) and
+    scan the states once the carry is found, the steps' values read again.
+
     ``scan.PAIR``, ``scan.CARRY2``, ``scan.INCLUSIVE``: the scan's maps are pair maps (five components)
     or scalar ones; the carry in and out is a pair per row (V-trace's ``(u, V)``) or one value;
     ``EMIT`` reads the inclusive state (the family scans its output itself) or the exclusive one.
