@@ -717,14 +717,9 @@ def _finish(fam, geo, e, ex, cu, cv, end, start, p_co, scan, cfg, FOLD: tl.const
     if INCLUSIVE or SHIFT_LOAD:
         zu = iu
         zv = iv
-    elif QUADS:  # the scan gave the exclusive maps
-        if FOLD:
-            zu = ex.a
-            zv = ex.w if PAIR else zu
-        else:
-            zu, zv = apply(ex, cu[:, None], cv[:, None], PAIR)
-            if not PAIR:
-                zv = zu
+    elif QUADS:  # the scan gave the exclusive states (a chunk in quads is scanned from its carry: FOLD)
+        zu = ex.a
+        zv = ex.w if PAIR else zu
     else:
         zu = _shift(iu, cu[:, None], lanes, REVERSE and not FLIP, BLOCK_T)
         zv = _shift(iv, cv[:, None], lanes, REVERSE and not FLIP, BLOCK_T) if PAIR else zu
