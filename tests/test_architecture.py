@@ -400,12 +400,14 @@ MAX_KERNEL_PARAMS = 12
 def test_no_function_of_the_kernels_takes_more_than_12_parameters():
     """Under ``rollbuf/kernels/`` (the Triton kernels and their launch included) a kernel takes its
     pointers, sizes and carries as named tuples and its constexprs as one ``Config``: no function
-    there takes more than 12 parameters."""
+    there takes more than 12 parameters. A scan's combine function (``combine_*``) takes the
+    components of two scan elements, as ``tl.associative_scan`` passes them: at most 2 x 10 (the
+    quads' scan of V-trace's pair maps carries two maps of five components)."""
     many = {}
     for f in FILES:
         if f.is_relative_to(PKG / "kernels"):
             for qual, fn in _functions(ast.parse(f.read_text(), str(f))):
-                if parameter_count(fn) > MAX_KERNEL_PARAMS:
+                if parameter_count(fn) > (20 if qual.startswith("combine_") else MAX_KERNEL_PARAMS):
                     many[f"{f.relative_to(ROOT).as_posix()}::{qual}"] = parameter_count(fn)
     assert not many, f"functions of rollbuf/kernels/ with more than {MAX_KERNEL_PARAMS} parameters: {many}"
 

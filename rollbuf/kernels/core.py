@@ -618,6 +618,19 @@ def _quads(e, PAIR: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr):
 
 
 @triton.jit
+def _past(g, cu0, cv0, one, zero, PAIR: tl.constexpr):
+    """The maps past each quad, in time: the second maps of a forward scan over the quads of the
+    pairs (the quad's map ``g``, the map past the first quad: the constant ``(cu0, cv0)`` there, the
+    identity elsewhere; ``one``, ``zero``: 1 and 0 in the quads' layout)."""
+    if PAIR:
+        m = tl.associative_scan((g.p, g.q, g.s, g.a, g.w, one, zero, one, cu0, cv0), 1, combine_pair_quads)
+        return PairMap(m[5], m[6], m[7], m[8], m[9])
+    else:
+        m = tl.associative_scan((g.a, g.b, cu0, one), 1, combine_quads)
+        return Map(m[2], m[3])
+
+
+@triton.jit
 def _quad_scan(e, cu, cv, PAIR: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr):
     """A backward scan of the maps ``e`` of a chunk held in quads (:func:`steps`, ``QUADS``) from the
     carry ``(cu, cv)``, without Triton's reverse scan: the quads' suffixes (:func:`_quads`), then one
@@ -633,13 +646,7 @@ def _quad_scan(e, cu, cv, PAIR: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl
     one = tl.where(first, 1.0, 1.0)
     zero = tl.where(first, 0.0, 0.0)
     cu0 = tl.where(first, cu[:, None], 0.0)
-    if PAIR:
-        cv0 = tl.where(first, cv[:, None], 0.0)
-        m = tl.associative_scan((g.p, g.q, g.s, g.a, g.w, one, zero, one, cu0, cv0), 1, combine_pair_quads)
-        x = PairMap(m[5], m[6], m[7], m[8], m[9])
-    else:
-        m = tl.associative_scan((g.a, g.b, cu0, one), 1, combine_quads)
-        x = Map(m[2], m[3])
+    x = _past(g, cu0, tl.where(first, cv[:, None], 0.0), one, zero, PAIR)
     i0 = _compose(s0, x, PAIR)
     i1 = _compose(s1, x, PAIR)
     i2 = _compose(s2, x, PAIR)
@@ -655,10 +662,9 @@ def _quad_total(e, PAIR: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.conste
     registers, through the look-back."""
     s0, _, _, _, q = _quads(e, PAIR, BLOCK_N, BLOCK_T)
     if PAIR:
-        m = PairMap(*tl.associative_scan(s0, 1, combine_pair_lanes))
+        return _edge_map(PairMap(*tl.associative_scan(s0, 1, combine_pair_lanes)), q, BLOCK_T // 4 - 1, PAIR)
     else:
-        m = Map(*tl.associative_scan(s0, 1, combine_lanes))
-    return _edge_map(m, q, BLOCK_T // 4 - 1, PAIR)
+        return _edge_map(Map(*tl.associative_scan(s0, 1, combine_lanes)), q, BLOCK_T // 4 - 1, PAIR)
 
 
 @triton.jit

@@ -107,8 +107,7 @@ class Choices:
 @functools.lru_cache(maxsize=4096)
 def strategy(R: int, T: int, time_contiguous: bool = True, *, sms: int = CPU_SMS, long_rows: LongRows | None = None,
              whole_rows: WholeRows | None = None, flip_chunks: tuple = (), fill_per_sm: int | None = None,
-             masked: bool = False, step_bytes: int = 0, reverse_scan: bool = True, in_quads: bool = False,
-             scan_output: bool = False, **choices) -> Strategy:
+             masked: bool = False, step_bytes: int = 0, reverse_scan: bool = True, **choices) -> Strategy:
     """Tile sizes, split and warps for ``R`` rows of ``T`` steps on a GPU of ``sms`` SMs.
 
     ======================================  ===============================================================
@@ -142,24 +141,33 @@ def strategy(R: int, T: int, time_contiguous: bool = True, *, sms: int = CPU_SMS
     ``flip`` (backward scans only; the caller passes ``False`` for the others): hold each chunk in
     reverse, so that the scan runs in lane order; by default :func:`flip_rule` with ``flip_chunks``,
     the chunk lengths flipped for this call (the family's ``Row.flip_chunks``). ``quads`` (backward
-    scans only): hold each chunk in quads of 4 steps, the latest first (:func:`rollbuf.kernels.core.steps`),
-    scanned without Triton's reverse scan; by default, for a family whose chunks go in quads
-    (``in_quads``: its ``Row.quads``) and time-contiguous rows, :func:`quads_rule` (``scan_output``: the
-    scan is the family's output itself); a flipped chunk is not in quads. In quads the exclusive state
-    comes out of the scan: ``shift_load`` is off unless forced.
+    scans only): hold each chunk of 4 steps or more in quads of 4 steps, the latest first
+    (:func:`rollbuf.kernels.core.steps`), scanned without Triton's reverse scan; a flipped chunk is not
+    in quads; in quads the exclusive state comes out of the scan: ``shift_load`` is off unless forced.
+    Not forced, the table gives lane order, and :func:`in_quads` puts a family's chunks in quads
+    where its rule says (the launch calls it for the families whose ``Row.quads`` says so).
     """
     c = Choices(**choices)
     st = _table(R, T, time_contiguous, c, sms, long_rows, whole_rows, sms * (fill_per_sm or FILL_PER_SM), masked,
                 step_bytes, reverse_scan)
     flip = flip_rule(st, T, flip_chunks) if c.flip is None else bool(c.flip)
-    if c.quads is None:
-        quads = in_quads and time_contiguous and quads_rule(st, T, scan_output)
-    else:
-        quads = bool(c.quads) and st.block_t >= 4
-    quads = quads and not flip
-    # in quads the scan gives the exclusive state itself: nothing to re-load
-    shift_load = False if quads and c.shift_load is None else st.shift_load
-    return attrs.evolve(st, flip=flip, quads=quads, shift_load=shift_load)
+    st = attrs.evolve(st, flip=flip)
+    return _quads(st, c.shift_load) if c.quads and st.block_t >= 4 and not flip else st
+
+
+def _quads(st: Strategy, shift_load: bool | None) -> Strategy:
+    """``st`` in quads: the scan gives the exclusive state itself, nothing to re-load (unless forced)."""
+    return attrs.evolve(st, quads=True, shift_load=False if shift_load is None else shift_load)
+
+
+def in_quads(st: Strategy, T: int, time_contiguous: bool, scan_output: bool,
+             shift_load: bool | None = None) -> Strategy:
+    """The table's strategy ``st`` for a backward call of ``T`` steps, of a family whose chunks go in
+    quads, with its chunks in quads where :func:`quads_rule` says so (time-contiguous rows, not flipped;
+    ``scan_output``: the scan is the family's output itself; ``shift_load``: a forced choice)."""
+    if time_contiguous and not st.flip and not st.quads and quads_rule(st, T, scan_output):
+        return _quads(st, shift_load)
+    return st
 
 
 # Backward scans with each chunk held in reverse, lane j at step BLOCK_T−1−j (the scan in lane order),
@@ -589,7 +597,9 @@ class Launch:
                       whole_rows=whole, flip_chunks=flip_chunks, fill_per_sm=fam.fill_per_sm,
                       masked=f.get("mask") is not None and not fam.pair, step_bytes=self.step_bytes(f),
                       reverse_scan=fam.backward or (p.family == Family.AFFINE and p.reverse), flip=flip,
-                      quads=quads, in_quads=fam.quads, scan_output=scan_output, **fc)
+                      quads=quads, **fc)
+        if quads is None and fam.quads:  # the family's chunks in quads where the rule says
+            st = in_quads(st, T, T == 1 or s_t == 1, scan_output, fc.get("shift_load"))
         self.strategy = st
         tiles = -(-self.R // st.block_n)
         self.grid = tiles * st.num_seg if st.split else tiles
