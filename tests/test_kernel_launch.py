@@ -274,22 +274,24 @@ def test_launch_tells_the_table_direction_and_mask():
 
 def test_quads_rule():
     """Backward chunks of 64 steps or more go in quads for the families whose Row says so, on
-    time-contiguous rows (docs/kernel-choices.md, 'Chunks in quads'); a scan of the output itself keeps
-    lane order where its rows are walked or looked back at 8 elements a thread; the exclusive state then
+    time-contiguous rows, but not split rows chained by the look-back (docs/kernel-choices.md, 'Chunks
+    in quads'); a scan of the output itself keeps lane order where its rows are walked at 8 elements a
+    thread; the exclusive state then
     needs no re-load; a forced choice wins, a flipped chunk is not in quads, nor a chunk under 4 steps."""
     def st(R, T, scan_output=False, time_contiguous=True, **kw):
         return K.host.in_quads(K.strategy(R, T, time_contiguous, sms=132, **kw), T, time_contiguous, scan_output,
                                kw.get("shift_load"))
 
-    for R, T in ((16384, 1024), (65536, 256), (1 << 18, 64), (1, 1 << 24), (64, 1 << 18), (4096, 4096)):
+    for R, T in ((16384, 1024), (65536, 256), (1 << 18, 64), (1, 1 << 24), (4096, 4096)):
         s = st(R, T)
         assert s.quads and not s.shift_load, (R, T, s)
         assert not K.strategy(R, T, sms=132).quads  # the table alone: lane order
     assert not st(1 << 21, 8).quads and not st(1 << 19, 32).quads  # under QUADS_FROM steps
     assert not st(4096, 4096, time_contiguous=False).quads
-    # a scan of the output: walked (4096 x 4096) and looked back (64 rows) at 8 a thread keep lane order;
-    # one chunk (4 a thread), three passes over one row, and tiles stay in quads
-    assert not st(4096, 4096, scan_output=True).quads and not st(64, 1 << 18, scan_output=True).quads
+    assert st(64, 1 << 18).split and not st(64, 1 << 18).quads  # the look-back keeps lane order
+    # a scan of the output: walked (4096 x 4096) at 8 a thread keeps lane order; one chunk (4 a thread),
+    # three passes over one row, and tiles stay in quads
+    assert not st(4096, 4096, scan_output=True).quads
     assert st(4096, 4096, scan_output=True).shift_load  # the table's re-load past 512 steps, as before
     assert all(st(R, T, scan_output=True).quads for R, T in ((16384, 1024), (1, 1 << 24), (65536, 256)))
     assert st(16384, 1024, shift_load=True).shift_load  # a forced re-load stays

@@ -181,19 +181,19 @@ def in_quads(st: Strategy, T: int, time_contiguous: bool, scan_output: bool,
 # Backward chunks held in quads (core._quad_scan: each thread's 4 steps composed in registers, one forward
 # scan over the quads that also gives the exclusive state) against Triton's reverse scan (every element
 # flipped across the warp, and an exclusive state by a lane shift or a re-load). Quads win from 64-step
-# chunks on (2^21 rows of 8 steps lost: two quads a row), except for a scan of the output itself (TD(λ)
-# without a mask) walked or looked back at 8 elements a thread, where the quads' registers cost programs
-# in flight (docs/kernel-choices.md, 'Chunks in quads').
+# chunks on (2^21 rows of 8 steps lost: two quads a row), except in the look-back (split rows chained:
+# masked GAE and Retrace lost 3-7%) and for a scan of the output itself (TD(λ) without a mask) walked
+# at 8 elements a thread (docs/kernel-choices.md, 'Chunks in quads').
 QUADS_FROM = 64
 
 
 def quads_rule(st: Strategy, T: int, scan_output: bool) -> bool:
     """Whether a backward call of ``T`` steps with strategy ``st`` holds its chunks in quads by default:
-    chunks of ``QUADS_FROM`` steps or more; a scan of the output itself (``scan_output``) not where its
-    rows are walked or looked back with 8 or more elements a thread."""
-    if st.block_t < QUADS_FROM:
+    chunks of ``QUADS_FROM`` steps or more, not split rows chained by the look-back; a scan of the
+    output itself (``scan_output``) not where its rows are walked with 8 or more elements a thread."""
+    if st.block_t < QUADS_FROM or (st.split and not st.presolve):
         return False
-    walked = (st.split and not st.presolve) or (not st.split and st.block_t < T)
+    walked = not st.split and st.block_t < T
     thick = st.block_n * st.block_t >= 8 * 32 * st.num_warps
     return not (scan_output and walked and thick)
 
