@@ -276,8 +276,8 @@ def test_quads_rule():
     """Backward chunks of 64 steps or more go in quads for the families whose Row says so, on
     time-contiguous rows, but not split rows chained by the look-back (docs/kernel-choices.md, 'Chunks
     in quads'); a scan of the output itself keeps lane order where its rows are walked at 8 elements a
-    thread; the exclusive state then
-    needs no re-load; a forced choice wins, a flipped chunk is not in quads, nor a chunk under 4 steps."""
+    thread; the exclusive state then needs no re-load; a forced choice wins, a flipped chunk is not in
+    quads, nor a chunk under 4 steps."""
     def st(R, T, scan_output=False, time_contiguous=True, **kw):
         return K.host.in_quads(K.strategy(R, T, time_contiguous, sms=132, **kw), T, time_contiguous, scan_output,
                                kw.get("shift_load"))
@@ -307,7 +307,7 @@ def test_quads_rule():
 def test_families_in_quads():
     """The families timed in quads (TD(λ), V-trace, Retrace) hold their backward chunks so by default
     (a call of 100 steps: one 128-step chunk); the forward traces, the affine scan and the turn kernels
-    do not (not timed); a forced ``quads`` holds a backward call so whatever its family."""
+    do not (not timed)."""
     f = make(3, 100, "term+trunc+mask", seed=2)
     for name, want in (("gae", True), ("vtrace", True), ("retrace", True), ("eligibility_traces", False)):
         with _launches() as seen:

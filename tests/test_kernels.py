@@ -541,28 +541,31 @@ def test_chained_windows_equal_the_unsplit_row(name, cut, split):
 
 
 @pytest.mark.parametrize("T", [1, 2, 63, 64, 65, 127, 128, 129, 4097] + ([131072] if CUDA else []))
-@pytest.mark.parametrize("reverse,flip", [(True, False), (True, True), (False, False)],
-                         ids=["backward", "backward-flipped", "forward"])
-def test_affine_scan_is_exact_near_powers_of_two(T, reverse, flip, split):
+@pytest.mark.parametrize("reverse,order", [(True, None), (True, "flip"), (True, "quads"), (False, None)],
+                         ids=["backward", "backward-flipped", "backward-quads", "forward"])
+def test_affine_scan_is_exact_near_powers_of_two(T, reverse, order, split):
     """β far from 0 and 1 so that a misordered (non-commutative) combine shows up; backward also
-    with each chunk held in reverse."""
+    with each chunk held in reverse, and in quads."""
     g = torch.Generator().manual_seed(T)
     a = torch.randn(2, T, generator=g, dtype=torch.float64).to(DEV)
     b = (0.4 + 0.6 * torch.rand(2, T, generator=g, dtype=torch.float64)).to(DEV)
     init = torch.randn(2, generator=g, dtype=torch.float64).to(DEV)
-    with K.forced(block_t=None, flip=flip):  # the kernel's own chunk length: whole rows in one scan up to 1024
+    # the kernel's own chunk length: whole rows in one scan up to 1024
+    with K.forced(block_t=None, flip=order == "flip", quads=order == "quads"), _launches() as seen:
         got = F.affine_scan(a, b, reverse, init, backend="triton")
+    assert all(la.strategy.quads is (order == "quads" and la.strategy.block_t >= 4) for la in seen), seen
     ref = F.affine_scan(a.cpu(), b.cpu(), reverse, init.cpu(), backend="reference")
     assert rel_err(got, ref) < 1e-12
 
 
+@pytest.mark.parametrize("order", ["flip", "quads"])
 @pytest.mark.parametrize("pass_", list(FLIP_PASSES))
 @pytest.mark.parametrize("cut", [16, 17])
 @pytest.mark.parametrize("name", [n for n in ESTIMATORS if n not in ("eligibility_traces", "episodic_sums")])
-def test_chained_windows_flipped(name, cut, pass_):
+def test_chained_windows_flipped(name, cut, pass_, order):
     """Chained windows (the later window's carry out, the earlier's carry in) with flipped chunks
-    in every pass equal the unsplit row."""
-    with K.forced(flip=True, **FLIP_PASSES[pass_]):
+    or chunks in quads in every pass equal the unsplit row."""
+    with K.forced(**{order: True}, **FLIP_PASSES[pass_]):
         test_chained_windows_equal_the_unsplit_row(name, cut, None)
 
 

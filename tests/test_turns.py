@@ -96,8 +96,9 @@ def kernel_calls(monkeypatch):
 
 
 @pytest.mark.parametrize("force", [{}, dict(split=True, presolve=False, block_t=16),
-                                   dict(split=True, presolve=True, block_t=16), dict(block_t=16, split=False)],
-                         ids=["table", "lookback", "three-pass", "walk"])
+                                   dict(split=True, presolve=True, block_t=16), dict(block_t=16, split=False),
+                                   dict(quads=True), dict(quads=True, block_t=16, split=True, presolve=False)],
+                         ids=["table", "lookback", "three-pass", "walk", "quads", "quads-lookback"])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_turn_returns_on_the_turn_kernel_equal_the_loop(seed, force, kernel_calls):
     """turn_returns on the turn kernel (the coefficients from the rewards and the model-token flags in
@@ -126,8 +127,9 @@ def test_turn_returns_on_the_turn_kernel_equal_the_loop(seed, force, kernel_call
 
 @pytest.mark.parametrize("force", [{}, dict(split=True, presolve=False, block_t=16),
                                    dict(split=True, presolve=True, block_t=16), dict(block_t=16, split=False),
-                                   dict(block_t=16, split=True, presolve=False, shift_load=True)],
-                         ids=["table", "lookback", "three-pass", "walk", "lookback-reload"])
+                                   dict(block_t=16, split=True, presolve=False, shift_load=True),
+                                   dict(quads=True), dict(quads=True, block_t=16, split=False)],
+                         ids=["table", "lookback", "three-pass", "walk", "lookback-reload", "quads", "quads-walk"])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_turn_gae_on_the_turn_kernels_equals_the_loop(seed, force, kernel_calls):
     """turn_gae on the turn kernels (one backward scan writing the returns and each turn's advantage at

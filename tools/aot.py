@@ -83,7 +83,7 @@ def variants() -> list[dict]:
             if mode.endswith(("-flip", "-quads")) and name not in backward:
                 continue
             out.append(dict(name=f"{name}/{mode}/fp32", family=family, carry_in=ci, absent=absent, mode=mode))
-    # the affine scan backward (REVERSE), in lane order and flipped
+    # the affine scan backward (REVERSE), in lane order, flipped and in quads
     for mode in ("single", "single-flip", "single-quads", "walk-gather", "walk-gather-flip", "walk-gather-quads",
                  "lookback-gather", "lookback-gather-flip", "lookback-gather-quads"):
         out.append(dict(name=f"affine/{mode}/fp32-reverse", family=Family.AFFINE, carry_in=STATE, absent=(), mode=mode,
@@ -169,6 +169,12 @@ def variants() -> list[dict]:
         for mode, out_dt in (("single", "bf16"), ("lookback-gather", "bf16"), ("walk-reload", "fp16")):
             out.append(dict(name=f"{name}/{mode}/fp64-{out_dt}out", family=family, carry_in=ci, absent=absent,
                             mode=mode, dtype="fp64", acc="fp64", out_dtype=out_dt))
+    # float64 accumulation in quads (the quads' scan elements share the maps' dtype)
+    for name in ("gae", "vtrace", "retrace"):
+        family, ci, absent = fams[name]
+        for mode in ("single-quads", "lookback-gather-quads"):
+            out.append(dict(name=f"{name}/{mode}/fp64", family=family, carry_in=ci, absent=absent, mode=mode,
+                            dtype="fp64", acc="fp64"))
     for pair in (False, True):
         for bn, br in ((1, 2048), (32, 64)):
             out.append(dict(name=f"resolve/{'pair' if pair else 'scalar'}/{bn}x{br}", kernel="resolve",

@@ -620,8 +620,9 @@ def _quads(e, PAIR: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr):
 @triton.jit
 def _past(g, cu0, cv0, one, zero, PAIR: tl.constexpr):
     """The maps past each quad, in time: the second maps of a forward scan over the quads of the
-    pairs (the quad's map ``g``, the map past the first quad: the constant ``(cu0, cv0)`` there, the
-    identity elsewhere; ``one``, ``zero``: 1 and 0 in the quads' layout)."""
+    pairs (the quad's map ``g``, the map past the first quad: the shift by the carry ``(cu0, cv0)``
+    there, whose additive components are the carry, the identity elsewhere; ``one``, ``zero``: 1 and 0
+    in the quads' layout and the maps' dtype)."""
     if PAIR:
         m = tl.associative_scan((g.p, g.q, g.s, g.a, g.w, one, zero, one, cu0, cv0), 1, combine_pair_quads)
         return PairMap(m[5], m[6], m[7], m[8], m[9])
@@ -635,16 +636,16 @@ def _quad_scan(e, cu, cv, PAIR: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl
     """A backward scan of the maps ``e`` of a chunk held in quads (:func:`steps`, ``QUADS``) from the
     carry ``(cu, cv)``, without Triton's reverse scan: the quads' suffixes (:func:`_quads`), then one
     forward scan over the quads (latest first: scan order) that gives, beside each quad's inclusive
-    map, the map past it in time (:func:`combine_quads`; the carry, as a constant map, past the
-    first). Returns the inclusive and the exclusive maps (``[BLOCK_N, BLOCK_T]``), whose additive
-    components are the states (the carry folded in, as :func:`_fold` does)."""
+    map, the map past it in time (:func:`combine_quads`; past the first, the shift by the carry).
+    Returns the inclusive and the exclusive maps (``[BLOCK_N, BLOCK_T]``), whose additive components
+    are the states (the carry folded in, as :func:`_fold` does)."""
     s0, s1, s2, e3, q = _quads(e, PAIR, BLOCK_N, BLOCK_T)
     first = q == 0
     g = _fold(s0, first, cu, cv, PAIR)
     # the map past the first quad, built from `first` so that every element of the scan is in the
-    # quarters' layout
-    one = tl.where(first, 1.0, 1.0)
-    zero = tl.where(first, 0.0, 0.0)
+    # quarters' layout, and in the maps' dtype (float64 accumulation: the scan's elements share one type)
+    one = tl.where(first, 1.0, 1.0).to(s0.a.dtype)
+    zero = tl.where(first, 0.0, 0.0).to(s0.a.dtype)
     cu0 = tl.where(first, cu[:, None], 0.0)
     x = _past(g, cu0, tl.where(first, cv[:, None], 0.0), one, zero, PAIR)
     i0 = _compose(s0, x, PAIR)

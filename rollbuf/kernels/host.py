@@ -180,10 +180,12 @@ def in_quads(st: Strategy, T: int, time_contiguous: bool, scan_output: bool,
 
 # Backward chunks held in quads (core._quad_scan: each thread's 4 steps composed in registers, one forward
 # scan over the quads that also gives the exclusive state) against Triton's reverse scan (every element
-# flipped across the warp, and an exclusive state by a lane shift or a re-load). Quads win from 64-step
-# chunks on (2^21 rows of 8 steps lost: two quads a row), except in the look-back (split rows chained:
-# masked GAE and Retrace lost 3-7%) and for a scan of the output itself (TD(λ) without a mask) walked
-# at 8 elements a thread (docs/kernel-choices.md, 'Chunks in quads').
+# flipped across the warp, and an exclusive state by a lane shift or a re-load). Quads won in most cases
+# timed from 64-step chunks on (2^21 rows of 8 steps lost: two quads a row; 16 and 32 steps not timed),
+# but in the look-back (split rows chained: masked GAE and Retrace lost 3-7%) and for a scan of the
+# output itself (TD(λ) without a mask) walked at 8 elements a thread; the losses kept (GAE and TD(λ)
+# returns 4% at 16384 x 1024, masked V-trace 9% there in the first version) are in docs/kernel-choices.md,
+# 'Chunks in quads'.
 QUADS_FROM = 64
 
 
@@ -301,7 +303,7 @@ _FORCE_KEYS = ("block_t", "split", "shift_load", "max_chunk", "block_n", "presol
 def forced(**choices):
     """Inside the block, every kernel call takes these choices instead of the strategy table's
     (``block_t``, ``split``, ``shift_load``, ``max_chunk``, ``block_n``, ``presolve``, ``num_warps``,
-    ``resolve_block_r``, ``flip``), and with ``poison=True`` fills its outputs with NaN before the launch (an
+    ``resolve_block_r``, ``flip``, ``quads``), and with ``poison=True`` fills its outputs with NaN before the launch (an
     element the kernel does not write then fails a comparison); ``layout="env"`` makes a time-major
     call env-major (its fields copied first). ``presolve=True``: split rows in three passes; ``presolve=2``:
     in two, the outputs' pass composing the aggregates of the chunks before its own (no resolve kernel, one

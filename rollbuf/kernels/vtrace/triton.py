@@ -8,8 +8,9 @@ over :func:`clip`.
 With a mask, the pair state ``(u_t, V_t)`` is scanned (``V_{t+1}`` is the next *unmasked* step's,
 carried by the scan). Without one, ``V_{t+1}`` is read from the next step in memory (the window-end
 ``V_T`` past the last step) and only ``u`` is scanned: the scalar maps ``(a + q·V_{t+1}, p)``; unless
-rows are walked chunk by chunk, the scan is then ``u_t`` itself (no shift), and ``pg_t`` reads
-``vs_{t+1}`` back from the chunk's stored targets (:func:`~rollbuf.boundary.coefficients.vtrace_pg`).
+rows are walked chunk by chunk or the chunk is held in quads, the scan is then ``u_t`` itself (no
+shift), and ``pg_t`` reads ``vs_{t+1}`` back from the chunk's stored targets
+(:func:`~rollbuf.boundary.coefficients.vtrace_pg`); in quads the scan gives the exclusive ``u_{t+1}``.
 """
 
 from collections import namedtuple
@@ -124,7 +125,7 @@ def vtrace_kernel(
                    tl.full((), pg_rho_bar, ACC))
     # Without a mask the scan is u_t itself and pg_t reads vs_{t+1} back from the stored targets,
     # except when rows are walked chunk by chunk (then the exclusive u_{t+1}: the neighbour's maps
-    # re-loaded or a lane shift); only where the targets are stored in the accumulation dtype (a
+    # re-loaded or a lane shift) or a chunk is held in quads (whose scan gives u_{t+1}); only where the targets are stored in the accumulation dtype (a
     # bf16/fp16 vs_{t+1} read back would carry the output's rounding of vs, of V's size, into pg,
     # and an fp16 overflow to inf would make 0·inf = NaN at a terminated step); only for chunks
     # longer than 128 steps (docs/kernel-choices.md, "V-trace's targets read back (vtrace/triton.py)").
