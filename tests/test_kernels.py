@@ -201,12 +201,13 @@ def test_lane_orders_match_reference(name, mix, pass_, layout, order):
 @pytest.mark.parametrize("force", [dict(block_t=1024), dict(block_t=256, split=True),
                                    dict(block_t=256, split=True, presolve=True)],
                          ids=["one-chunk", "lookback", "presolve"])
-@pytest.mark.parametrize("flip", [False, True])
-def test_vtrace_read_back_in_either_lane_order(flip, force):
+@pytest.mark.parametrize("order", ["lanes", "flip", "quads"])
+def test_vtrace_read_back_in_either_lane_order(order, force):
     """V-trace without a mask over chunks longer than 128 steps reads its own targets back for
-    ``vs_{t+1}``: within the chunk, and past its edge from the carry, in either lane order."""
+    ``vs_{t+1}``: within the chunk, and past its edge from the carry, in either lane order (in quads
+    it does not: the scan gives ``u_{t+1}``)."""
     f = make(2, 601, "term+trunc", seed=5)
-    with K.forced(flip=flip, **force):
+    with K.forced(flip=order == "flip", quads=order == "quads", **force):
         got = call("vtrace", f, "triton")
     assert_ref(got, call("vtrace", f, "reference"), 1e-5)
 

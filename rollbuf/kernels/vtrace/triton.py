@@ -125,7 +125,8 @@ def vtrace_kernel(
                    tl.full((), pg_rho_bar, ACC))
     # Without a mask the scan is u_t itself and pg_t reads vs_{t+1} back from the stored targets,
     # except when rows are walked chunk by chunk (then the exclusive u_{t+1}: the neighbour's maps
-    # re-loaded or a lane shift) or a chunk is held in quads (whose scan gives u_{t+1}); only where the targets are stored in the accumulation dtype (a
+    # re-loaded or a lane shift) or a chunk is held in quads (whose scan gives u_{t+1}); only where
+    # the targets are stored in the accumulation dtype (a
     # bf16/fp16 vs_{t+1} read back would carry the output's rounding of vs, of V's size, into pg,
     # and an fp16 overflow to inf would make 0·inf = NaN at a terminated step); only for chunks
     # longer than 128 steps (docs/kernel-choices.md, "V-trace's targets read back (vtrace/triton.py)").
