@@ -583,9 +583,11 @@ class Launch:
         whole = fam.whole_rows
         if whole is None or f.get("mask") is not None or len(self.out_names) > whole.most_outputs or "max_chunk" in fc:
             whole = None
+        backward_scan = fam.backward or (p.family == Family.AFFINE and p.reverse)
+        time_contiguous = T == 1 or s_t == 1
         flip = fc.pop("flip", None)  # lane order only matters to a backward scan
         quads = fc.pop("quads", None)
-        if not (fam.backward or (p.family == Family.AFFINE and p.reverse)):
+        if not backward_scan:
             flip = quads = False
         # TD(λ) without a mask scans its returns themselves (td_lambda/triton.py)
         scan_output = p.family == Family.TD_LAMBDA and f.get("mask") is None
@@ -595,13 +597,12 @@ class Launch:
                  and all(t.dtype == torch.float32 for t in f.values() if t is not None and t.is_floating_point()))
         flip_chunks = fam.flip_chunks if timed else ()
         fc["max_chunk"] = fc.get("max_chunk") or fam.max_chunk
-        st = strategy(self.R, T, T == 1 or s_t == 1, sms=device_sms(self.device), long_rows=fam.long_rows,
+        st = strategy(self.R, T, time_contiguous, sms=device_sms(self.device), long_rows=fam.long_rows,
                       whole_rows=whole, flip_chunks=flip_chunks, fill_per_sm=fam.fill_per_sm,
                       masked=f.get("mask") is not None and not fam.pair, step_bytes=self.step_bytes(f),
-                      reverse_scan=fam.backward or (p.family == Family.AFFINE and p.reverse), flip=flip,
-                      quads=quads, **fc)
+                      reverse_scan=backward_scan, flip=flip, quads=quads, **fc)
         if quads is None and fam.quads:  # the family's chunks in quads where the rule says
-            st = in_quads(st, T, T == 1 or s_t == 1, scan_output, fc.get("shift_load"))
+            st = in_quads(st, T, time_contiguous, scan_output, fc.get("shift_load"))
         self.strategy = st
         tiles = -(-self.R // st.block_n)
         self.grid = tiles * st.num_seg if st.split else tiles
