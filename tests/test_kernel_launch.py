@@ -274,13 +274,13 @@ def test_launch_tells_the_table_direction_and_mask():
 
 def test_quads_rule():
     """Backward chunks of 64 steps or more go in quads for the families whose Row says so, on
-    time-contiguous rows, but not split rows chained by the look-back (docs/kernel-choices.md, 'Chunks
-    in quads'); a scan of the output itself keeps lane order where its rows are walked at 8 elements a
-    thread; the exclusive state then needs no re-load; a forced choice wins, a flipped chunk is not in
-    quads, nor a chunk under 4 steps."""
-    def st(R, T, scan_output=False, time_contiguous=True, **kw):
+    time-contiguous rows, split rows chained by the look-back too but where the TD(λ) family writes
+    advantages (docs/kernel-choices.md, 'Chunks in quads'); a scan of the output itself keeps lane order
+    where its rows are walked at 8 elements a thread; the exclusive state then needs no re-load; a
+    forced choice wins, a flipped chunk is not in quads, nor a chunk under 4 steps."""
+    def st(R, T, scan_output=False, time_contiguous=True, advantages=False, **kw):
         return K.host.in_quads(K.strategy(R, T, time_contiguous, sms=132, **kw), T, time_contiguous, scan_output,
-                               kw.get("shift_load"))
+                               kw.get("shift_load"), advantages)
 
     for R, T in ((16384, 1024), (65536, 256), (1 << 18, 64), (1, 1 << 24), (4096, 4096)):
         s = st(R, T)
@@ -288,7 +288,9 @@ def test_quads_rule():
         assert not K.strategy(R, T, sms=132).quads  # the table alone: lane order
     assert not st(1 << 21, 8).quads and not st(1 << 19, 32).quads  # under QUADS_FROM steps
     assert not st(4096, 4096, time_contiguous=False).quads
-    assert st(64, 1 << 18).split and not st(64, 1 << 18).quads  # the look-back keeps lane order
+    assert st(64, 1 << 18).split and not st(64, 1 << 18).presolve and st(64, 1 << 18).quads  # the look-back
+    assert not st(64, 1 << 18, advantages=True).quads  # ... but for the TD(λ) family's advantages
+    assert st(1, 1 << 24, advantages=True).quads  # three passes: in quads
     # a scan of the output: walked (4096 x 4096) at 8 a thread keeps lane order; one chunk (4 a thread),
     # three passes over one row, and tiles stay in quads
     assert not st(4096, 4096, scan_output=True).quads
@@ -307,13 +309,26 @@ def test_quads_rule():
 def test_families_in_quads():
     """The families timed in quads (TD(λ), V-trace, Retrace) hold their backward chunks so by default
     (a call of 100 steps: one 128-step chunk); the forward traces, the affine scan and the turn kernels
-    do not (not timed)."""
+    do not (not timed). Split rows chained by the look-back: in quads but for the TD(λ) family's
+    advantages."""
     f = make(3, 100, "term+trunc+mask", seed=2)
     for name, want in (("gae", True), ("vtrace", True), ("retrace", True), ("eligibility_traces", False)):
         with _launches() as seen:
             call(name, f, "triton")
         assert seen and all(la.strategy.quads is want for la in seen), (name, [la.strategy for la in seen])
     assert K.FAMILIES[Family.TD_LAMBDA].quads and not K.FAMILIES[Family.AFFINE].quads
+    # split rows chained by the look-back: in quads, but for the TD(λ) family's advantages
+    f = make(2, 200, "term+trunc", seed=3)
+    base = {k: f[k] for k in ("rewards", "values", "terminated", "truncated", "bootstrap_values")}
+    for name, want in (("gae", False), ("advantages", False), ("lambda_returns", True), ("discounted_returns", True),
+                       ("vtrace", True), ("retrace", True)):
+        with K.forced(split=True, block_t=64), _launches() as seen:
+            if name == "advantages":
+                F.advantages(0.97, 0.9, **base, backend="triton")
+            else:
+                call(name, f, "triton")
+        assert seen and all(la.strategy.split and not la.strategy.presolve and la.strategy.quads is want
+                            for la in seen), (name, [la.strategy for la in seen])
     assert not K.FAMILIES[Family.TURN_GAE].quads and not K.FAMILIES[Family.TURN].quads
 
 

@@ -658,9 +658,8 @@ def _quad_scan(e, cu, cv, PAIR: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl
 @triton.jit
 def _quad_total(e, PAIR: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr):
     """The composition of a chunk's maps ``e`` held in quads (``[BLOCK_N]``): a forward scan over the
-    quads' maps, its last element. For split rows, whose carry is found after it: the states are
-    scanned once the carry is known (:func:`_quad_scan`), so that no map of every step waits, held in
-    registers, through the look-back."""
+    quads' maps, its last element: the first of the three passes over split rows, which writes the
+    chunks' aggregates only."""
     s0, _, _, _, q = _quads(e, PAIR, BLOCK_N, BLOCK_T)
     if PAIR:
         return _edge_map(PairMap(*tl.associative_scan(s0, 1, combine_pair_lanes)), q, BLOCK_T // 4 - 1, PAIR)
@@ -675,11 +674,15 @@ def _scan(fam, x, at, cu, cv, scan, SCAN_REV: tl.constexpr, FOLD: tl.constexpr, 
     ``x``, in lane order or (``SCAN_REV``) against it; ``FOLD``: the carry ``(cu, cv)`` folded into the
     map at ``at`` first (:func:`_fold`), so that the scan gives the states. Returns the inclusive maps
     and the exclusive ones: with ``QUADS`` (a backward chunk held in quads, :func:`_quad_scan`) both
-    come out of the scan; otherwise the inclusive ones twice (:func:`_finish` shifts them)."""
+    come out of the scan (without ``FOLD``: scanned from a zero carry, so that each lane holds its map
+    from the chunk's edge, the multiplicative components included); otherwise the inclusive ones twice
+    (:func:`_finish` shifts them)."""
     e = scan.STEP(fam, x, ACC)
     if QUADS:
-        tl.static_assert(FOLD, "a chunk in quads is scanned from its carry")
-        i, ex = _quad_scan(e, cu, cv, scan.PAIR, BLOCK_N, BLOCK_T)
+        if FOLD:
+            i, ex = _quad_scan(e, cu, cv, scan.PAIR, BLOCK_N, BLOCK_T)
+        else:  # from no carry: the maps themselves (the look-back applies its carry after)
+            i, ex = _quad_scan(e, tl.zeros_like(cu), tl.zeros_like(cv), scan.PAIR, BLOCK_N, BLOCK_T)
     else:
         if FOLD:
             e = _fold(e, at, cu, cv, scan.PAIR)
@@ -724,9 +727,14 @@ def _finish(fam, geo, e, ex, cu, cv, end, start, p_co, scan, cfg, FOLD: tl.const
     if INCLUSIVE or SHIFT_LOAD:
         zu = iu
         zv = iv
-    elif QUADS:  # the scan gave the exclusive states (a chunk in quads is scanned from its carry: FOLD)
-        zu = ex.a
-        zv = ex.w if PAIR else zu
+    elif QUADS:  # the scan gave the exclusive states (FOLD), or the exclusive maps
+        if FOLD:
+            zu = ex.a
+            zv = ex.w if PAIR else zu
+        else:
+            zu, zv = apply(ex, cu[:, None], cv[:, None], PAIR)
+            if not PAIR:
+                zv = zu
     else:
         zu = _shift(iu, cu[:, None], lanes, REVERSE and not FLIP, BLOCK_T)
         zv = _shift(iv, cv[:, None], lanes, REVERSE and not FLIP, BLOCK_T) if PAIR else zu
@@ -801,9 +809,9 @@ def drive(fam, sizes, carries, scan, cfg):
     first and each quad's steps in time order (:func:`steps`: a thread's 4 lanes are 4 consecutive
     steps, loaded as one vector), and scanned without Triton's reverse scan: the quads' suffixes in
     registers and one forward scan over the quads that gives the exclusive state beside the
-    inclusive one (:func:`_quad_scan`; no lane shift, no re-load). The carry is always folded in: split
-    rows publish their chunk's aggregate from a scan of the quads' maps alone (:func:`_quad_total`) and
-    scan the states once the carry is found, the steps' values read again.
+    inclusive one (:func:`_quad_scan`; no lane shift, no re-load). The carry is folded in where it is
+    known before the scan; the look-back scans its chunk from no carry and applies the carry found to
+    the maps held; the three passes' first composes the quads' maps alone (:func:`_quad_total`).
 
     ``scan.PAIR``, ``scan.CARRY2``, ``scan.INCLUSIVE``: the scan's maps are pair maps (five components)
     or scalar ones; the carry in and out is a pair per row (V-trace's ``(u, V)``) or one value;
@@ -871,8 +879,12 @@ def drive(fam, sizes, carries, scan, cfg):
         p_slot = p_ws + slot * (W * BLOCK_N)
         o_s, ok_s = _scan_steps(start, lanes, geo, REVERSE, FLIP, BLOCK_T, D, QUADS)
         x = scan.LOAD(fam, geo, o_s, ok_s, end, ACC)
-        if not QUADS:  # the carry is found after the scan (in quads: the chunk's aggregate alone first)
-            e, ex = _scan(fam, x, lanes, cu, cv, scan, SCAN_REV, False, ACC)
+        # the look-back scans its chunk before the carry is found and holds the maps through it; in
+        # quads, the passes whose carry is read from the scratch scan once it is known, and the
+        # aggregates' pass composes the quads' maps alone
+        HOLD: tl.constexpr = not QUADS or PASS == LOOKBACK
+        if HOLD:
+            e, ex = _scan(fam, x, lanes, cu, cv, scan, SCAN_REV, False, ACC, QUADS, BLOCK_N, BLOCK_T)
         if PASS == OUTPUTS:  # the carry resolved by the earlier passes: the predecessor's inclusive state
             if rank > 0:
                 cu, cv = _load_state(p_ws + (slot - 1) * (W * BLOCK_N), o_b, BLOCK_N, PAIR)
@@ -880,10 +892,9 @@ def drive(fam, sizes, carries, scan, cfg):
             if rank > 0:
                 cu, cv = _resolved(p_ws, tile, rank, NUM_SEG, BLOCK_N, BLOCK_T, PAIR)
         else:
-            if QUADS:
-                g = _quad_total(scan.STEP(fam, x, ACC), PAIR, BLOCK_N, BLOCK_T)
-            else:
-                g = _edge_map(e, lanes, EDGE, PAIR)  # this chunk's aggregate map
+            # this chunk's aggregate map
+            g = _edge_map(e, lanes, EDGE, PAIR) if HOLD else _quad_total(scan.STEP(fam, x, ACC), PAIR, BLOCK_N,
+                                                                          BLOCK_T)
             if PASS == AGGREGATES:
                 if rank > 0:
                     _store_map(p_slot, g, o_b, BLOCK_N, PAIR)
@@ -896,8 +907,6 @@ def drive(fam, sizes, carries, scan, cfg):
                     tl.pointer_type(tl.int64))
                 cu, cv = _look_back(p_ws, p_word, tile, rank, NUM_SEG, g, cu, cv, BLOCK_N, PAIR, ACC)
         if PASS != AGGREGATES:
-            if QUADS:  # the states from the carry found, the steps' values read again (from the cache: not
-                # held in registers through the look-back)
-                x = scan.LOAD(fam, geo, o_s, ok_s, end, ACC)
+            if not HOLD:  # the states scanned from the carry read
                 e, ex = _scan(fam, x, lanes, cu, cv, scan, False, True, ACC, QUADS, BLOCK_N, BLOCK_T)
-            _finish(fam, geo, e, ex, cu, cv, end, start, p_co, scan, cfg, QUADS)
+            _finish(fam, geo, e, ex, cu, cv, end, start, p_co, scan, cfg, not HOLD)

@@ -161,11 +161,12 @@ def _quads(st: Strategy, shift_load: bool | None) -> Strategy:
 
 
 def in_quads(st: Strategy, T: int, time_contiguous: bool, scan_output: bool,
-             shift_load: bool | None = None) -> Strategy:
+             shift_load: bool | None = None, advantages: bool = False) -> Strategy:
     """The table's strategy ``st`` for a backward call of ``T`` steps, of a family whose chunks go in
     quads, with its chunks in quads where :func:`quads_rule` says so (time-contiguous rows, not flipped;
-    ``scan_output``: the scan is the family's output itself; ``shift_load``: a forced choice)."""
-    if time_contiguous and not st.flip and not st.quads and quads_rule(st, T, scan_output):
+    ``scan_output``: the scan is the family's output itself; ``shift_load``: a forced choice;
+    ``advantages``: the TD(λ) family writes advantages)."""
+    if time_contiguous and not st.flip and not st.quads and quads_rule(st, T, scan_output, advantages):
         return _quads(st, shift_load)
     return st
 
@@ -182,19 +183,22 @@ def in_quads(st: Strategy, T: int, time_contiguous: bool, scan_output: bool,
 # scan over the quads that also gives the exclusive state) against Triton's reverse scan (every element
 # flipped across the warp, and an exclusive state by a lane shift or a re-load). Quads won in most cases
 # timed from 64-step chunks on (2^21 rows of 8 steps lost: two quads a row; 16 and 32 steps not timed),
-# but in the look-back (split rows chained: masked GAE and Retrace lost 3-7%) and for a scan of the
-# output itself (TD(λ) without a mask) walked at 8 elements a thread; the losses kept (GAE and TD(λ)
-# returns 4% at 16384 x 1024, masked V-trace 9% there in the first version) are in docs/kernel-choices.md,
-# 'Chunks in quads'.
+# but for the TD(λ) family's advantages in the look-back (split rows chained: GAE and advantages lost
+# 8-15%, the returns alone and the other families gained) and for a scan of the output itself (TD(λ)
+# without a mask) walked at 8 elements a thread; the losses kept (GAE and TD(λ) returns 4% at
+# 16384 x 1024, masked V-trace 9% there in the first version) are in docs/kernel-choices.md, 'Chunks in quads'.
 QUADS_FROM = 64
 
 
-def quads_rule(st: Strategy, T: int, scan_output: bool) -> bool:
+def quads_rule(st: Strategy, T: int, scan_output: bool, advantages: bool = False) -> bool:
     """Whether a backward call of ``T`` steps with strategy ``st`` holds its chunks in quads by default:
-    chunks of ``QUADS_FROM`` steps or more, not split rows chained by the look-back; a scan of the
-    output itself (``scan_output``) not where its rows are walked with 8 or more elements a thread."""
-    if st.block_t < QUADS_FROM or (st.split and not st.presolve):
+    chunks of ``QUADS_FROM`` steps or more; split rows chained by the look-back unless the TD(λ) family
+    writes advantages (``advantages``); a scan of the output itself (``scan_output``) not where its rows
+    are walked with 8 or more elements a thread."""
+    if st.block_t < QUADS_FROM:
         return False
+    if st.split and not st.presolve:
+        return not advantages
     walked = not st.split and st.block_t < T
     thick = st.block_n * st.block_t >= 8 * 32 * st.num_warps
     return not (scan_output and walked and thick)
@@ -602,7 +606,8 @@ class Launch:
                       masked=f.get("mask") is not None and not fam.pair, step_bytes=self.step_bytes(f),
                       reverse_scan=backward_scan, flip=flip, quads=quads, **fc)
         if quads is None and fam.quads:  # the family's chunks in quads where the rule says
-            st = in_quads(st, T, time_contiguous, scan_output, fc.get("shift_load"))
+            st = in_quads(st, T, time_contiguous, scan_output, fc.get("shift_load"),
+                          p.family == Family.TD_LAMBDA and "advantages" in self.out_names)
         self.strategy = st
         tiles = -(-self.R // st.block_n)
         self.grid = tiles * st.num_seg if st.split else tiles
