@@ -343,7 +343,8 @@ def _resolved(p_ws, tile, rank, NUM_SEG, BLOCK_N: tl.constexpr, BLOCK_T: tl.cons
     """The inclusive state of chunk ``rank − 1`` of row tile ``tile`` from the first pass's scratch (the first
     chunk's state, the later chunks' aggregate maps): the maps of chunks ``1 … rank − 1`` composed in scan
     order, ``BLOCK_R`` at a time, applied to the first chunk's state; the middle pass's work for one chunk,
-    read from L2 (``RESOLVING``, the forced choice ``presolve=2``; not the default until it is timed).
+    read from L2 (``RESOLVING``, the forced choice ``presolve=2``; timed slower than the three passes:
+    docs/kernel-choices.md, 'Long rows split').
     ``BLOCK_R``: 256 chunks (over ``BLOCK_N`` rows) with the longest chunks, ``BLOCK_T / 8`` with shorter ones
     (so that the tests' 16-step chunks loop over blocks of two)."""
     W: tl.constexpr = 3 + 4 * PAIR  # slot width: map components + state
