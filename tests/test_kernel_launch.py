@@ -217,8 +217,8 @@ def test_strategy_elements_per_thread():
     """Eight elements per thread where timed to win (docs/kernel-choices.md, 'Elements per thread'):
     backward scans' rows walked by one program in 1024-step chunks with 4 warps (8 with a mask), and
     their one chunk of 1024 steps with 4 warps only where a step moves at most 10 bytes; masked tiles
-    of 64-512 steps with a warp per 256 elements; rows of 8 steps or fewer in 256-element tiles; split
-    rows keep theirs."""
+    of 64-512 steps with a warp per 256 elements; rows of 8 steps or fewer in 256-element tiles, but
+    the forward scans' of 5-8 steps (512, 4 a thread); split rows keep theirs."""
     def plan(R, T, **kw):
         st = K.strategy(R, T, sms=132, **kw)
         return st.block_n, st.block_t, st.num_warps, st.split
@@ -237,6 +237,10 @@ def test_strategy_elements_per_thread():
     assert plan(1 << 18, 64, masked=True) == (8, 64, 2, False) and plan(1 << 18, 64) == (8, 64, 4, False)
     assert plan(1 << 16, 16, masked=True) == plan(1 << 16, 16)  # not timed below 64 steps
     assert plan(1 << 21, 8) == (32, 8, 4, False)
+    # forward scans over rows of 5-8 steps: 512-element tiles, 4 a thread (2 for 1-4 steps, or forced)
+    assert plan(1 << 21, 8, reverse_scan=False) == plan(1 << 21, 5, reverse_scan=False) == (64, 8, 4, False)
+    assert plan(1 << 21, 4, reverse_scan=False) == plan(1 << 21, 4) == (64, 4, 4, False)
+    assert plan(1 << 21, 8, reverse_scan=False, block_n=32) == (32, 8, 4, False)
     assert plan(64, 1 << 18, step_bytes=8) == plan(64, 1 << 18) == (1, 2048, 8, True)
     assert plan(8192, 2048, step_bytes=8) == (1, 2048, 8, False)  # one chunk of 2048: 8 a thread already
     # forward scans keep the table's chunks and warps (masked tiles of 64-512 steps aside)

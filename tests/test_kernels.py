@@ -162,6 +162,28 @@ def test_matches_reference(name, mix, shape, split):
     assert_ref(call(name, f, "triton"), call(name, f, "reference"), 1e-5)
 
 
+@pytest.mark.parametrize("T", [5, 7, 8])
+@pytest.mark.parametrize("mix", ["term", "term+trunc"])
+@pytest.mark.parametrize("name", ["eligibility_traces", "episodic_sums", "gae"])
+def test_rows_of_five_to_eight_steps(name, mix, T, monkeypatch):
+    """Rows of 5-8 steps in the table's tiles: a forward scan in 512-element tiles of 64 rows (4 a
+    thread), a backward one in 256-element tiles of 32 (2 a thread); the last tile partly past the
+    rows (off the GPU the table is told of one SM, so that 257 rows fill it); against the reference."""
+    N = 257 if not CUDA else 40001
+    monkeypatch.setattr(H, "CPU_SMS", 1)
+    cache.PLANS.clear()
+    f = make(N, T, mix, seed=zlib.crc32(f"short-{name}-{mix}-{T}".encode()))
+    try:
+        with K.forced(block_t=None), _launches() as seen:  # the table's chunk (this file forces 16 off the GPU)
+            got = call(name, f, "triton")
+    finally:
+        cache.PLANS.clear()
+    forward = name != "gae"
+    assert seen and all((la.strategy.block_n, la.strategy.block_t) == ((64, 8) if forward else (32, 8))
+                        for la in seen), [la.strategy for la in seen]
+    assert_ref(got, call(name, f, "reference"), 1e-5)
+
+
 FLIP_PASSES = {"one-chunk": dict(block_t=64), "one-chunk-reload": dict(block_t=64, shift_load=True),
                "walk-gather": dict(block_t=16, split=False, shift_load=False),
                "walk-reload": dict(block_t=16, split=False, shift_load=True),

@@ -881,8 +881,8 @@ def drive(fam, sizes, carries, scan, cfg):
         o_s, ok_s = _scan_steps(start, lanes, geo, REVERSE, FLIP, BLOCK_T, D, QUADS)
         x = scan.LOAD(fam, geo, o_s, ok_s, end, ACC)
         # the look-back scans its chunk before the carry is found and holds the maps through it; in
-        # quads, the passes whose carry is read from the scratch scan once it is known, and the
-        # aggregates' pass composes the quads' maps alone
+        # quads, the passes whose carry is read from the scratch load and scan the chunk once it is
+        # known, and the aggregates' pass composes the quads' maps alone
         HOLD: tl.constexpr = not QUADS or PASS == LOOKBACK
         if HOLD:
             e, ex = _scan(fam, x, lanes, cu, cv, scan, SCAN_REV, False, ACC, QUADS, BLOCK_N, BLOCK_T)
@@ -908,6 +908,8 @@ def drive(fam, sizes, carries, scan, cfg):
                     tl.pointer_type(tl.int64))
                 cu, cv = _look_back(p_ws, p_word, tile, rank, NUM_SEG, g, cu, cv, BLOCK_N, PAIR, ACC)
         if PASS != AGGREGATES:
-            if not HOLD:  # the states scanned from the carry read
+            if not HOLD:  # the states scanned from the carry read, the steps loaded after it (loaded before
+                # it and held, the three passes' last pass took 8-10% longer for V-trace and Retrace)
+                x = scan.LOAD(fam, geo, o_s, ok_s, end, ACC)
                 e, ex = _scan(fam, x, lanes, cu, cv, scan, False, True, ACC, QUADS, BLOCK_N, BLOCK_T)
             _finish(fam, geo, e, ex, cu, cv, end, start, p_co, scan, cfg, not HOLD)

@@ -41,7 +41,9 @@ from rollbuf.problem import Family, Problem
 TILE = 512
 WARP_ELEMS = 128
 # Rows of at most SHORT_T steps: tiles of TILE / 2 elements (time-contiguous rows), one warp per 64
-# (2 per thread).
+# (2 per thread); but a forward scan over rows of 5-8 steps keeps TILE elements and a warp per 128 (4 a
+# thread: the eligibility traces and episodic sums at 2^21 x 8 took 68.2 us against 72.2, H100, f1ba9b5;
+# the backward scans lost there: docs/kernel-choices.md, 'Tiles of short rows').
 SHORT_T = 8
 # Backward scans (Triton's reverse scan flips every element across the warp) walk rows in WALK_CHUNK-step
 # chunks, with 8 elements per thread (a warp per 2·WARP_ELEMS) without a mask and 4 with one; their one
@@ -227,12 +229,16 @@ def _table(R, T, time_contiguous, c: Choices, sms, long_rows, whole_rows, split_
             return Strategy(1, bt, False, 1, num_warps or dict(whole_rows.warps)[bt],
                             bt > GATHER_MAX_T if shift_load is None else shift_load, resolve_block_r=resolve_block_r)
 
+    # rows of at most SHORT_T steps in half tiles, 2 elements a thread; a forward scan over rows of 5-8
+    # steps in whole tiles, 4 a thread (no tiling forced)
+    whole_tile = not reverse_scan and SHORT_T // 2 < T <= SHORT_T and block_t is None and block_n is None
+
     def warps(elems, bt, wide=False):
         """One warp per WARP_ELEMS elements (``wide``: twice as many), half as many for rows of at most
-        SHORT_T steps; 1 to 8."""
+        SHORT_T steps (but ``whole_tile``); 1 to 8."""
         if num_warps:
             return num_warps
-        per = WARP_ELEMS // 2 if bt <= SHORT_T else 2 * WARP_ELEMS if wide else WARP_ELEMS
+        per = WARP_ELEMS // 2 if bt <= SHORT_T and not whole_tile else 2 * WARP_ELEMS if wide else WARP_ELEMS
         return max(1, min(8, elems // per))
 
     if not time_contiguous and block_t is None and split is None and block_n is None and fill // 2 > R // 16:
@@ -266,7 +272,7 @@ def _table(R, T, time_contiguous, c: Choices, sms, long_rows, whole_rows, split_
                         resolve_block_r=resolve_block_r)
     if long_rows and bt >= 1024:
         return Strategy(long_rows.rows, bt, False, 1, num_warps or long_rows.warps, sl, resolve_block_r=resolve_block_r)
-    bn = max(1, min((TILE // 2 if bt <= SHORT_T and time_contiguous else TILE) // bt, _pow2(R)))
+    bn = max(1, min((TILE // 2 if bt <= SHORT_T and time_contiguous and not whole_tile else TILE) // bt, _pow2(R)))
     if not time_contiguous:
         bn = max(bn, min(64, _pow2(R)))
     while bn > 1 and -(-R // bn) < fill // 2 and bn * bt > 256:  # keep enough programs in flight
@@ -311,7 +317,7 @@ def forced(**choices):
     element the kernel does not write then fails a comparison); ``layout="env"`` makes a time-major
     call env-major (its fields copied first). ``presolve=True``: split rows in three passes; ``presolve=2``:
     in two, the outputs' pass composing the aggregates of the chunks before its own (no resolve kernel, one
-    launch fewer; not a default until timed on a GPU: docs/kernel-choices.md). For tests and A/B
+    launch fewer; timed slower than three: docs/kernel-choices.md). For tests and A/B
     experiments; nested blocks merge."""
     bad = set(choices) - set(_FORCE_KEYS)
     if bad:
