@@ -241,6 +241,7 @@ def test_strategy_elements_per_thread():
     assert plan(1 << 21, 8, reverse_scan=False) == plan(1 << 21, 5, reverse_scan=False) == (64, 8, 4, False)
     assert plan(1 << 21, 4, reverse_scan=False) == plan(1 << 21, 4) == (64, 4, 4, False)
     assert plan(1 << 21, 8, reverse_scan=False, block_n=32) == (32, 8, 4, False)
+    assert plan(1 << 21, 8, reverse_scan=False, time_contiguous=False) == plan(1 << 21, 8, time_contiguous=False)
     assert plan(64, 1 << 18, step_bytes=8) == plan(64, 1 << 18) == (1, 2048, 8, True)
     assert plan(8192, 2048, step_bytes=8) == (1, 2048, 8, False)  # one chunk of 2048: 8 a thread already
     # forward scans keep the table's chunks and warps (masked tiles of 64-512 steps aside)

@@ -229,9 +229,10 @@ def _table(R, T, time_contiguous, c: Choices, sms, long_rows, whole_rows, split_
             return Strategy(1, bt, False, 1, num_warps or dict(whole_rows.warps)[bt],
                             bt > GATHER_MAX_T if shift_load is None else shift_load, resolve_block_r=resolve_block_r)
 
-    # rows of at most SHORT_T steps in half tiles, 2 elements a thread; a forward scan over rows of 5-8
-    # steps in whole tiles, 4 a thread (no tiling forced)
-    whole_tile = not reverse_scan and SHORT_T // 2 < T <= SHORT_T and block_t is None and block_n is None
+    # rows of at most SHORT_T steps in half tiles, 2 elements a thread; a forward scan over time-contiguous
+    # rows of 5-8 steps in whole tiles, 4 a thread (no tiling forced)
+    whole_tile = (not reverse_scan and time_contiguous and SHORT_T // 2 < T <= SHORT_T and block_t is None
+                  and block_n is None)
 
     def warps(elems, bt, wide=False):
         """One warp per WARP_ELEMS elements (``wide``: twice as many), half as many for rows of at most
