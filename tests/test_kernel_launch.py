@@ -218,7 +218,7 @@ def test_strategy_elements_per_thread():
     backward scans' rows walked by one program in 1024-step chunks with 4 warps (8 with a mask), and
     their one chunk of 1024 steps with 4 warps only where a step moves at most 10 bytes; masked tiles
     of 64-512 steps with a warp per 256 elements; rows of 8 steps or fewer in 256-element tiles, but
-    the forward scans' of 5-8 steps (512, 4 a thread); split rows keep theirs."""
+    the forward scans' of 5-8 steps with rows enough (512, 4 a thread); split rows keep theirs."""
     def plan(R, T, **kw):
         st = K.strategy(R, T, sms=132, **kw)
         return st.block_n, st.block_t, st.num_warps, st.split
@@ -237,11 +237,18 @@ def test_strategy_elements_per_thread():
     assert plan(1 << 18, 64, masked=True) == (8, 64, 2, False) and plan(1 << 18, 64) == (8, 64, 4, False)
     assert plan(1 << 16, 16, masked=True) == plan(1 << 16, 16)  # not timed below 64 steps
     assert plan(1 << 21, 8) == (32, 8, 4, False)
-    # forward scans over rows of 5-8 steps: 512-element tiles, 4 a thread (2 for 1-4 steps, or forced)
+    # forward scans over rows of 5-8 steps: 512-element tiles, 4 a thread (2 for 1-4 steps, forced tilings,
+    # time-major rows, or too few rows)
     assert plan(1 << 21, 8, reverse_scan=False) == plan(1 << 21, 5, reverse_scan=False) == (64, 8, 4, False)
     assert plan(1 << 21, 4, reverse_scan=False) == plan(1 << 21, 4) == (64, 4, 4, False)
     assert plan(1 << 21, 8, reverse_scan=False, block_n=32) == (32, 8, 4, False)
+    assert plan(1 << 21, 8, reverse_scan=False, num_warps=2) == (32, 8, 2, False)  # forced: the table before
+    assert plan(1 << 18, 8, reverse_scan=False, max_chunk=4)[:3] == plan(1 << 18, 8, max_chunk=4)[:3]
     assert plan(1 << 21, 8, reverse_scan=False, time_contiguous=False) == plan(1 << 21, 8, time_contiguous=False)
+    # fewer rows than 64-row tiles would fill the GPU with (4·sms programs): the half tiles, as before
+    assert plan(4096, 8, reverse_scan=False) == plan(4096, 8) == (32, 8, 4, False)
+    assert plan(528 * 64, 8, reverse_scan=False) == (64, 8, 4, False)
+    assert plan(527 * 64, 8, reverse_scan=False) == plan(527 * 64, 8)
     assert plan(64, 1 << 18, step_bytes=8) == plan(64, 1 << 18) == (1, 2048, 8, True)
     assert plan(8192, 2048, step_bytes=8) == (1, 2048, 8, False)  # one chunk of 2048: 8 a thread already
     # forward scans keep the table's chunks and warps (masked tiles of 64-512 steps aside)
@@ -315,7 +322,7 @@ def test_families_in_quads():
     """The families timed in quads (TD(λ), V-trace, Retrace) hold their backward chunks so by default
     (a call of 100 steps: one 128-step chunk); the forward traces, the affine scan and the turn kernels
     do not (not timed). Split rows chained by the look-back: in quads but for the TD(λ) family's
-    advantages."""
+    advantages, and their outputs equal the reference's (NaN-filled before the launch)."""
     f = make(3, 100, "term+trunc+mask", seed=2)
     for name, want in (("gae", True), ("vtrace", True), ("retrace", True), ("eligibility_traces", False)):
         with _launches() as seen:
@@ -327,13 +334,15 @@ def test_families_in_quads():
     base = {k: f[k] for k in ("rewards", "values", "terminated", "truncated", "bootstrap_values")}
     for name, want in (("gae", False), ("advantages", False), ("lambda_returns", True), ("discounted_returns", True),
                        ("vtrace", True), ("retrace", True)):
-        with K.forced(split=True, block_t=64), _launches() as seen:
+        with K.forced(split=True, block_t=64, poison=True), _launches() as seen:
             if name == "advantages":
-                F.advantages(0.97, 0.9, **base, backend="triton")
+                got = (F.advantages(0.97, 0.9, **base, backend="triton"),)
+                ref = (F.advantages(0.97, 0.9, **base, backend="reference"),)
             else:
-                call(name, f, "triton")
+                got, ref = call(name, f, "triton"), call(name, f, "reference")
         assert seen and all(la.strategy.split and not la.strategy.presolve and la.strategy.quads is want
                             for la in seen), (name, [la.strategy for la in seen])
+        assert_ref(got, ref, 1e-5)
     assert not K.FAMILIES[Family.TURN_GAE].quads and not K.FAMILIES[Family.TURN].quads
 
 

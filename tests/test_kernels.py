@@ -166,8 +166,8 @@ def test_matches_reference(name, mix, shape, split):
 @pytest.mark.parametrize("mix", ["term", "term+trunc"])
 @pytest.mark.parametrize("name", ["eligibility_traces", "episodic_sums", "gae"])
 def test_rows_of_five_to_eight_steps(name, mix, T, monkeypatch):
-    """Rows of 5-8 steps in the table's tiles: a forward scan in 512-element tiles of 64 rows (4 a
-    thread), a backward one in 256-element tiles of 32 (2 a thread); the last tile partly past the
+    """Rows of 5-8 steps in the table's tiles: a forward scan in tiles of 64 rows, a backward one in
+    tiles of 32 (the warps are the GPU's concern: test_kernel_launch); the last tile partly past the
     rows (off the GPU the table is told of one SM, so that 257 rows fill it); against the reference."""
     N = 257 if not CUDA else 40001
     monkeypatch.setattr(H, "CPU_SMS", 1)

@@ -57,6 +57,8 @@ MODES = {
     "whole-quads": Mode(4, False, 1, 4096, 16, False, True),
     "walk-gather-quads": Mode(0, False, 2, 512, 4, False, True),
     "lookback-gather-quads": Mode(1, False, 1, 512, 2, False, True),
+    "aggregates-quads": Mode(2, False, 1, 2048, 8, False, True),  # the three passes' first and last in quads
+    "outputs-quads": Mode(3, False, 1, 2048, 8, False, True),
 }
 
 

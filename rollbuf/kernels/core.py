@@ -639,7 +639,9 @@ def _quad_scan(e, cu, cv, PAIR: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl
     forward scan over the quads (latest first: scan order) that gives, beside each quad's inclusive
     map, the map past it in time (:func:`combine_quads`; past the first, the shift by the carry).
     Returns the inclusive and the exclusive maps (``[BLOCK_N, BLOCK_T]``), whose additive components
-    are the states (the carry folded in, as :func:`_fold` does)."""
+    are the states (the carry folded in, as :func:`_fold` does); from a zero carry they are each lane's
+    maps from the chunk's edge, the multiplicative components whole (the look-back applies its carry
+    to them)."""
     s0, s1, s2, e3, q = _quads(e, PAIR, BLOCK_N, BLOCK_T)
     first = q == 0
     g = _fold(s0, first, cu, cv, PAIR)

@@ -36,14 +36,15 @@ from rollbuf.problem import Family, Problem
 # ---- the strategy table ------------------------------------------------------------------------
 
 # Tiles of short rows: 512 elements per program, one warp per 128 elements (4 per thread), 1 to 8
-# warps (one per 64 for rows of 8 steps or fewer): faster than larger tiles with fewer warps, from a
+# warps (one per 64 for rows of 8 steps or fewer, SHORT_T): faster than larger tiles with fewer warps, from a
 # joint sweep of rows per program and warps (docs/kernel-choices.md, 'Tiles of short rows').
 TILE = 512
 WARP_ELEMS = 128
 # Rows of at most SHORT_T steps: tiles of TILE / 2 elements (time-contiguous rows), one warp per 64
-# (2 per thread); but a forward scan over rows of 5-8 steps keeps TILE elements and a warp per 128 (4 a
-# thread: the eligibility traces and episodic sums at 2^21 x 8 took 68.2 us against 72.2, H100, f1ba9b5;
-# the backward scans lost there: docs/kernel-choices.md, 'Tiles of short rows').
+# (2 per thread); but a forward scan over rows of 5-8 steps with rows enough to fill the GPU in whole
+# tiles keeps TILE elements and a warp per 128 (4 a thread: the eligibility traces and episodic sums at
+# 2^21 x 8 took 68.2 us against 72.2, H100, f1ba9b5; the backward scans lost there:
+# docs/kernel-choices.md, 'Elements per thread').
 SHORT_T = 8
 # Backward scans (Triton's reverse scan flips every element across the warp) walk rows in WALK_CHUNK-step
 # chunks, with 8 elements per thread (a warp per 2·WARP_ELEMS) without a mask and 4 with one; their one
@@ -126,7 +127,8 @@ def strategy(R: int, T: int, time_contiguous: bool = True, *, sms: int = CPU_SMS
 
     ``max_chunk``: 2048 steps (1024 for V-trace's pair state); the exclusive state by an in-register
     shift for chunks up to 512 steps, by re-loading the neighbouring step beyond. Warps: one per 128
-    elements of a program's tile, 1 to 8 (rows of 8 steps or fewer: 256-element tiles, one per 64);
+    elements of a program's tile, 1 to 8 (rows of 8 steps or fewer: 256-element tiles, one per 64; a
+    forward scan's rows of 5-8 steps where 64-row tiles fill the GPU: 512-element tiles, one per 128);
     a backward scan's (``reverse_scan``) rows walked by one program in ``WALK_CHUNK``-step chunks (4
     warps: one per 256 elements, 8 a thread; 8 warps with a mask), and its one chunk of 1024 steps one
     warp per 256 where a step moves at most ``FEW_BYTES`` (``step_bytes``); tiles of 64-512 steps with
@@ -230,9 +232,10 @@ def _table(R, T, time_contiguous, c: Choices, sms, long_rows, whole_rows, split_
                             bt > GATHER_MAX_T if shift_load is None else shift_load, resolve_block_r=resolve_block_r)
 
     # rows of at most SHORT_T steps in half tiles, 2 elements a thread; a forward scan over time-contiguous
-    # rows of 5-8 steps in whole tiles, 4 a thread (no tiling forced)
-    whole_tile = (not reverse_scan and time_contiguous and SHORT_T // 2 < T <= SHORT_T and block_t is None
-                  and block_n is None)
+    # rows of 5-8 steps in whole tiles, 4 a thread, where whole tiles still fill the GPU (no tiling forced)
+    whole_tiles = -(-R // (TILE // SHORT_T))  # programs of 64-row tiles
+    whole_tile = (not reverse_scan and time_contiguous and SHORT_T // 2 < T <= SHORT_T and whole_tiles >= fill // 2
+                  and block_t is None and block_n is None and num_warps is None and max_chunk is None)
 
     def warps(elems, bt, wide=False):
         """One warp per WARP_ELEMS elements (``wide``: twice as many), half as many for rows of at most
