@@ -343,6 +343,13 @@ def test_families_in_quads():
         assert seen and all(la.strategy.split and not la.strategy.presolve and la.strategy.quads is want
                             for la in seen), (name, [la.strategy for la in seen])
         assert_ref(got, ref, 1e-5)
+    # with a mask: V-trace's pair maps and the masked TD(λ) and Retrace states, held through the wait
+    f = make(2, 200, "term+trunc+mask", seed=4)
+    for name, want in (("gae", False), ("lambda_returns", True), ("vtrace", True), ("retrace", True)):
+        with K.forced(split=True, block_t=64, poison=True), _launches() as seen:
+            got, ref = call(name, f, "triton"), call(name, f, "reference")
+        assert seen and all(la.strategy.split and la.strategy.quads is want for la in seen), name
+        assert_ref(got, ref, 1e-5)
     assert not K.FAMILIES[Family.TURN_GAE].quads and not K.FAMILIES[Family.TURN].quads
 
 
