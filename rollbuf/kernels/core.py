@@ -881,11 +881,12 @@ def drive(fam, sizes, carries, scan, cfg):
         slot = tile * NUM_SEG + rank
         p_slot = p_ws + slot * (W * BLOCK_N)
         o_s, ok_s = _scan_steps(start, lanes, geo, REVERSE, FLIP, BLOCK_T, D, QUADS)
-        x = scan.LOAD(fam, geo, o_s, ok_s, end, ACC)
         # the look-back scans its chunk before the carry is found and holds the maps through it; in
         # quads, the passes whose carry is read from the scratch load and scan the chunk once it is
         # known, and the aggregates' pass composes the quads' maps alone
         HOLD: tl.constexpr = not QUADS or PASS == LOOKBACK
+        if HOLD or PASS == AGGREGATES:
+            x = scan.LOAD(fam, geo, o_s, ok_s, end, ACC)
         if HOLD:
             e, ex = _scan(fam, x, lanes, cu, cv, scan, SCAN_REV, False, ACC, QUADS, BLOCK_N, BLOCK_T)
         if PASS == OUTPUTS:  # the carry resolved by the earlier passes: the predecessor's inclusive state
