@@ -220,6 +220,28 @@ def test_lane_orders_match_reference(name, mix, pass_, layout, order):
     assert_ref(got, call(name, f, "reference"), 1e-5)
 
 
+@pytest.mark.parametrize("warps", [1, 2])
+@pytest.mark.parametrize("order", ["lanes", "quads"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
+@pytest.mark.parametrize("mix", ["none", "term+trunc", "term+trunc+mask"])
+@pytest.mark.parametrize("name", ESTIMATORS)
+def test_lookback_window(name, mix, dtype, order, warps):
+    """The look-back that reads the words of a window of chunks at once (``poll``: one chunk a thread,
+    32 per warp; on the GPU by plain acquire loads, under the interpreter by atomic reads), its
+    aggregates composed along the window, over rows of many more chunks than the window holds (the
+    window moves back several times), in lane order and in quads: against the reference, the outputs
+    NaN-filled before the launch (float64: the state in its slot; float32 scalar maps: in the word)."""
+    T = 601 if not CUDA else 3001  # 38 and 188 chunks of 16 steps: windows of 32 and 64 chunks
+    f = make(2, T, mix, dtype=getattr(torch, dtype), seed=zlib.crc32(f"window-{name}-{mix}-{dtype}".encode()))
+    with K.forced(block_t=16, split=True, presolve=False, poll=True, num_warps=warps, quads=order == "quads",
+                  poison=True), _launches() as seen:
+        got = call(name, f, "triton")
+    assert seen and all(la.strategy.split and la.strategy.poll == 32 * warps for la in seen), \
+        [la.strategy for la in seen]
+    tol = 1e-12 if dtype == "float64" else 2e-2 if dtype == "bfloat16" else 1e-5
+    assert_ref(got, call(name, f, "reference"), tol)
+
+
 @pytest.mark.parametrize("force", [dict(block_t=1024), dict(block_t=256, split=True),
                                    dict(block_t=256, split=True, presolve=True)],
                          ids=["one-chunk", "lookback", "presolve"])

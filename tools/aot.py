@@ -35,8 +35,9 @@ from rollbuf.problem import Family
 _FLAGS = ("terminated", "truncated", "mask", "model")
 
 
-# a variant's pass and tiling: the kernel's PASS, SHIFT_LOAD, BLOCK_N, BLOCK_T, its warps, FLIP and QUADS
-Mode = namedtuple("Mode", "pass_ shift_load block_n block_t warps flip quads", defaults=(False, False))
+# a variant's pass and tiling: the kernel's PASS, SHIFT_LOAD, BLOCK_N, BLOCK_T, its warps, FLIP, QUADS and
+# POLL (the look-back's window of words read at once by plain acquire loads: ASM)
+Mode = namedtuple("Mode", "pass_ shift_load block_n block_t warps flip quads poll", defaults=(False, False, 0))
 MODES = {
     "single": Mode(4, False, 4, 128, 4),
     "single-reload": Mode(4, True, 1, 1024, 8),
@@ -59,6 +60,8 @@ MODES = {
     "lookback-gather-quads": Mode(1, False, 1, 512, 2, False, True),
     "aggregates-quads": Mode(2, False, 1, 2048, 8, False, True),  # the three passes' first and last in quads
     "outputs-quads": Mode(3, False, 1, 2048, 8, False, True),
+    "lookback-poll": Mode(1, True, 1, 2048, 8, False, False, 256),  # the look-back's window, one word a thread
+    "lookback-poll-quads": Mode(1, False, 1, 1024, 4, False, True, 128),
 }
 
 
@@ -254,7 +257,8 @@ def _signature(v: dict):
             sig[name] = "constexpr"
             cx[(i,)] = Config(PASS=mode.pass_, CARRY_IN=ci, ACC=float64 if acc == "fp64" else float32,
                               BLOCK_N=mode.block_n, BLOCK_T=mode.block_t, SHIFT_LOAD=mode.shift_load, FLIP=mode.flip,
-                              REVERSE=fam.family == Family.AFFINE and backward, QUADS=mode.quads)
+                              REVERSE=fam.family == Family.AFFINE and backward, QUADS=mode.quads,
+                              POLL=mode.poll, ASM=mode.poll > 0)
         else:
             assert jit.fn.__annotations__.get(name) == "fp64", name
             sig[name] = "fp64"

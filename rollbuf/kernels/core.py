@@ -74,8 +74,10 @@ Scan = namedtuple("Scan", "LOAD STEP EMIT PAIR CARRY2 INCLUSIVE REVERSE")
 # the launch's configuration: the entry kernel's one constexpr parameter ``CFG`` (host.Launch builds
 # it; REVERSE: the affine scan's direction, which the other families fix themselves; QUADS: a backward
 # scan's chunks held in quads of 4 steps, latest quad first, scanned without Triton's reverse scan)
-Config = namedtuple("Config", "PASS CARRY_IN ACC BLOCK_N BLOCK_T SHIFT_LOAD FLIP REVERSE QUADS",
-                    defaults=(False, False))
+# POLL: the look-back of one-row programs reads the words of POLL chunks before its own at once (0: one
+# at a time); ASM: by plain acquire loads (inline PTX, CUDA only) instead of atomic reads
+Config = namedtuple("Config", "PASS CARRY_IN ACC BLOCK_N BLOCK_T SHIFT_LOAD FLIP REVERSE QUADS POLL ASM",
+                    defaults=(False, False, 0, False))
 # the entry kernel's ``sizes``: R rows (N·F) of T steps, F features (1 but for the forward estimators'
 # x), the fields' pair of strides (s_n, s_t) and the outputs' (s_on, s_ot), the index of the launch's
 # first program (p0: 0 but in tests that run one program of a launch by itself, under the interpreter
@@ -378,8 +380,87 @@ def _resolved(p_ws, tile, rank, NUM_SEG, BLOCK_N: tl.constexpr, BLOCK_T: tl.cons
 
 
 @triton.jit
+def _acquire(p, ASM: tl.constexpr):
+    """The int64 words at ``p`` read with acquire semantics at the GPU's scope: a plain load
+    (``ld.acquire``, inline PTX) under ``ASM``, else an atomic add of 0 (Triton's interpreter runs no PTX)."""
+    if ASM:
+        return tl.inline_asm_elementwise("ld.acquire.gpu.global.b64 $0, [$1];", "=l,l", [p], dtype=tl.int64,
+                                         is_pure=False, pack=1)
+    else:
+        return tl.atomic_add(p, 0, sem="acquire")
+
+
+@triton.jit
+def _window_back(p_ws, p_word, tile, rank, NUM_SEG, m, PAIR: tl.constexpr, ACC: tl.constexpr, POLL: tl.constexpr,
+                 ASM: tl.constexpr):
+    """The carry into chunk ``rank`` of a one-row program (``BLOCK_N`` 1), ``POLL`` chunks at a time:
+    read the words of chunks ``hi − POLL + 1 … hi`` at once (``hi``: the latest not yet composed; one
+    word per thread, ``POLL`` being the program's thread count, so that each is read once and every
+    decision below comes from a reduction all threads share); wait while any after the latest that
+    published its inclusive state has published nothing; else compose their aggregates (a scan along
+    the window, later chunks outer) into ``m`` and, if a state was found, apply ``m`` to it, or move
+    the window back. Each thread reads the aggregate and state of the chunk whose word it read."""
+    W: tl.constexpr = 3 + 4 * PAIR
+    IN_WORD: tl.constexpr = not PAIR and tl.float32 == ACC
+    low = tl.full((), 4294967295, tl.int64)
+    k = tl.arange(0, POLL)
+    hi = rank - 1
+    cu = tl.zeros([1], ACC)
+    cv = cu
+    while hi >= 0:
+        pr = hi - (POLL - 1) + k  # oldest first: the scan's later elements are the nearer chunks
+        live = pr >= 0
+        slot = tile * NUM_SEG + tl.maximum(pr, 0)
+        w = _acquire(p_word + slot, ASM)
+        f = tl.where(live, w >> 32, 2)
+        k2 = tl.max(tl.where(f == 2, k, -1), axis=0)  # the latest with its inclusive state
+        waiting = tl.max(tl.where((k > k2) & (f == 0), 1, 0), axis=0)
+        if waiting == 0:
+            agg = (k > k2) & live
+            p_s = p_ws + slot * W
+            if PAIR:
+                e = tl.associative_scan((tl.load(p_s, mask=agg, other=1.0, volatile=True),
+                                         tl.load(p_s + 1, mask=agg, other=0.0, volatile=True),
+                                         tl.load(p_s + 2, mask=agg, other=1.0, volatile=True),
+                                         tl.load(p_s + 3, mask=agg, other=0.0, volatile=True),
+                                         tl.load(p_s + 4, mask=agg, other=0.0, volatile=True)), 0,
+                                        combine_pair_lanes)
+                last = k == POLL - 1
+                m = _compose(m, PairMap(_pick(e[0], last), _pick(e[1], last), _pick(e[2], last),
+                                        _pick(e[3], last), _pick(e[4], last)), PAIR)
+            else:
+                e = tl.associative_scan((tl.load(p_s, mask=agg, other=0.0, volatile=True),
+                                         tl.load(p_s + 1, mask=agg, other=1.0, volatile=True)), 0, combine_lanes)
+                last = k == POLL - 1
+                m = _compose(m, Map(_pick(e[0], last), _pick(e[1], last)), PAIR)
+            if k2 >= 0:
+                at = k == k2
+                if IN_WORD:
+                    bits = tl.max(tl.where(at, w & low, 0), axis=0)
+                    su = tl.zeros([1], ACC) + bits.to(tl.int32).to(tl.float32, bitcast=True)
+                    sv = su
+                elif PAIR:
+                    su = _pick(tl.load(p_s + 5, mask=at, other=0.0, volatile=True), at)
+                    sv = _pick(tl.load(p_s + 6, mask=at, other=0.0, volatile=True), at)
+                else:
+                    su = _pick(tl.load(p_s + 2, mask=at, other=0.0, volatile=True), at)
+                    sv = su
+                cu, cv = apply(m, su, sv, PAIR)
+                hi = hi * 0 - 1  # found: stop
+            else:
+                hi -= POLL
+    return cu, cv
+
+
+@triton.jit
+def _pick(x, at):
+    """``x`` at the one lane where ``at`` (``[POLL]``), as ``[1]``."""
+    return tl.zeros([1], x.dtype) + tl.sum(tl.where(at, x, 0.0), axis=0)
+
+
+@triton.jit
 def _look_back(p_ws, p_word, tile, rank, NUM_SEG, g, cu, cv, BLOCK_N: tl.constexpr, PAIR: tl.constexpr,
-               ACC: tl.constexpr):
+               ACC: tl.constexpr, POLL: tl.constexpr = 0, ASM: tl.constexpr = False):
     """Publish this chunk's aggregate ``g`` (flag 1), then find the carry into it: walk back over
     the chunks before it in scan order, composing the aggregates of those that only published
     theirs (flag 1), waiting on any that published nothing yet (flag 0), until one that published
@@ -402,24 +483,28 @@ def _look_back(p_ws, p_word, tile, rank, NUM_SEG, g, cu, cv, BLOCK_N: tl.constex
         tl.debug_barrier()
         tl.atomic_xchg(p_word + slot, tl.full((), 1 << 32, tl.int64), sem="release")
         m = _identity(BLOCK_N, PAIR, ACC)  # the aggregates between the state found and this chunk
-        pr = rank - 1
-        while pr >= 0:
-            p_w = p_word + tile * NUM_SEG + pr
-            w = tl.atomic_add(p_w, 0, sem="acquire")
-            while (w >> 32) == 0:  # not started, or not published yet: wait (it started before this one)
+        if POLL > 0:
+            cu, cv = _window_back(p_ws, p_word, tile, rank, NUM_SEG, m, PAIR, ACC, POLL, ASM)
+        else:
+            pr = rank - 1
+            while pr >= 0:
+                p_w = p_word + tile * NUM_SEG + pr
                 w = tl.atomic_add(p_w, 0, sem="acquire")
-            p_pr = p_ws + (tile * NUM_SEG + pr) * (W * BLOCK_N)
-            if (w >> 32) == 2:
-                if IN_WORD:
-                    su = tl.full([BLOCK_N], 0.0, tl.float32) + (w & low).to(tl.int32).to(tl.float32, bitcast=True)
-                    sv = su
+                while (w >> 32) == 0:  # not started, or not published yet: wait (it started before this one)
+                    w = tl.atomic_add(p_w, 0, sem="acquire")
+                p_pr = p_ws + (tile * NUM_SEG + pr) * (W * BLOCK_N)
+                if (w >> 32) == 2:
+                    if IN_WORD:
+                        su = tl.full([BLOCK_N], 0.0, tl.float32) + (w & low).to(tl.int32).to(tl.float32,
+                                                                                           bitcast=True)
+                        sv = su
+                    else:
+                        su, sv = _load_state(p_pr, o_b, BLOCK_N, PAIR)
+                    cu, cv = apply(m, su, sv, PAIR)
+                    pr = pr * 0 - 1  # found: stop
                 else:
-                    su, sv = _load_state(p_pr, o_b, BLOCK_N, PAIR)
-                cu, cv = apply(m, su, sv, PAIR)
-                pr = pr * 0 - 1  # found: stop
-            else:
-                m = _compose(m, _load_map(p_pr, o_b, BLOCK_N, PAIR), PAIR)
-                pr -= 1
+                    m = _compose(m, _load_map(p_pr, o_b, BLOCK_N, PAIR), PAIR)
+                    pr -= 1
     iu, iv = apply(g, cu, cv, PAIR)
     if IN_WORD:
         bits = tl.sum(iu, axis=0).to(tl.int32, bitcast=True).to(tl.int64) & low
@@ -909,7 +994,8 @@ def drive(fam, sizes, carries, scan, cfg):
                 # the words after the slots, at an even number of values (8-byte aligned)
                 p_word = (p_ws + (tl.cdiv(R, BLOCK_N) * NUM_SEG * (W * BLOCK_N) + 1) // 2 * 2).to(
                     tl.pointer_type(tl.int64))
-                cu, cv = _look_back(p_ws, p_word, tile, rank, NUM_SEG, g, cu, cv, BLOCK_N, PAIR, ACC)
+                cu, cv = _look_back(p_ws, p_word, tile, rank, NUM_SEG, g, cu, cv, BLOCK_N, PAIR, ACC, cfg.POLL,
+                                    cfg.ASM)
         if PASS != AGGREGATES:
             if not HOLD:  # the states scanned from the carry read, the steps loaded after it (loaded before
                 # it and held, the three passes' last pass took 8-10% longer for V-trace and Retrace)

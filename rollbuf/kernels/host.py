@@ -85,6 +85,7 @@ class Strategy:
     resolve_block_r: int = 0  # chunks per block of the three passes' middle kernel (0: the rule)
     flip: bool = False  # backward scans: each chunk held in reverse, lane j at its step BLOCK_T−1−j
     quads: bool = False  # backward scans: each chunk held in quads of 4 steps, latest first (no reverse scan)
+    poll: int = 0  # the look-back of one-row chunks: the words of this many chunks read at once (0: one at a time)
 
 
 def _pow2(x: int) -> int:
@@ -105,6 +106,7 @@ class Choices:
     resolve_block_r: int = 0  # chunks per block of the three passes' middle kernel (0: the rule)
     flip: bool | None = None  # backward scans: chunks held in reverse
     quads: bool | None = None  # backward scans: chunks held in quads, latest first
+    poll: bool | None = None  # the look-back of one-row chunks: a window of one chunk a thread read at once
 
 
 @functools.lru_cache(maxsize=4096)
@@ -269,8 +271,9 @@ def _table(R, T, time_contiguous, c: Choices, sms, long_rows, whole_rows, split_
         bn = block_n or 1
         pre = R <= PRESOLVE_MAX_ROWS if presolve is None else presolve
         w = num_warps or long_rows.split_warps if long_rows and bt >= 1024 and not block_n else warps(bn * bt, bt)
+        poll = 32 * w if c.poll and bn == 1 and not pre else 0  # one word a thread
         return Strategy(bn, bt, True, chunks, w, sl, pre,
-                        resolve_block_r)
+                        resolve_block_r, poll=poll)
     if block_n:
         return Strategy(block_n, bt, False, 1, warps(block_n * bt, bt), sl,
                         resolve_block_r=resolve_block_r)
@@ -310,7 +313,7 @@ def device_sms(device: torch.device) -> int:
 #: the kernel choices in force (a sorted tuple of (name, value)); part of every plan's key
 FORCE: contextvars.ContextVar = contextvars.ContextVar("rollbuf_kernels_force", default=())
 _FORCE_KEYS = ("block_t", "split", "shift_load", "max_chunk", "block_n", "presolve", "num_warps",
-               "resolve_block_r", "flip", "quads", "poison", "layout")
+               "resolve_block_r", "flip", "quads", "poll", "poison", "layout")
 
 
 @contextlib.contextmanager
@@ -632,7 +635,8 @@ class Launch:
         def const(pass_):
             return dict(CFG=Config(PASS=pass_, CARRY_IN=carry_in, ACC=acc, BLOCK_N=st.block_n, BLOCK_T=st.block_t,
                                    SHIFT_LOAD=st.shift_load, FLIP=st.flip, REVERSE=reverse,
-                                   QUADS=st.quads))
+                                   QUADS=st.quads, POLL=st.poll if pass_ == LOOKBACK else 0,
+                                   ASM=self.device.type == "cuda"))
 
         self.pair_maps = pair_maps = fam.pair and f.get("mask") is not None  # V-trace: pair maps with a mask only
         W = 7 if pair_maps else 3
