@@ -459,8 +459,7 @@ def _pick(x, at):
 
 
 @triton.jit
-def _look_back(p_ws, p_word, tile, rank, NUM_SEG, g, cu, cv, BLOCK_N: tl.constexpr, PAIR: tl.constexpr,
-               ACC: tl.constexpr, POLL: tl.constexpr = 0, ASM: tl.constexpr = False):
+def _look_back(p_ws, p_word, tile, rank, NUM_SEG, g, cu, cv, PAIR: tl.constexpr, cfg):
     """Publish this chunk's aggregate ``g`` (flag 1), then find the carry into it: walk back over
     the chunks before it in scan order, composing the aggregates of those that only published
     theirs (flag 1), waiting on any that published nothing yet (flag 0), until one that published
@@ -472,6 +471,8 @@ def _look_back(p_ws, p_word, tile, rank, NUM_SEG, g, cu, cv, BLOCK_N: tl.constex
     flag in one store: one load of the word tells the flag and the state, and no fence orders the
     state before the flag. Other states sit in the slot, stored before a flag published with release
     semantics and read after it."""
+    BLOCK_N: tl.constexpr = cfg.BLOCK_N
+    ACC: tl.constexpr = cfg.ACC
     W: tl.constexpr = 3 + 4 * PAIR  # slot width: map components + state
     IN_WORD: tl.constexpr = BLOCK_N == 1 and not PAIR and tl.float32 == ACC
     low = tl.full((), 4294967295, tl.int64)
@@ -483,8 +484,8 @@ def _look_back(p_ws, p_word, tile, rank, NUM_SEG, g, cu, cv, BLOCK_N: tl.constex
         tl.debug_barrier()
         tl.atomic_xchg(p_word + slot, tl.full((), 1 << 32, tl.int64), sem="release")
         m = _identity(BLOCK_N, PAIR, ACC)  # the aggregates between the state found and this chunk
-        if POLL > 0:
-            cu, cv = _window_back(p_ws, p_word, tile, rank, NUM_SEG, m, PAIR, ACC, POLL, ASM)
+        if cfg.POLL > 0:
+            cu, cv = _window_back(p_ws, p_word, tile, rank, NUM_SEG, m, PAIR, ACC, cfg.POLL, cfg.ASM)
         else:
             pr = rank - 1
             while pr >= 0:
@@ -994,8 +995,7 @@ def drive(fam, sizes, carries, scan, cfg):
                 # the words after the slots, at an even number of values (8-byte aligned)
                 p_word = (p_ws + (tl.cdiv(R, BLOCK_N) * NUM_SEG * (W * BLOCK_N) + 1) // 2 * 2).to(
                     tl.pointer_type(tl.int64))
-                cu, cv = _look_back(p_ws, p_word, tile, rank, NUM_SEG, g, cu, cv, BLOCK_N, PAIR, ACC, cfg.POLL,
-                                    cfg.ASM)
+                cu, cv = _look_back(p_ws, p_word, tile, rank, NUM_SEG, g, cu, cv, PAIR, cfg)
         if PASS != AGGREGATES:
             if not HOLD:  # the states scanned from the carry read, the steps loaded after it (loaded before
                 # it and held, the three passes' last pass took 8-10% longer for V-trace and Retrace)
