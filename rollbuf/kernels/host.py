@@ -318,16 +318,15 @@ _FORCE_KEYS = ("block_t", "split", "shift_load", "max_chunk", "block_n", "presol
 
 @contextlib.contextmanager
 def forced(**choices):
-    """Inside the block, every kernel call takes these choices instead of the strategy table's
-    (``block_t``, ``split``, ``shift_load``, ``max_chunk``, ``block_n``, ``presolve``, ``num_warps``,
-    ``resolve_block_r``, ``flip``, ``quads``, ``poll``), and with ``poison=True`` fills its outputs with NaN before the launch (an
-    element the kernel does not write then fails a comparison); ``layout="env"`` makes a time-major
-    call env-major (its fields copied first). ``presolve=True``: split rows in three passes; ``presolve=2``:
-    in two, the outputs' pass composing the aggregates of the chunks before its own (no resolve kernel, one
-    launch fewer; timed slower than three: docs/kernel-choices.md). ``poll=True``: the look-back of
-    one-row chunks reads the words of a window of chunks at once, one a thread (on the GPU by plain
-    acquire loads). For tests and A/B
-    experiments; nested blocks merge."""
+    """Inside the block, every kernel call takes these choices instead of the strategy table's (``block_t``, ``split``,
+    ``shift_load``, ``max_chunk``, ``block_n``, ``presolve``, ``num_warps``, ``resolve_block_r``, ``flip``,
+    ``quads``, ``poll``), and with ``poison=True`` fills its outputs with NaN before the launch (an element the
+    kernel does not write then fails a comparison); ``layout="env"`` makes a time-major call env-major (its fields
+    copied first). ``presolve=True``: split rows in three passes; ``presolve=2``: in two, the outputs' pass
+    composing the aggregates of the chunks before its own (no resolve kernel, one launch fewer; timed slower than
+    three: docs/kernel-choices.md). ``poll=True``: the look-back of one-row chunks reads the words of a window of
+    chunks at once, one a thread (on the GPU by plain acquire loads). For tests and A/B experiments; nested blocks
+    merge."""
     bad = set(choices) - set(_FORCE_KEYS)
     if bad:
         raise TypeError(f"unknown kernel choice(s): {sorted(bad)}; known: {_FORCE_KEYS}")
