@@ -56,14 +56,18 @@ SURVEY = [("gae", "term+trunc", "float32"), ("advantages", "term+trunc", "float3
 
 def variants(n: int, t: int, sms: int = host.CPU_SMS):
     """The forced choices swept at ``n`` rows of ``t`` steps: split rows (fewer rows than fill the GPU):
-    chunk length, warps, look-back or three passes (one row: three or two passes); whole rows: rows per
-    program and warps at 2 to 16 elements per thread, chunks of the whole row (or 1024–4096 steps)."""
+    chunk length, warps, look-back (one chunk at a time, or a window of words read at once: ``poll``) or
+    three passes (one row: three or two passes, or the look-back); whole rows: rows per program and warps
+    at 2 to 16 elements per thread, chunks of the whole row (or 1024–4096 steps)."""
     if n == 1:
         for bt, w, pre in itertools.product((2048, 4096, 8192), (8, 16), (True, 2)):
             yield dict(split=True, block_t=bt, num_warps=w, presolve=pre, max_chunk=max(bt, 2048))
+        for bt, w, poll in itertools.product((1024, 2048), (4, 8), (True, False)):
+            yield dict(split=True, block_t=bt, num_warps=w, presolve=False, poll=poll, max_chunk=2048)
     elif n < host.FILL_PER_SM * sms:
-        for bt, w, pre in itertools.product((1024, 2048, 4096), (4, 8, 16), (False, True)):
-            yield dict(split=True, block_t=bt, num_warps=w, presolve=pre, max_chunk=max(bt, 2048))
+        for bt, w, pre in itertools.product((1024, 2048, 4096), (4, 8, 16), (False, True, "poll")):
+            yield dict(split=True, block_t=bt, num_warps=w, presolve=pre is True, max_chunk=max(bt, 2048),
+                       **({"poll": True} if pre == "poll" else {}))
     else:
         for bt in ((t,) if t <= 2048 else (1024, 2048, 4096)):
             for bn in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512):
@@ -140,7 +144,8 @@ def _plan(launch) -> str:
     st = launch.strategy
     how = "split" if st.split else "walk"
     order = " quads" if st.quads else " flip" if st.flip else ""
-    return f"bn{st.block_n} bt{st.block_t} w{st.num_warps} {how}{int(st.presolve)} g{launch.grid}{order}"
+    poll = f" poll{st.poll}" if st.poll else ""
+    return f"bn{st.block_n} bt{st.block_t} w{st.num_warps} {how}{int(st.presolve)} g{launch.grid}{order}{poll}"
 
 
 def _time(call, device):
