@@ -227,10 +227,11 @@ def test_lane_orders_match_reference(name, mix, pass_, layout, order):
 @pytest.mark.parametrize("name", ESTIMATORS)
 def test_lookback_window(name, mix, dtype, order, warps):
     """The look-back that reads the words of a window of chunks at once (``poll``: one chunk a thread,
-    32 per warp; on the GPU by plain acquire loads, under the interpreter by atomic reads), its
-    aggregates composed along the window, over rows of many more chunks than the window holds (the
-    window moves back several times), in lane order and in quads: against the reference, the outputs
-    NaN-filled before the launch (float64: the state in its slot; float32 scalar maps: in the word)."""
+    32 per warp; on the GPU by plain acquire loads, under the interpreter by atomic reads) in every
+    estimator, mix, dtype and lane order, against the reference, the outputs NaN-filled before the
+    launch. Under the interpreter the programs run in index order, so each window finds the state of
+    the chunk just before its own: the window's composing, moving back and waiting are driven by
+    tests/test_lookback_order.py (programs one by one); on the GPU, 188 chunks a row race."""
     T = 601 if not CUDA else 3001  # 38 and 188 chunks of 16 steps: windows of 32 and 64 chunks
     f = make(2, T, mix, dtype=getattr(torch, dtype), seed=zlib.crc32(f"window-{name}-{mix}-{dtype}".encode()))
     with K.forced(block_t=16, split=True, presolve=False, poll=True, num_warps=warps, quads=order == "quads",

@@ -193,3 +193,101 @@ def test_program_waits_on_an_unpublished_predecessor(name):
     lo, hi = (0, 8) if h.la.fam.backward else (32, 37)
     for a, b in zip(outs, h.plain):
         torch.testing.assert_close(a[tile, lo:hi], b[tile, lo:hi], rtol=1e-6, atol=1e-6)
+
+
+# ---- the window (forced poll=True): the words of 32·num_warps chunks read at once --------------------
+
+NSEG_W, BT_W = 75, 8  # 75 chunks a row: windows of 32 and 64 chunks move back
+T_W = NSEG_W * BT_W - 3
+
+
+class WindowHarness(Harness):
+    """:class:`Harness` over a launch whose look-back reads a window of ``32 · warps`` words at once."""
+
+    def __init__(self, p, warps):
+        self.p = p
+        with K.forced(block_t=BT_W, split=True, presolve=False, poll=True, num_warps=warps):
+            self.la = K.launch_for(p)
+        st = self.la.strategy
+        assert st.split and st.poll == 32 * warps and st.num_seg == NSEG_W, st
+        self.tiles = -(-self.la.R // st.block_n)
+        self.W = 7 if self.la.pair_maps else 3
+        self.maps = self.W - (2 if self.la.pair_maps else 1)
+        self.slot = self.W * st.block_n
+        args, outs, co, ws = self.la.prepare(*self.la.inputs(p))
+        self.la.launch(args, ws)
+        self.plain, self.plain_carry, self.published = [o.clone() for o in outs], co, ws.clone()
+        self.in_word = not self.la.pair_maps and self.la.compute_dtype == torch.float32
+
+
+def _window(name, mix, dtype, warps):
+    f = make(2, T_W, mix, dtype=dtype, seed=zlib.crc32(f"poll-{name}-{mix}".encode()))
+    h = WindowHarness(_problem(name, f), warps)
+    assert_ref(h.plain, call(name, f, "reference")[:len(h.plain)], 1e-5)
+    return h
+
+
+WINDOW_CASES = [("gae", "term+trunc+mask", torch.float32, 1), ("vtrace", "term+trunc+mask", torch.float64, 2),
+                ("eligibility_traces", "term+trunc", torch.float64, 1)]
+
+
+@pytest.mark.parametrize("name,mix,dtype,warps", WINDOW_CASES)
+def test_window_composes_and_moves_back(name, mix, dtype, warps):
+    """Reverse order: every predecessor but each row's first published only its aggregate, so each
+    window composes all its aggregates and moves back, up to three windows (the state in the word:
+    fp32 scalar maps; in the slot: fp64, V-trace's pair maps)."""
+    h = _window(name, mix, dtype, warps)
+    args, outs, co, ws = h.la.prepare(*h.la.inputs(h.p))
+    for tile in range(h.tiles):
+        for rank in range(NSEG_W):
+            h.seed(ws, tile * NSEG_W + rank, 2 if rank == 0 else 1)
+    for vid in reversed(range(h.la.grid)):
+        h.run(ws, args, vid)
+    h.check(outs, co)
+
+
+@pytest.mark.parametrize("name,mix,dtype,warps", WINDOW_CASES)
+def test_window_stops_at_the_latest_state(name, mix, dtype, warps):
+    """Shuffled order over a scratch where a few chunks published their state: each window stops at
+    the latest state in it and composes only the aggregates after it."""
+    h = _window(name, mix, dtype, warps)
+    rng = random.Random(zlib.crc32(name.encode()) + warps)
+    args, outs, co, ws = h.la.prepare(*h.la.inputs(h.p))
+    for tile in range(h.tiles):
+        for rank in range(NSEG_W):
+            h.seed(ws, tile * NSEG_W + rank, 2 if rank == 0 else (2 if rng.random() < 0.04 else 1))
+    order = list(range(h.la.grid))
+    rng.shuffle(order)
+    for vid in order:
+        h.run(ws, args, vid)
+    h.check(outs, co)
+
+
+def test_window_waits_on_unpublished_chunks():
+    """The last chunk's window waits while chunks two windows back and in its own window published
+    nothing, then composes them once another thread publishes them one by one."""
+    h = _window("gae", "term+trunc+mask", torch.float32, 1)
+    args, outs, _, ws = h.la.prepare(*h.la.inputs(h.p))
+    tile, rank = 1, NSEG_W - 1
+    gap = (40, 20, 3)  # nothing published at first
+    for t in range(h.tiles):
+        for r in range(NSEG_W):
+            if (t, r) != (tile, rank) and not (t == tile and r in gap):
+                h.seed(ws, t * NSEG_W + r, 2 if r == 0 else 1)
+
+    def publisher():
+        while h.flag(ws, tile * NSEG_W + rank) != 1:
+            time.sleep(0.01)
+        time.sleep(0.5)
+        for r in gap:
+            h.seed(ws, tile * NSEG_W + r, 1)
+            time.sleep(0.5)
+
+    th = threading.Thread(target=publisher, daemon=True)
+    th.start()
+    h.run(ws, args, h.vid(tile, rank))
+    th.join(timeout=60)
+    assert h.flag(ws, tile * NSEG_W + rank) == 2
+    lo, hi = (0, BT_W) if h.la.fam.backward else ((NSEG_W - 1) * BT_W, T_W)
+    for a, b in zip(outs, h.plain):
+        torch.testing.assert_close(a[tile, lo:hi], b[tile, lo:hi], rtol=1e-6, atol=1e-6)

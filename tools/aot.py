@@ -174,10 +174,10 @@ def variants() -> list[dict]:
         for mode, out_dt in (("single", "bf16"), ("lookback-gather", "bf16"), ("walk-reload", "fp16")):
             out.append(dict(name=f"{name}/{mode}/fp64-{out_dt}out", family=family, carry_in=ci, absent=absent,
                             mode=mode, dtype="fp64", acc="fp64", out_dtype=out_dt))
-    # float64 accumulation in quads (the quads' scan elements share the maps' dtype)
+    # float64 accumulation in quads (the quads' scan elements share the maps' dtype) and in the look-back's window
     for name in ("gae", "vtrace", "retrace"):
         family, ci, absent = fams[name]
-        for mode in ("single-quads", "lookback-gather-quads"):
+        for mode in ("single-quads", "lookback-gather-quads", "lookback-poll", "lookback-poll-quads"):
             out.append(dict(name=f"{name}/{mode}/fp64", family=family, carry_in=ci, absent=absent, mode=mode,
                             dtype="fp64", acc="fp64"))
     for pair in (False, True):

@@ -75,7 +75,7 @@ Scan = namedtuple("Scan", "LOAD STEP EMIT PAIR CARRY2 INCLUSIVE REVERSE")
 # it; REVERSE: the affine scan's direction, which the other families fix themselves; QUADS: a backward
 # scan's chunks held in quads of 4 steps, latest quad first, scanned without Triton's reverse scan)
 # POLL: the look-back of one-row programs reads the words of POLL chunks before its own at once (0: one
-# at a time); ASM: by plain acquire loads (inline PTX, CUDA only) instead of atomic reads
+# at a time); ASM: the window's words by plain acquire loads (inline PTX, CUDA only) instead of atomic reads
 Config = namedtuple("Config", "PASS CARRY_IN ACC BLOCK_N BLOCK_T SHIFT_LOAD FLIP REVERSE QUADS POLL ASM",
                     defaults=(False, False, 0, False))
 # the entry kernel's ``sizes``: R rows (N·F) of T steps, F features (1 but for the forward estimators'
@@ -412,7 +412,7 @@ def _window_back(p_ws, p_word, tile, rank, NUM_SEG, m, PAIR: tl.constexpr, ACC: 
         live = pr >= 0
         slot = tile * NUM_SEG + tl.maximum(pr, 0)
         w = _acquire(p_word + slot, ASM)
-        f = tl.where(live, w >> 32, 2)
+        f = tl.where(live, w >> 32, 2)  # before the row: never picked (chunk 0 publishes its state, never flag 1)
         k2 = tl.max(tl.where(f == 2, k, -1), axis=0)  # the latest with its inclusive state
         waiting = tl.max(tl.where((k > k2) & (f == 0), 1, 0), axis=0)
         if waiting == 0:
@@ -470,7 +470,8 @@ def _look_back(p_ws, p_word, tile, rank, NUM_SEG, g, cu, cv, PAIR: tl.constexpr,
     (``IN_WORD``: one row per program, a scalar map) sits in the word's low half, published with its
     flag in one store: one load of the word tells the flag and the state, and no fence orders the
     state before the flag. Other states sit in the slot, stored before a flag published with release
-    semantics and read after it."""
+    semantics and read after it. With ``cfg.POLL`` (one-row programs) the walk reads a window of words at
+    once instead (:func:`_window_back`)."""
     BLOCK_N: tl.constexpr = cfg.BLOCK_N
     ACC: tl.constexpr = cfg.ACC
     W: tl.constexpr = 3 + 4 * PAIR  # slot width: map components + state
@@ -485,6 +486,7 @@ def _look_back(p_ws, p_word, tile, rank, NUM_SEG, g, cu, cv, PAIR: tl.constexpr,
         tl.atomic_xchg(p_word + slot, tl.full((), 1 << 32, tl.int64), sem="release")
         m = _identity(BLOCK_N, PAIR, ACC)  # the aggregates between the state found and this chunk
         if cfg.POLL > 0:
+            tl.static_assert(BLOCK_N == 1, "the look-back's window is for one-row programs")
             cu, cv = _window_back(p_ws, p_word, tile, rank, NUM_SEG, m, PAIR, ACC, cfg.POLL, cfg.ASM)
         else:
             pr = rank - 1

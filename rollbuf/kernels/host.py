@@ -23,6 +23,7 @@ import contextvars
 import functools
 import inspect
 import math
+import os
 import threading
 
 import attrs
@@ -406,6 +407,11 @@ def _match(x: torch.Tensor, s_n: int, s_t: int, F: int = 1) -> torch.Tensor:
 _INTERPRET_LOCK = threading.Lock()  # the Triton interpreter keeps the grid index and its patches global
 
 
+def _interpreted() -> bool:
+    """Whether Triton's interpreter runs the kernels (it runs no inline PTX)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
 def _parameter_names(jit) -> list:
     """The parameter names of a jitted kernel: its ``arg_names`` (Triton's JIT function and its
     interpreter), else the signature of the Python function it wraps (``jit.fn``)."""
@@ -637,7 +643,7 @@ class Launch:
             return dict(CFG=Config(PASS=pass_, CARRY_IN=carry_in, ACC=acc, BLOCK_N=st.block_n, BLOCK_T=st.block_t,
                                    SHIFT_LOAD=st.shift_load, FLIP=st.flip, REVERSE=reverse,
                                    QUADS=st.quads, POLL=st.poll if pass_ == LOOKBACK else 0,
-                                   ASM=self.device.type == "cuda"))
+                                   ASM=self.device.type == "cuda" and st.poll > 0 and not _interpreted()))
 
         self.pair_maps = pair_maps = fam.pair and f.get("mask") is not None  # V-trace: pair maps with a mask only
         W = 7 if pair_maps else 3
