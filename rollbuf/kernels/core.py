@@ -336,8 +336,28 @@ def _load_state(base, o_b, BLOCK_N: tl.constexpr, PAIR: tl.constexpr):
 
 @triton.jit
 def _last(c, last):
-    """Row ``BLOCK_R − 1`` of ``c`` (``[BLOCK_R, BLOCK_N]``): the composition of a block's maps."""
+    """``c`` where ``last``, axis 0 reduced (``[BLOCK_R, BLOCK_N]`` to ``[BLOCK_N]``; a window's ``[POLL]``
+    to a scalar): the composition of a block's maps, its last element's scan result."""
     return tl.sum(tl.where(last, c, 0.0), axis=0)
+
+
+@triton.jit
+def _composed(p, stride, ok, last, PAIR: tl.constexpr, VOLATILE: tl.constexpr):
+    """The aggregate maps stored at ``p`` (component ``j`` at ``p + j·stride``; the identity where not
+    ``ok``) composed along axis 0, later elements outer: the composition at the element where ``last``
+    (the axis' last), with axis 0 reduced. ``VOLATILE``: loads another program may still be publishing."""
+    if PAIR:  # identity: (1, 0, 1, 0, 0)
+        m = tl.associative_scan((tl.load(p, mask=ok, other=1.0, volatile=VOLATILE),
+                                 tl.load(p + stride, mask=ok, other=0.0, volatile=VOLATILE),
+                                 tl.load(p + 2 * stride, mask=ok, other=1.0, volatile=VOLATILE),
+                                 tl.load(p + 3 * stride, mask=ok, other=0.0, volatile=VOLATILE),
+                                 tl.load(p + 4 * stride, mask=ok, other=0.0, volatile=VOLATILE)), 0,
+                                combine_pair_lanes)
+        return PairMap(_last(m[0], last), _last(m[1], last), _last(m[2], last), _last(m[3], last), _last(m[4], last))
+    else:  # identity: (0, 1)
+        m = tl.associative_scan((tl.load(p, mask=ok, other=0.0, volatile=VOLATILE),
+                                 tl.load(p + stride, mask=ok, other=1.0, volatile=VOLATILE)), 0, combine_lanes)
+        return Map(_last(m[0], last), _last(m[1], last))
 
 
 @triton.jit
@@ -364,18 +384,8 @@ def _resolved(p_ws, tile, rank, NUM_SEG, BLOCK_N: tl.constexpr, BLOCK_T: tl.cons
     for r0 in range(1, rank, BLOCK_R):
         rr = r0 + ranks
         ok = (rr < rank) & (o_b[None, :] >= 0)
-        p = base + rr * (W * BLOCK_N) + o_b[None, :]
-        if PAIR:  # identity past chunk rank − 1: (1, 0, 1, 0, 0)
-            m = tl.associative_scan((tl.load(p, mask=ok, other=1.0), tl.load(p + BLOCK_N, mask=ok, other=0.0),
-                                     tl.load(p + 2 * BLOCK_N, mask=ok, other=1.0),
-                                     tl.load(p + 3 * BLOCK_N, mask=ok, other=0.0),
-                                     tl.load(p + 4 * BLOCK_N, mask=ok, other=0.0)), 0, combine_pair_lanes)
-            cu, cv = apply(PairMap(_last(m[0], last), _last(m[1], last), _last(m[2], last), _last(m[3], last),
-                                   _last(m[4], last)), cu, cv, PAIR)
-        else:  # identity: (0, 1)
-            m = tl.associative_scan((tl.load(p, mask=ok, other=0.0), tl.load(p + BLOCK_N, mask=ok, other=1.0)), 0,
-                                    combine_lanes)
-            cu, cv = apply(Map(_last(m[0], last), _last(m[1], last)), cu, cv, PAIR)
+        cu, cv = apply(_composed(base + rr * (W * BLOCK_N) + o_b[None, :], BLOCK_N, ok, last, PAIR, False), cu, cv,
+                       PAIR)
     return cu, cv
 
 
@@ -418,21 +428,7 @@ def _window_back(p_ws, p_word, tile, rank, NUM_SEG, m, PAIR: tl.constexpr, ACC: 
         if waiting == 0:
             agg = (k > k2) & live
             p_s = p_ws + slot * W
-            if PAIR:
-                e = tl.associative_scan((tl.load(p_s, mask=agg, other=1.0, volatile=True),
-                                         tl.load(p_s + 1, mask=agg, other=0.0, volatile=True),
-                                         tl.load(p_s + 2, mask=agg, other=1.0, volatile=True),
-                                         tl.load(p_s + 3, mask=agg, other=0.0, volatile=True),
-                                         tl.load(p_s + 4, mask=agg, other=0.0, volatile=True)), 0,
-                                        combine_pair_lanes)
-                last = k == POLL - 1
-                m = _compose(m, PairMap(_pick(e[0], last), _pick(e[1], last), _pick(e[2], last),
-                                        _pick(e[3], last), _pick(e[4], last)), PAIR)
-            else:
-                e = tl.associative_scan((tl.load(p_s, mask=agg, other=0.0, volatile=True),
-                                         tl.load(p_s + 1, mask=agg, other=1.0, volatile=True)), 0, combine_lanes)
-                last = k == POLL - 1
-                m = _compose(m, Map(_pick(e[0], last), _pick(e[1], last)), PAIR)
+            m = _compose(m, _composed(p_s, 1, agg, k == POLL - 1, PAIR, True), PAIR)
             if k2 >= 0:
                 at = k == k2
                 if IN_WORD:
