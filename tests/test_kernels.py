@@ -1143,29 +1143,35 @@ def test_float64_to_16_bits_rounds_through_float32(out_dtype, backend):
 
 
 @pytest.mark.skipif(not CUDA, reason="the look-back's chains race only on a GPU (the interpreter: one at a time)")
-@pytest.mark.parametrize("name,mix,dtype,layout", [
-    ("gae", "term+trunc", torch.float32, "env"),  # a float32 state in the flag's word
-    ("gae", "term+trunc", torch.float64, "env"),  # float64: the state in the slot, a release flag
-    ("vtrace", "term+trunc+mask", torch.float32, "env"),  # pair maps: the pair state in the slot
-    ("gae", "term+trunc", torch.float32, "time"),  # tiles of 32 rows x 128 steps: the slot
-], ids=["fp32-word", "fp64-slot", "vtrace-pair-slot", "time-major-tiles"])
-def test_look_back_under_load_matches_three_passes(name, mix, dtype, layout):
+@pytest.mark.parametrize("name,mix,dtype,layout,poll", [
+    ("gae", "term+trunc", torch.float32, "env", False),  # a float32 state in the flag's word
+    ("gae", "term+trunc", torch.float64, "env", False),  # float64: the state in the slot, a release flag
+    ("vtrace", "term+trunc+mask", torch.float32, "env", False),  # pair maps: the pair state in the slot
+    ("gae", "term+trunc", torch.float32, "time", False),  # tiles of 32 rows x 128 steps: the slot
+    ("gae", "term+trunc", torch.float32, "env", True),  # the window of words, the state in the word
+    ("gae", "term+trunc", torch.float64, "env", True),  # the window, the state in the slot
+    ("vtrace", "term+trunc+mask", torch.float32, "env", True),  # the window over pair maps
+], ids=["fp32-word", "fp64-slot", "vtrace-pair-slot", "time-major-tiles", "fp32-word-window", "fp64-slot-window",
+        "vtrace-pair-window"])
+def test_look_back_under_load_matches_three_passes(name, mix, dtype, layout, poll):
     """Thousands of chunks chained by the look-back at once (16 rows x 256 chunks; time-major, two
-    tiles of 32 rows x 1024 chunks of 128 steps), three calls in a row, each against the three passes on the same
-    inputs: every output within 1e-5 (float64: 1e-12) of the largest magnitude. On a GPU the chains
-    really race: predecessors publish while their successors poll."""
-    N, T = (64, 1024 * 128) if layout == "time" else (16, 256 * 256)
-    f = make(N, T, mix, dtype=dtype, seed=zlib.crc32(f"race-{name}-{layout}-{dtype}".encode()))
+    tiles of 32 rows x 1024 chunks of 128 steps; with ``poll``, the window of words over one row of 4096
+    chunks), three calls in a row, each against the three passes on the same inputs: every output
+    within 1e-5 (float64: 1e-12) of the largest magnitude. On a GPU the chains really race:
+    predecessors publish while their successors poll."""
+    N, T = (64, 1024 * 128) if layout == "time" else (1, 4096 * 256) if poll else (16, 256 * 256)
+    f = make(N, T, mix, dtype=dtype, seed=zlib.crc32(f"race-{name}-{layout}-{dtype}-{poll}".encode()))
     if layout == "time":
         f = time_major(f)
-    force = {} if layout == "time" else dict(block_t=256, split=True)
+    force = {} if layout == "time" else dict(block_t=256, split=True, poll=poll)
     with K.forced(presolve=True, **force):
         ref = call(name, f, "triton")
     tol = 1e-12 if dtype == torch.float64 else 1e-5
     for _ in range(3):
         with K.forced(presolve=False, **force), _launches() as seen:
             got = call(name, f, "triton")
-        assert seen and all(la.strategy.split and not la.strategy.presolve for la in seen), [la.strategy for la in seen]
+        assert seen and all(la.strategy.split and not la.strategy.presolve and bool(la.strategy.poll) == poll
+                            for la in seen), [la.strategy for la in seen]
         assert seen[0].grid >= 2048, seen[0].grid
         for o, r in zip(got, ref):
             assert not torch.isnan(o).any() or torch.isnan(r).any()
