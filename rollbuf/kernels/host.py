@@ -107,7 +107,8 @@ class Choices:
     resolve_block_r: int = 0  # chunks per block of the three passes' middle kernel (0: the rule)
     flip: bool | None = None  # backward scans: chunks held in reverse
     quads: bool | None = None  # backward scans: chunks held in quads, latest first
-    poll: bool | None = None  # the look-back of one-row chunks: a window of one chunk a thread read at once
+    poll: bool | int | None = None  # the look-back of one-row chunks: a window read at once (True: one word a
+    # thread; a power of two from 32: that many words)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -272,7 +273,9 @@ def _table(R, T, time_contiguous, c: Choices, sms, long_rows, whole_rows, split_
         bn = block_n or 1
         pre = R <= PRESOLVE_MAX_ROWS if presolve is None else presolve
         w = num_warps or long_rows.split_warps if long_rows and bt >= 1024 and not block_n else warps(bn * bt, bt)
-        poll = 32 * w if c.poll and bn == 1 and not pre else 0  # one word a thread
+        poll = (32 * w if c.poll is True else int(c.poll)) if c.poll and bn == 1 and not pre else 0  # True: a word a thread
+        if poll & (poll - 1):
+            raise ValueError(f"poll: a window of {poll} words; the look-back's window is a power of two")
         return Strategy(bn, bt, True, chunks, w, sl, pre,
                         resolve_block_r, poll=poll)
     if block_n:
