@@ -374,6 +374,19 @@ def test_forced_choices_are_scoped():
             pass
 
 
+def test_forced_window_sizes():
+    """``poll=True``: one word a thread (32 per warp) for one-row look-back programs; ``poll=N``: N words;
+    none where the rows take three passes or several rows share a program; a window that is not a
+    power of two is refused, naming the choice."""
+    st = K.strategy(1, 1 << 16, sms=132, split=True, presolve=False, block_t=1024, num_warps=4, poll=True)
+    assert st.split and st.poll == 128
+    assert K.strategy(1, 1 << 16, sms=132, split=True, presolve=False, block_t=1024, num_warps=8, poll=32).poll == 32
+    assert K.strategy(1, 1 << 16, sms=132, split=True, presolve=True, block_t=1024, poll=True).poll == 0
+    assert K.strategy(4, 1 << 16, sms=132, split=True, presolve=False, block_n=2, block_t=1024, poll=True).poll == 0
+    with pytest.raises(ValueError, match="poll"):
+        K.strategy(1, 1 << 16, sms=132, split=True, presolve=False, block_t=1024, poll=48)
+
+
 def _split_calls(seed, n=2, t=301, names=("gae", "vtrace", "eligibility_traces")):
     f = make(n, t, "term+trunc+mask", seed=seed)
     return f, [call(name, f, "triton") for name in names]

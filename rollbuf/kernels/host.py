@@ -273,7 +273,8 @@ def _table(R, T, time_contiguous, c: Choices, sms, long_rows, whole_rows, split_
         bn = block_n or 1
         pre = R <= PRESOLVE_MAX_ROWS if presolve is None else presolve
         w = num_warps or long_rows.split_warps if long_rows and bt >= 1024 and not block_n else warps(bn * bt, bt)
-        poll = (32 * w if c.poll is True else int(c.poll)) if c.poll and bn == 1 and not pre else 0  # True: a word a thread
+        # the look-back's window: True, one word a thread; a number, that many words
+        poll = (32 * w if c.poll is True else int(c.poll)) if c.poll and bn == 1 and not pre else 0
         if poll & (poll - 1):
             raise ValueError(f"poll: a window of {poll} words; the look-back's window is a power of two")
         return Strategy(bn, bt, True, chunks, w, sl, pre,
@@ -329,8 +330,9 @@ def forced(**choices):
     copied first). ``presolve=True``: split rows in three passes; ``presolve=2``: in two, the outputs' pass
     composing the aggregates of the chunks before its own (no resolve kernel, one launch fewer; timed slower than
     three: docs/kernel-choices.md). ``poll=True``: the look-back of one-row chunks reads the words of a window of
-    chunks at once, one a thread (on the GPU by plain acquire loads). For tests and A/B experiments; nested blocks
-    merge."""
+    chunks at once, one a thread (on the GPU by plain acquire loads); ``poll=N``: a window of ``N`` words (a
+    power of two; timed slower than the table's choices: docs/kernel-choices.md). For tests and A/B
+    experiments; nested blocks merge."""
     bad = set(choices) - set(_FORCE_KEYS)
     if bad:
         raise TypeError(f"unknown kernel choice(s): {sorted(bad)}; known: {_FORCE_KEYS}")
