@@ -385,6 +385,16 @@ def test_forced_window_sizes():
     assert K.strategy(4, 1 << 16, sms=132, split=True, presolve=False, block_n=2, block_t=1024, poll=True).poll == 0
     with pytest.raises(ValueError, match="poll"):
         K.strategy(1, 1 << 16, sms=132, split=True, presolve=False, block_t=1024, poll=48)
+    for bad in (48, 1, 16, 32.0, "32"):  # refused by forced() whatever the call: True never meets 1 in a key
+        with pytest.raises(ValueError, match="poll"):
+            with K.forced(presolve=True, poll=bad):
+                pass
+    f = make(1, 97, "term+trunc", seed=3)
+    with K.forced(block_t=16, split=True, presolve=False, poll=True, num_warps=1), _launches() as seen:
+        call("gae", f, "triton")
+    with K.forced(block_t=16, split=True, presolve=False, poll=64, num_warps=1), _launches() as seen64:
+        call("gae", f, "triton")
+    assert [la.strategy.poll for la in seen] == [32] and [la.strategy.poll for la in seen64] == [64]
 
 
 def _split_calls(seed, n=2, t=301, names=("gae", "vtrace", "eligibility_traces")):

@@ -108,7 +108,7 @@ class Choices:
     flip: bool | None = None  # backward scans: chunks held in reverse
     quads: bool | None = None  # backward scans: chunks held in quads, latest first
     poll: bool | int | None = None  # the look-back of one-row chunks: a window read at once (True: one word a
-    # thread; a power of two from 32: that many words)
+    # thread; a power of two from 32: that many words; checked by forced())
 
 
 @functools.lru_cache(maxsize=4096)
@@ -331,11 +331,15 @@ def forced(**choices):
     composing the aggregates of the chunks before its own (no resolve kernel, one launch fewer; timed slower than
     three: docs/kernel-choices.md). ``poll=True``: the look-back of one-row chunks reads the words of a window of
     chunks at once, one a thread (on the GPU by plain acquire loads); ``poll=N``: a window of ``N`` words (a
-    power of two; timed slower than the table's choices: docs/kernel-choices.md). For tests and A/B
-    experiments; nested blocks merge."""
+    power of two from 32; the window's timings: docs/kernel-choices.md, 'Long rows split'). For tests and
+    A/B experiments; nested blocks merge."""
     bad = set(choices) - set(_FORCE_KEYS)
     if bad:
         raise TypeError(f"unknown kernel choice(s): {sorted(bad)}; known: {_FORCE_KEYS}")
+    poll = choices.get("poll")
+    if not (poll is None or isinstance(poll, bool)
+            or (type(poll) is int and poll >= 32 and not poll & (poll - 1))):  # True is never 1 in a key
+        raise ValueError(f"poll: True, False or a window of words, a power of two from 32; got {poll!r}")
     merged = dict(FORCE.get())
     merged.update({k: v for k, v in choices.items()})
     token = FORCE.set(tuple(sorted((k, v) for k, v in merged.items() if v is not None)))
