@@ -4,6 +4,7 @@
     python -m benchmarks wall --sweep --out DIR         # and GAE under forced strategies (the table's choices)
     python -m benchmarks wall --tilings gae:mask:float32,discounted_returns --out DIR
                                                         # those cases under the whole-row tilings of TILINGS
+    python -m benchmarks wall --window --out DIR        # the survey's cases where rows are split, under WINDOWS
     python -m benchmarks wall --dry-run --out DIR       # the same plumbing on the CPU, tiny shapes, wall clock
 
 * **survey**: every estimator of the table on docs/benchmarks.md ('At the memory wall'), fp32, 1%
@@ -20,6 +21,10 @@
   in reverse (``flip``) and not, and with a mask the exclusive state by re-loading the neighbour and by
   the in-register shift; compared with the default's outputs as the sweep's are. With
   ``--tilings`` the survey is not run.
+* **window** (``--window``): every case of the survey at the shapes whose rows are split across programs
+  (one row, 64 and 256 rows), under the look-back's choices of :data:`WINDOWS` (its window of one warp's
+  32 words or of one word a thread, one chunk at a time, and for one row the three passes in the same
+  chunks), compared with the default's outputs as the sweep's are; the survey is not run.
 
 Device time: :func:`benchmarks.clocks.graph_time` (a CUDA graph of the call, replayed); % of copy: the
 bytes the call must move (:func:`benchmarks.suite.bytes_moved`) over the device time and the copy bandwidth
@@ -97,6 +102,23 @@ def tilings(n: int, t: int, mask: bool):
             for sl in ((False, True) if mask else (None,)):
                 yield dict(split=False, block_t=bt, block_n=bn, num_warps=w, max_chunk=max(bt, 2048), flip=flip,
                            **({} if sl is None else dict(shift_load=sl)))
+
+
+#: ``--window``'s choices ``(chunk, warps, poll)``: the look-back with a window of 32 words (one warp's,
+#: whatever the warps: its reductions within a warp), of one word a thread (``True``), or one chunk at a
+#: time (``False``); ``"three"``: the three passes in the same chunks (one row)
+WINDOWS = [(2048, 8, 32), (2048, 4, 32), (1024, 4, 32), (1024, 8, 32), (2048, 8, True), (1024, 4, True),
+           (2048, 8, False), (1024, 4, False), (1024, 4, "three")]
+
+
+def windows(n: int):
+    """The forced choices of ``--window`` at ``n`` split rows (the three passes for one row only)."""
+    for bt, w, poll in WINDOWS:
+        if poll == "three":
+            if n == 1:
+                yield dict(split=True, block_t=bt, num_warps=w, presolve=True, max_chunk=max(bt, 2048))
+        else:
+            yield dict(split=True, block_t=bt, num_warps=w, presolve=False, poll=poll, max_chunk=max(bt, 2048))
 
 
 def parse_cases(text: str) -> list:
@@ -195,6 +217,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True, help="the results folder")
     ap.add_argument("--sweep", action="store_true", help="also GAE under every forced choice of variants()")
     ap.add_argument("--tilings", default="", help="est[:mix[:dtype]],...: those cases under the tilings of TILINGS")
+    ap.add_argument("--window", action="store_true", help="the survey's split-row cases under WINDOWS' choices")
     ap.add_argument("--budget-s", type=float, default=400.0, help="start no case or variant after this many seconds")
     ap.add_argument("--dry-run", action="store_true", help="CPU tensors (Triton's interpreter), tiny shapes")
     args = ap.parse_args(argv)
@@ -202,7 +225,8 @@ def main(argv=None) -> int:
         from benchmarks.suite import interpreted
 
         rc = interpreted("wall", ["--dry-run", "--out", args.out] + (["--sweep"] if args.sweep else [])
-                         + (["--tilings", args.tilings] if args.tilings else []))
+                         + (["--tilings", args.tilings] if args.tilings else [])
+                         + (["--window"] if args.window else []))
         if rc is not None:
             return rc
     device = "cpu" if args.dry_run else "cuda"
@@ -212,7 +236,7 @@ def main(argv=None) -> int:
     rows = []
     cases = parse_cases(args.tilings)
     for n, t in shapes:
-        for est, mix, dt in [] if cases else SURVEY[:2] if args.dry_run else SURVEY:
+        for est, mix, dt in [] if cases or args.window else SURVEY[:2] if args.dry_run else SURVEY:
             if time.perf_counter() > deadline:
                 break
             case = Case(est, n, t, dt, mix)
@@ -234,6 +258,18 @@ def main(argv=None) -> int:
             rows.append(row)
             sweep = list(tilings(n, t, mix == "mask")) if not args.dry_run else [
                 dict(split=False, block_t=128, block_n=1, num_warps=1, flip=flip) for flip in (False, True)]
+            rows += forced_rows(case, f, device, bw, ref, sweep, deadline)
+        split_rows = n == 1 if args.dry_run else n < host.FILL_PER_SM * host.CPU_SMS
+        for est, mix, dt in (SURVEY[:1] if args.dry_run else SURVEY) if args.window and split_rows else ():
+            if time.perf_counter() > deadline:
+                break
+            case = Case(est, n, t, dt, mix)
+            f = make_fields(case, device)
+            row, ref = measure(case, f, device, bw)
+            rows.append(row)
+            sweep = list(windows(n))
+            if args.dry_run:  # the first two, in 16-step chunks of one warp: the interpreter is slow
+                sweep = [dict(v, block_t=16, num_warps=1) for v in sweep[:2]]
             rows += forced_rows(case, f, device, bw, ref, sweep, deadline)
         if device == "cuda":
             torch.cuda.empty_cache()

@@ -760,6 +760,23 @@ def test_wall_benchmark_dry_run(tmp_path, capsys):
     assert {r["commit"] for r in rows} and "plan" in capsys.readouterr().out
 
 
+def test_wall_window_dry_run(tmp_path):
+    """``--window``: the survey's cases where rows are split (the dry run: GAE over one row), each under
+    the look-back's windows, the plan naming the window's words and the outputs as the default's; the
+    survey itself not run."""
+    import csv
+
+    from benchmarks import wall
+
+    assert wall.main(["--dry-run", "--window", "--out", str(tmp_path)]) == 0
+    rows = list(csv.DictReader((tmp_path / "wall.csv").read_text().splitlines()))
+    assert [(r["estimator"], r["n"]) for r in rows] == [("gae", "1")] * 3
+    assert [r["plan"].split()[-1] for r in rows[1:]] == ["poll32", "poll32"], [r["plan"] for r in rows]
+    assert all(float(r["diff"]) <= 1e-4 for r in rows[1:])
+    assert [dict(f)["presolve"] for f in wall.windows(1)].count(True) == 1
+    assert not any(f["presolve"] for f in wall.windows(64))
+
+
 def test_frameworks_benchmark_restates_openrlhf_verbatim():
     """The benchmark's OpenRLHF loops are the statements of the methods tests/test_openrlhf.py copies from
     OpenRLHF 0.11.2 verbatim (the syntax trees of their bodies, docstrings aside, are equal)."""
