@@ -243,6 +243,20 @@ def test_lookback_window(name, mix, dtype, order, warps):
     assert_ref(got, call(name, f, "reference"), tol)
 
 
+@pytest.mark.parametrize("name", ESTIMATORS)
+def test_lookback_window_of_one_warp(name):
+    """The window of one warp's 32 words in a program of 4 warps (``poll=32``: on the GPU the words
+    replicated over the warps, the reductions within one), every estimator with a mask, against the
+    reference, the outputs NaN-filled."""
+    T = 601 if not CUDA else 3001
+    f = make(2, T, "term+trunc+mask", seed=zlib.crc32(f"warp-window-{name}".encode()))
+    with K.forced(block_t=16, split=True, presolve=False, poll=32, num_warps=4, poison=True), _launches() as seen:
+        got = call(name, f, "triton")
+    assert seen and all(la.strategy.split and la.strategy.poll == 32 and la.strategy.num_warps == 4 for la in seen), \
+        [la.strategy for la in seen]
+    assert_ref(got, call(name, f, "reference"), 1e-5)
+
+
 @pytest.mark.parametrize("force", [dict(block_t=1024), dict(block_t=256, split=True),
                                    dict(block_t=256, split=True, presolve=True)],
                          ids=["one-chunk", "lookback", "presolve"])
@@ -1151,8 +1165,9 @@ def test_float64_to_16_bits_rounds_through_float32(out_dtype, backend):
     ("gae", "term+trunc", torch.float32, "env", True),  # the window of words, the state in the word
     ("gae", "term+trunc", torch.float64, "env", True),  # the window, the state in the slot
     ("vtrace", "term+trunc+mask", torch.float32, "env", True),  # the window over pair maps
+    ("gae", "term+trunc", torch.float32, "env", 32),  # one warp's 32 words (2 warps)
 ], ids=["fp32-word", "fp64-slot", "vtrace-pair-slot", "time-major-tiles", "fp32-word-window", "fp64-slot-window",
-        "vtrace-pair-window"])
+        "vtrace-pair-window", "fp32-word-warp-window"])
 def test_look_back_under_load_matches_three_passes(name, mix, dtype, layout, poll):
     """Thousands of chunks chained by the look-back at once (16 rows x 256 chunks; time-major, two
     tiles of 32 rows x 1024 chunks of 128 steps; with ``poll``, the window of words over one row of 4096
@@ -1160,7 +1175,7 @@ def test_look_back_under_load_matches_three_passes(name, mix, dtype, layout, pol
     within 1e-5 (float64: 1e-12) of the largest magnitude. On a GPU the chains really race:
     predecessors publish while their successors poll."""
     N, T = (64, 1024 * 128) if layout == "time" else (1, 4096 * 256) if poll else (16, 256 * 256)
-    window = "-window" if poll else ""  # the cases without the window keep their inputs
+    window = "-window" if poll is True else f"-window{poll}" if poll else ""  # the cases without it keep their inputs
     f = make(N, T, mix, dtype=dtype, seed=zlib.crc32(f"race-{name}-{layout}-{dtype}{window}".encode()))
     if layout == "time":
         f = time_major(f)
@@ -1171,7 +1186,7 @@ def test_look_back_under_load_matches_three_passes(name, mix, dtype, layout, pol
     for _ in range(3):
         with K.forced(presolve=False, **force), _launches() as seen:
             got = call(name, f, "triton")
-        assert seen and all(la.strategy.split and not la.strategy.presolve and bool(la.strategy.poll) == poll
+        assert seen and all(la.strategy.split and not la.strategy.presolve and bool(la.strategy.poll) == bool(poll)
                             for la in seen), [la.strategy for la in seen]
         assert seen[0].grid >= 2048, seen[0].grid
         for o, r in zip(got, ref):

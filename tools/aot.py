@@ -62,6 +62,7 @@ MODES = {
     "outputs-quads": Mode(3, False, 1, 2048, 8, False, True),
     "lookback-poll": Mode(1, True, 1, 2048, 8, False, False, 256),  # the look-back's window, one word a thread
     "lookback-poll-quads": Mode(1, False, 1, 1024, 4, False, True, 128),
+    "lookback-poll-warp": Mode(1, True, 1, 2048, 8, False, False, 32),  # one warp's 32 words, 8 warps
 }
 
 
