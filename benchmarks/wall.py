@@ -211,6 +211,14 @@ def forced_rows(case: Case, f, device, bw, ref, forces, deadline) -> list:
     return rows
 
 
+def default_and_forced(case: Case, device, bw, forces, deadline) -> list:
+    """``case``'s row under the default strategy, then :func:`forced_rows` under ``forces`` compared with
+    its outputs, on one set of inputs."""
+    f = make_fields(case, device)
+    row, ref = measure(case, f, device, bw)
+    return [row, *forced_rows(case, f, device, bw, ref, forces, deadline)]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks wall", description=__doc__.splitlines()[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -252,25 +260,17 @@ def main(argv=None) -> int:
         for est, mix, dt in cases if args.dry_run or (n, t) in TILINGS else ():
             if time.perf_counter() > deadline:
                 break
-            case = Case(est, n, t, dt, mix)
-            f = make_fields(case, device)
-            row, ref = measure(case, f, device, bw)
-            rows.append(row)
             sweep = list(tilings(n, t, mix == "mask")) if not args.dry_run else [
                 dict(split=False, block_t=128, block_n=1, num_warps=1, flip=flip) for flip in (False, True)]
-            rows += forced_rows(case, f, device, bw, ref, sweep, deadline)
+            rows += default_and_forced(Case(est, n, t, dt, mix), device, bw, sweep, deadline)
         split_rows = n == 1 if args.dry_run else n < host.FILL_PER_SM * host.CPU_SMS
         for est, mix, dt in (SURVEY[:1] if args.dry_run else SURVEY) if args.window and split_rows else ():
             if time.perf_counter() > deadline:
                 break
-            case = Case(est, n, t, dt, mix)
-            f = make_fields(case, device)
-            row, ref = measure(case, f, device, bw)
-            rows.append(row)
             sweep = list(windows(n))
             if args.dry_run:  # the first two, in 16-step chunks of one warp: the interpreter is slow
                 sweep = [dict(v, block_t=16, num_warps=1) for v in sweep[:2]]
-            rows += forced_rows(case, f, device, bw, ref, sweep, deadline)
+            rows += default_and_forced(Case(est, n, t, dt, mix), device, bw, sweep, deadline)
         if device == "cuda":
             torch.cuda.empty_cache()
     prov = provenance(device)

@@ -274,9 +274,7 @@ def _table(R, T, time_contiguous, c: Choices, sms, long_rows, whole_rows, split_
         pre = R <= PRESOLVE_MAX_ROWS if presolve is None else presolve
         w = num_warps or long_rows.split_warps if long_rows and bt >= 1024 and not block_n else warps(bn * bt, bt)
         # the look-back's window: True, one word a thread; a number, that many words
-        poll = (32 * w if c.poll is True else int(c.poll)) if c.poll and bn == 1 and not pre else 0
-        if poll & (poll - 1):
-            raise ValueError(f"poll: a window of {poll} words; the look-back's window is a power of two")
+        poll = (32 * w if c.poll is True else _window_words(c.poll)) if c.poll and bn == 1 and not pre else 0
         return Strategy(bn, bt, True, chunks, w, sl, pre,
                         resolve_block_r, poll=poll)
     if block_n:
@@ -321,6 +319,13 @@ _FORCE_KEYS = ("block_t", "split", "shift_load", "max_chunk", "block_n", "presol
                "resolve_block_r", "flip", "quads", "poll", "poison", "layout")
 
 
+def _window_words(poll) -> int:
+    """A forced window's word count ``poll``: an ``int``, a power of two from 32, else a ``ValueError``."""
+    if not (type(poll) is int and poll >= 32 and not poll & (poll - 1)):
+        raise ValueError(f"poll: True, False or a window of words, a power of two from 32; got {poll!r}")
+    return poll
+
+
 @contextlib.contextmanager
 def forced(**choices):
     """Inside the block, every kernel call takes these choices instead of the strategy table's (``block_t``, ``split``,
@@ -336,10 +341,8 @@ def forced(**choices):
     bad = set(choices) - set(_FORCE_KEYS)
     if bad:
         raise TypeError(f"unknown kernel choice(s): {sorted(bad)}; known: {_FORCE_KEYS}")
-    poll = choices.get("poll")
-    if not (poll is None or isinstance(poll, bool)
-            or (type(poll) is int and poll >= 32 and not poll & (poll - 1))):  # True is never 1 in a key
-        raise ValueError(f"poll: True, False or a window of words, a power of two from 32; got {poll!r}")
+    if not isinstance(choices.get("poll"), (bool, type(None))):
+        _window_words(choices["poll"])  # checked here whatever the call, so that True never meets 1 in a key
     merged = dict(FORCE.get())
     merged.update({k: v for k, v in choices.items()})
     token = FORCE.set(tuple(sorted((k, v) for k, v in merged.items() if v is not None)))
