@@ -108,7 +108,7 @@ def tilings(n: int, t: int, mask: bool):
 #: whatever the warps: its reductions within a warp), of one word a thread (``True``), or one chunk at a
 #: time (``False``); ``"three"``: the three passes in the same chunks (one row)
 WINDOWS = [(2048, 8, 32), (2048, 4, 32), (1024, 4, 32), (1024, 8, 32), (2048, 8, True), (1024, 4, True),
-           (2048, 8, False), (1024, 4, False), (1024, 4, "three")]
+           (2048, 8, False), (1024, 4, False), (2048, 8, "three"), (1024, 4, "three")]
 
 
 def windows(n: int):

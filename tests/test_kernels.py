@@ -447,6 +447,38 @@ def test_split_rows_pass_choice():
     assert not K.strategy(4096, 128).split and not K.strategy(4096, 128).presolve
 
 
+@pytest.mark.parametrize("R", [1, 3])
+@pytest.mark.parametrize("name", ["vtrace", "retrace"])
+def test_family_split_rows(name, R):
+    """A family's own program for rows split across programs (its row's ``split_rows`` and
+    ``split_row``: V-trace's several rows, Retrace's several rows and one row), fp32 without a mask:
+    taken by the table with its chunk, warps and look-back window, against the reference with
+    NaN-poisoned outputs, every boundary but the mask; with a mask, bf16 inputs or a forced tiling,
+    the table's program."""
+    row = K.FAMILIES[Family.VTRACE if name == "vtrace" else Family.RETRACE]
+    own = row.split_row if R == 1 else row.split_rows
+    T = 4133  # past V-trace's rows held whole (4096): 5 chunks of 1024 steps, the last of 37
+    f = make(R, T, "term+trunc", seed=zlib.crc32(f"family-split-{name}-{R}".encode()))
+    with K.forced(block_t=None), _launches() as seen:
+        got = call(name, f, "triton")
+    st = seen[-1].strategy
+    if own is None:  # V-trace's one row: the three passes
+        assert st.split and st.presolve and not st.poll, st
+    else:
+        assert (st.block_n, st.block_t, st.split, st.num_seg, st.num_warps, st.presolve, st.poll) == (
+            1, own.chunk, True, 5, own.warps, False, own.window), st
+    assert_ref(got, call(name, f, "reference"), 1e-5)
+    masked = make(R, T, "term+trunc+mask", seed=1)
+    half = {k: v.to(torch.bfloat16) if v is not None and v.is_floating_point() else v for k, v in f.items()}
+    table = H.strategy(R, T, True, long_rows=row.long_rows, max_chunk=row.max_chunk)
+    for fields, force in ((masked, {}), (half, {}), (f, {"num_warps": 2}), (f, {"poll": False})):
+        with K.forced(block_t=None, **force), _launches() as seen:
+            call(name, fields, "triton")
+        st = seen[-1].strategy
+        assert (st.block_t, st.poll, st.presolve) == (table.block_t, 0, table.presolve), (force, st)
+        assert st.num_warps == force.get("num_warps", table.num_warps), (force, st)
+
+
 @pytest.mark.parametrize("name", ["gae", "vtrace", "retrace", "eligibility_traces", "episodic_sums"])
 def test_single_row_default_strategy(name):
     """One long row with the shipped choice (three passes), several chunks, every boundary kind,

@@ -31,7 +31,7 @@ import torch
 
 from rollbuf import cache
 from rollbuf.kernels.families import FAMILIES
-from rollbuf.kernels.row import LongRows, WholeRows
+from rollbuf.kernels.row import LongRows, SplitRows, WholeRows
 from rollbuf.problem import Family, Problem
 
 # ---- the strategy table ------------------------------------------------------------------------
@@ -126,7 +126,8 @@ def strategy(R: int, T: int, time_contiguous: bool = True, *, sms: int = CPU_SMS
                                             than ``4·sms`` programs), the whole row in one chunk
     longer, ``R ≥ 8·sms``                   one row per program, walked in ``max_chunk`` chunks (a
                                             backward scan: ``WALK_CHUNK``)
-    longer, ``R < 8·sms``                   one chunk per program: look-back; one row: three passes
+    longer, ``R < 8·sms``                   one chunk per program: look-back; one row: three passes (a
+                                            family's own: :func:`split_rule`)
     ======================================  ===============================================================
 
     ``max_chunk``: 2048 steps (1024 for V-trace's pair state); the exclusive state by an in-register
@@ -161,6 +162,21 @@ def strategy(R: int, T: int, time_contiguous: bool = True, *, sms: int = CPU_SMS
     flip = flip_rule(st, T, flip_chunks) if c.flip is None else bool(c.flip)
     st = attrs.evolve(st, flip=flip)
     return _quads(st, c.shift_load) if c.quads and st.block_t >= 4 and not flip else st
+
+
+def split_rule(st: Strategy, R: int, T: int, time_contiguous: bool, own: tuple[SplitRows | None, SplitRows | None],
+               shift_load: bool | None = None) -> Strategy:
+    """The table's strategy ``st`` for ``R`` rows of ``T`` steps with a family's own program where the
+    table splits time-contiguous rows across programs: ``own``, its row's ``(split_rows, split_row)``
+    (:class:`~rollbuf.kernels.row.SplitRows`: chunk, warps, look-back window), for several rows and for one
+    row (in place of the three passes). The launch applies it only to the calls they were timed on (fp32,
+    no mask) with no tiling choice forced; ``shift_load``: a forced choice."""
+    entry = own[R <= PRESOLVE_MAX_ROWS] if st.split and time_contiguous else None
+    if entry is None:
+        return st
+    return Strategy(1, entry.chunk, True, -(-T // entry.chunk), entry.warps,
+                    entry.chunk > GATHER_MAX_T if shift_load is None else shift_load, False, st.resolve_block_r,
+                    poll=entry.window)
 
 
 def _quads(st: Strategy, shift_load: bool | None) -> Strategy:
@@ -632,11 +648,18 @@ class Launch:
                  and p.out_dtype == torch.float32
                  and all(t.dtype == torch.float32 for t in f.values() if t is not None and t.is_floating_point()))
         flip_chunks = fam.flip_chunks if timed else ()
+        # the family's split rows only for the calls they were timed on (fp32, no mask) with no tiling forced
+        own = ((fam.split_rows or fam.split_row) and f.get("mask") is None and p.compute_dtype == torch.float32
+               and p.out_dtype == torch.float32
+               and all(t.dtype == torch.float32 for t in f.values() if t is not None and t.is_floating_point())
+               and not fc.keys() & {"block_t", "split", "block_n", "presolve", "num_warps", "max_chunk", "poll"})
         fc["max_chunk"] = fc.get("max_chunk") or fam.max_chunk
         st = strategy(self.R, T, time_contiguous, sms=device_sms(self.device), long_rows=fam.long_rows,
                       whole_rows=whole, flip_chunks=flip_chunks, fill_per_sm=fam.fill_per_sm,
                       masked=f.get("mask") is not None and not fam.pair, step_bytes=self.step_bytes(f),
                       reverse_scan=backward_scan, flip=flip, quads=quads, **fc)
+        if own:  # the family's own program for split rows
+            st = split_rule(st, self.R, T, time_contiguous, (fam.split_rows, fam.split_row), fc.get("shift_load"))
         if quads is None and fam.quads:  # the family's chunks in quads where the rule says
             st = in_quads(st, T, time_contiguous, scan_output, fc.get("shift_load"),
                           p.family == Family.TD_LAMBDA and "advantages" in self.out_names)

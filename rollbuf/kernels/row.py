@@ -31,6 +31,17 @@ class LongRows:
 
 
 @attrs.frozen
+class SplitRows:
+    """Rows split across programs and chained by the look-back, one chunk a program: the family's
+    chunk length, warps and look-back window (the words of ``window`` chunks read at once, a power of
+    two from 32; 0: one chunk at a time). See :func:`rollbuf.kernels.host.strategy`."""
+
+    chunk: int
+    warps: int
+    window: int
+
+
+@attrs.frozen
 class Row:
     """One family: its kernels, their fields and outputs, and its entries of the strategy table."""
 
@@ -44,6 +55,8 @@ class Row:
     backward: bool = True  # backward in time, window end bootstrapped from V(s_T); else forward/affine
     whole_rows: WholeRows | None = None  # the strategy table's (host.strategy): rows held whole,
     long_rows: LongRows | None = None  # long rows,
+    split_rows: SplitRows | None = None  # several rows split (fp32 without a mask; else the table's),
+    split_row: SplitRows | None = None  # one row split: the look-back in place of the three passes (the same),
     max_chunk: int | None = None  # the longest chunk,
     flip_chunks: tuple[int, ...] = ()  # the chunk lengths of a backward scan held in reverse
     quads: bool = False  # a backward scan's chunks held in quads by the table's rule (host.quads_rule)
