@@ -449,16 +449,25 @@ def test_split_rows_pass_choice():
 
 @pytest.mark.parametrize("R", [1, 3])
 @pytest.mark.parametrize("name", ["vtrace", "retrace"])
-def test_family_split_rows(name, R):
+def test_family_split_rows(name, R, monkeypatch):
     """A family's own program for rows split across programs (its row's ``split_rows`` and
     ``split_row``: V-trace's several rows, Retrace's several rows and one row), fp32 without a mask:
-    taken by the table with its chunk, warps and look-back window, against the reference with
-    NaN-poisoned outputs, every boundary but the mask; with a mask, bf16 inputs or a forced tiling,
-    the table's program."""
+    taken by the table (several rows from ``SPLIT_ROWS_FROM``, lowered here to 3 rows) with its chunk,
+    warps and look-back window, in quads, against the reference with NaN-poisoned outputs, every
+    boundary but the mask; below ``SPLIT_ROWS_FROM`` rows, with a mask, bf16 inputs or a forced tiling,
+    lane order or quads, the table's program."""
     row = K.FAMILIES[Family.VTRACE if name == "vtrace" else Family.RETRACE]
     own = row.split_row if R == 1 else row.split_rows
     T = 4133  # past V-trace's rows held whole (4096): 5 chunks of 1024 steps, the last of 37
     f = make(R, T, "term+trunc", seed=zlib.crc32(f"family-split-{name}-{R}".encode()))
+    table = H.strategy(R, T, True, long_rows=row.long_rows, max_chunk=row.max_chunk)
+    if R > 1:  # fewer rows than SPLIT_ROWS_FROM: the table's
+        cache.clear()
+        with K.forced(block_t=None), _launches() as seen:
+            call(name, f, "triton")
+        assert (seen[-1].strategy.block_t, seen[-1].strategy.poll) == (table.block_t, 0), seen[-1].strategy
+        monkeypatch.setattr(H, "SPLIT_ROWS_FROM", R)
+    cache.clear()
     with K.forced(block_t=None), _launches() as seen:
         got = call(name, f, "triton")
     st = seen[-1].strategy
@@ -467,11 +476,12 @@ def test_family_split_rows(name, R):
     else:
         assert (st.block_n, st.block_t, st.split, st.num_seg, st.num_warps, st.presolve, st.poll) == (
             1, own.chunk, True, 5, own.warps, False, own.window), st
+        assert st.quads and not st.shift_load, st  # as timed
     assert_ref(got, call(name, f, "reference"), 1e-5)
     masked = make(R, T, "term+trunc+mask", seed=1)
     half = {k: v.to(torch.bfloat16) if v is not None and v.is_floating_point() else v for k, v in f.items()}
-    table = H.strategy(R, T, True, long_rows=row.long_rows, max_chunk=row.max_chunk)
-    for fields, force in ((masked, {}), (half, {}), (f, {"num_warps": 2}), (f, {"poll": False})):
+    for fields, force in ((masked, {}), (half, {}), (f, {"num_warps": 2}), (f, {"poll": False}),
+                          (f, {"quads": False}), (f, {"quads": True})):
         with K.forced(block_t=None, **force), _launches() as seen:
             call(name, fields, "triton")
         st = seen[-1].strategy

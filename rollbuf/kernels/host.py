@@ -70,6 +70,9 @@ MAX_CHUNK = 2048
 # one row; they read the chunks twice, and with several rows the chains overlap, so from four rows on
 # they lose (docs/kernel-choices.md, 'Long rows split: look-back or three passes').
 PRESOLVE_MAX_ROWS = 1
+# A family's own program for several split rows (its Row.split_rows) from this many rows: timed at 64 and
+# 256 rows; with fewer, each row's chain is longer and one row lost with it (docs/kernel-choices.md).
+SPLIT_ROWS_FROM = 64
 
 
 @attrs.frozen
@@ -168,10 +171,12 @@ def split_rule(st: Strategy, R: int, T: int, time_contiguous: bool, own: tuple[S
                shift_load: bool | None = None) -> Strategy:
     """The table's strategy ``st`` for ``R`` rows of ``T`` steps with a family's own program where the
     table splits time-contiguous rows across programs: ``own``, its row's ``(split_rows, split_row)``
-    (:class:`~rollbuf.kernels.row.SplitRows`: chunk, warps, look-back window), for several rows and for one
-    row (in place of the three passes). The launch applies it only to the calls they were timed on (fp32,
-    no mask) with no tiling choice forced; ``shift_load``: a forced choice."""
-    entry = own[R <= PRESOLVE_MAX_ROWS] if st.split and time_contiguous else None
+    (:class:`~rollbuf.kernels.row.SplitRows`: chunk, warps, look-back window), for ``SPLIT_ROWS_FROM`` rows
+    or more and for one row (in place of the three passes). The launch applies it only to the calls they
+    were timed on (fp32, no mask) with no tiling, lane order or quads forced; ``shift_load``: a forced
+    choice."""
+    several = own[0] if R >= SPLIT_ROWS_FROM else None
+    entry = (own[1] if R <= PRESOLVE_MAX_ROWS else several) if st.split and time_contiguous else None
     if entry is None:
         return st
     return Strategy(1, entry.chunk, True, -(-T // entry.chunk), entry.warps,
@@ -652,6 +657,7 @@ class Launch:
         own = ((fam.split_rows or fam.split_row) and f.get("mask") is None and p.compute_dtype == torch.float32
                and p.out_dtype == torch.float32
                and all(t.dtype == torch.float32 for t in f.values() if t is not None and t.is_floating_point())
+               and flip is None and quads is None
                and not fc.keys() & {"block_t", "split", "block_n", "presolve", "num_warps", "max_chunk", "poll"})
         fc["max_chunk"] = fc.get("max_chunk") or fam.max_chunk
         st = strategy(self.R, T, time_contiguous, sms=device_sms(self.device), long_rows=fam.long_rows,
