@@ -68,7 +68,8 @@ MAX_CHUNK = 2048
 # in its Row (rollbuf.kernels.row); why each is what it is: docs/kernel-choices.md, 'Each family's entries'.
 # Split rows of at most this many rows take the three passes instead of the look-back chain: they win for
 # one row; they read the chunks twice, and with several rows the chains overlap, so from four rows on
-# they lose (docs/kernel-choices.md, 'Long rows split: look-back or three passes').
+# they lose (docs/kernel-choices.md, 'Long rows split: look-back or three passes'); a family's own program
+# for one split row (its Row.split_row, host.split_rule) takes the look-back instead.
 PRESOLVE_MAX_ROWS = 1
 # A family's own program for several split rows (its Row.split_rows) from this many rows: timed at 64 and
 # 256 rows; with fewer, each row's chain is longer and one row lost with it (docs/kernel-choices.md).

@@ -22,10 +22,10 @@ def step():
 # with 16 warps and keep the table (docs/kernel-choices.md, 'Retrace').
 # Rows of 1025-2047 steps (the same 2048-step program, its tail masked) and bf16/fp16/float64 calls take
 # the rule untimed; walked rows of Retrace and masked calls keep the table.
-# Rows split across programs, fp32 without a mask: 1024-step chunks chained by the look-back, several rows
-# with 8 warps reading the words of 32 chunks at once (one warp's), one row with 4 warps and a window of 128
-# (one word a thread) in place of the three passes; both faster than the table's 2048-step chunks
-# (docs/kernel-choices.md, 'Long rows split').
+# Rows split across programs, fp32 without a mask: 1024-step chunks chained by the look-back, 64 rows or
+# more (host.SPLIT_ROWS_FROM) with 8 warps reading the words of 32 chunks at once (one warp's), one row with
+# 4 warps and a window of 128 (one word a thread) in place of the three passes; both faster than the
+# table's 2048-step chunks (docs/kernel-choices.md, 'Long rows split').
 ROW = Row(Family.RETRACE, kernel, ("rewards", "values", *BOUNDARY, "log_probs", "target_log_probs", "q_values"),
           ("q_targets",), ("p_q",), scalars=("gamma", "lam", "c_bar"),
           whole_rows=WholeRows(1025, 2048, False, ((2048, 16),), 1), quads=True,

@@ -22,8 +22,9 @@ def step():
 #   2048-step chunks hold too many registers per program.
 # * long rows, of 1024-step chunks: walked two to a program with 16 warps, split ones with 4 warps, the
 #   fastest of the counts timed. With a mask, and for rows longer than 4096 steps (the others are held whole).
-# * several rows split, fp32 without a mask: 8 warps, the look-back reading the words of 32 chunks at once
-#   (one warp's); faster than 4 warps reading one chunk at a time. One row keeps the three passes.
+# * 64 rows or more split (host.SPLIT_ROWS_FROM), fp32 without a mask: 8 warps, the look-back reading the
+#   words of 32 chunks at once (one warp's); faster than 4 warps reading one chunk at a time (the split
+#   warps above then apply with a mask, in other dtypes and to fewer rows). One row keeps the three passes.
 # * rows held whole: its scalar scan without a mask, the targets read back, 8 warps at 1024 steps and 16
 #   from 2048: faster than walking them two to a program in 1024-step chunks, or splitting them.
 # * chunks held in reverse in a backward call: 512 steps (docs/kernel-choices.md, 'Flipped chunks').
