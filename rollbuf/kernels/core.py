@@ -404,9 +404,11 @@ def _acquire(p, ASM: tl.constexpr):
 def _window_back(p_ws, p_word, tile, rank, NUM_SEG, m, PAIR: tl.constexpr, ACC: tl.constexpr, POLL: tl.constexpr,
                  ASM: tl.constexpr):
     """The carry into chunk ``rank`` of a one-row program (``BLOCK_N`` 1), ``POLL`` chunks at a time:
-    read the words of chunks ``hi − POLL + 1 … hi`` at once (``hi``: the latest not yet composed; one
-    word per thread, ``POLL`` being the program's thread count, so that each is read once and every
-    decision below comes from a reduction all threads share); wait while any after the latest that
+    read the words of chunks ``hi − POLL + 1 … hi`` at once (``hi``: the latest not yet composed; where
+    ``POLL`` is the program's thread count, one word per thread, so that each is read once and every
+    decision below comes from a reduction all threads share; with one warp's 32 words under more warps,
+    each warp reads them and decides on its own copy, within the warp, no barrier: the carries agree,
+    composed from the same published words); wait while any after the latest that
     published its inclusive state has published nothing; else compose their aggregates (a scan along
     the window, later chunks outer) into ``m`` and, if a state was found, apply ``m`` to it, or move
     the window back. Each thread reads the aggregate and state of the chunk whose word it read."""
