@@ -650,15 +650,12 @@ class Launch:
         # TD(λ) without a mask scans its returns themselves (td_lambda/triton.py)
         scan_output = p.family == Family.TD_LAMBDA and f.get("mask") is None
         # the rule's chunk lengths only for the calls it was timed on: fp32, no mask, no truncations
-        timed = (f.get("mask") is None and f.get("truncated") is None and p.compute_dtype == torch.float32
-                 and p.out_dtype == torch.float32
+        plain = (f.get("mask") is None and p.compute_dtype == torch.float32 and p.out_dtype == torch.float32
                  and all(t.dtype == torch.float32 for t in f.values() if t is not None and t.is_floating_point()))
+        timed = plain and f.get("truncated") is None
         flip_chunks = fam.flip_chunks if timed else ()
         # the family's split rows only for the calls they were timed on (fp32, no mask) with no tiling forced
-        own = ((fam.split_rows or fam.split_row) and f.get("mask") is None and p.compute_dtype == torch.float32
-               and p.out_dtype == torch.float32
-               and all(t.dtype == torch.float32 for t in f.values() if t is not None and t.is_floating_point())
-               and flip is None and quads is None
+        own = ((fam.split_rows or fam.split_row) and plain and flip is None and quads is None
                and not fc.keys() & {"block_t", "split", "block_n", "presolve", "num_warps", "max_chunk", "poll"})
         fc["max_chunk"] = fc.get("max_chunk") or fam.max_chunk
         st = strategy(self.R, T, time_contiguous, sms=device_sms(self.device), long_rows=fam.long_rows,
