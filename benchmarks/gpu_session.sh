@@ -15,7 +15,6 @@
 #   frameworks                    python -m benchmarks frameworks: the frameworks' advantage code against rollbuf's calls
 #   wall | wall-sweep             python -m benchmarks wall [--sweep]: every estimator at 2^24 elements against a copy
 #   wall-window                   python -m benchmarks wall --window: the split-row cases under the look-back's windows
-#   wall-reread                   python -m benchmarks wall --reread: the split-row backward cases, chunks read twice
 #   ab:TREE1,TREE2,...            python3 benchmarks/device_ab.py TREE1 TREE2 ...: device time of several trees
 #   tests                         the CUDA test matrix, every case (RB_EXHAUSTIVE=1, tests/conftest.py), cut at $TESTS_TIMEOUT_S seconds (or at $TESTS_DEADLINE,
 #                                 seconds since the epoch) so that the summary comes back
@@ -47,8 +46,6 @@ for step in "$@"; do
     wall-sweep) python3 -m benchmarks wall --sweep --out "$OUT" 2>&1 | tee "$OUT/wall.log" | tail -40 ;;
     wall-window) mkdir -p "$OUT/window" && python3 -m benchmarks wall --window --out "$OUT/window" 2>&1 \
       | tee "$OUT/window/wall.log" | tail -40 ;;
-    wall-reread) mkdir -p "$OUT/reread" && python3 -m benchmarks wall --reread --out "$OUT/reread" 2>&1 \
-      | tee "$OUT/reread/wall.log" | tail -80 ;;
     long-call) python3 benchmarks/long_call.py --out "$OUT" 2>&1 | tee "$OUT/long_call.log" | tail -12 ;;
     ab:*) IFS=, read -r -a trees <<<"${step#ab:}"
       OUT="$OUT" python3 benchmarks/device_ab.py "${trees[@]}" 2>&1 | tee "$OUT/device_ab.log" | tail -24 ;;

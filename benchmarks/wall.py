@@ -5,7 +5,6 @@
     python -m benchmarks wall --tilings gae:mask:float32,discounted_returns --out DIR
                                                         # those cases under the whole-row tilings of TILINGS
     python -m benchmarks wall --window --out DIR        # the survey's cases where rows are split, under WINDOWS
-    python -m benchmarks wall --reread --out DIR        # the same cases' backward scans under REREADS
     python -m benchmarks wall --dry-run --out DIR       # the same plumbing on the CPU, tiny shapes, wall clock
 
 * **survey**: every estimator of the table on docs/benchmarks.md ('At the memory wall'), fp32, 1%
@@ -26,9 +25,6 @@
   (one row, 64 and 256 rows), under the look-back's choices of :data:`WINDOWS` (its window of one warp's
   32 words or of one word a thread, one chunk at a time, and for one row the three passes in the same
   chunks), compared with the default's outputs as the sweep's are; the survey is not run.
-* **reread** (``--reread``): the same cases of the backward estimators under the choices of :data:`REREADS`
-  (the look-back in quads whose chunk is loaded again once its carry is found, in longer chunks than
-  a held chunk allows; the held look-back in quads in the same chunks beside it), compared as above.
 
 Device time: :func:`benchmarks.clocks.graph_time` (a CUDA graph of the call, replayed); % of copy: the
 bytes the call must move (:func:`benchmarks.suite.bytes_moved`) over the device time and the copy bandwidth
@@ -115,22 +111,6 @@ WINDOWS = [(2048, 8, 32), (2048, 4, 32), (1024, 4, 32), (1024, 8, 32), (2048, 8,
            (2048, 8, False), (1024, 4, False), (2048, 8, "three"), (1024, 4, "three")]
 
 
-#: ``--reread``'s choices ``(sub-chunk, warps, poll, reread)``: the look-back in quads over chunks of ``reread``
-#: sub-chunks, each read for the chunk's aggregate and again, once the carry is found, for its outputs
-#: (``reread`` 0: the chunk held through the wait), one chunk at a time (``poll`` False) or a window
-REREADS = [(2048, 8, True, 1), (2048, 8, True, 2), (2048, 8, True, 4), (2048, 8, False, 2), (1024, 4, True, 4),
-           (1024, 8, 32, 4), (2048, 8, 32, 2), (2048, 8, True, 0)]
-#: the survey's forward scans (never in quads: no ``--reread``)
-FORWARD = ("eligibility_traces", "episodic_sums")
-
-
-def rereads():
-    """The forced choices of ``--reread``."""
-    for bt, w, poll, rr in REREADS:
-        yield dict(split=True, block_t=bt, num_warps=w, presolve=False, poll=poll, quads=True, reread=rr or False,
-                   max_chunk=max(bt, 2048))
-
-
 def windows(n: int):
     """The forced choices of ``--window`` at ``n`` split rows (the three passes for one row only)."""
     for bt, w, poll in WINDOWS:
@@ -187,8 +167,7 @@ def _plan(launch) -> str:
     how = "split" if st.split else "walk"
     order = " quads" if st.quads else " flip" if st.flip else ""
     poll = f" poll{st.poll}" if st.poll else ""
-    reread = f" reread{st.reread}" if st.reread else ""
-    return f"bn{st.block_n} bt{st.block_t} w{st.num_warps} {how}{int(st.presolve)} g{launch.grid}{order}{poll}{reread}"
+    return f"bn{st.block_n} bt{st.block_t} w{st.num_warps} {how}{int(st.presolve)} g{launch.grid}{order}{poll}"
 
 
 def _time(call, device):
@@ -247,7 +226,6 @@ def main(argv=None) -> int:
     ap.add_argument("--sweep", action="store_true", help="also GAE under every forced choice of variants()")
     ap.add_argument("--tilings", default="", help="est[:mix[:dtype]],...: those cases under the tilings of TILINGS")
     ap.add_argument("--window", action="store_true", help="the survey's split-row cases under WINDOWS' choices")
-    ap.add_argument("--reread", action="store_true", help="the survey's split-row backward cases under REREADS")
     ap.add_argument("--budget-s", type=float, default=400.0, help="start no case or variant after this many seconds")
     ap.add_argument("--dry-run", action="store_true", help="CPU tensors (Triton's interpreter), tiny shapes")
     args = ap.parse_args(argv)
@@ -256,7 +234,7 @@ def main(argv=None) -> int:
 
         rc = interpreted("wall", ["--dry-run", "--out", args.out] + (["--sweep"] if args.sweep else [])
                          + (["--tilings", args.tilings] if args.tilings else [])
-                         + (["--window"] if args.window else []) + (["--reread"] if args.reread else []))
+                         + (["--window"] if args.window else []))
         if rc is not None:
             return rc
     device = "cpu" if args.dry_run else "cuda"
@@ -266,7 +244,7 @@ def main(argv=None) -> int:
     rows = []
     cases = parse_cases(args.tilings)
     for n, t in shapes:
-        for est, mix, dt in [] if cases or args.window or args.reread else SURVEY[:2] if args.dry_run else SURVEY:
+        for est, mix, dt in [] if cases or args.window else SURVEY[:2] if args.dry_run else SURVEY:
             if time.perf_counter() > deadline:
                 break
             case = Case(est, n, t, dt, mix)
@@ -290,13 +268,6 @@ def main(argv=None) -> int:
             if time.perf_counter() > deadline:
                 break
             sweep = list(windows(n))
-            if args.dry_run:  # the first two, in 16-step chunks of one warp: the interpreter is slow
-                sweep = [dict(v, block_t=16, num_warps=1) for v in sweep[:2]]
-            rows += default_and_forced(Case(est, n, t, dt, mix), device, bw, sweep, deadline)
-        for est, mix, dt in (SURVEY[:1] if args.dry_run else SURVEY) if args.reread and split_rows else ():
-            if time.perf_counter() > deadline or est in FORWARD:
-                continue
-            sweep = list(rereads())
             if args.dry_run:  # the first two, in 16-step chunks of one warp: the interpreter is slow
                 sweep = [dict(v, block_t=16, num_warps=1) for v in sweep[:2]]
             rows += default_and_forced(Case(est, n, t, dt, mix), device, bw, sweep, deadline)

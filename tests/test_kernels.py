@@ -257,44 +257,6 @@ def test_lookback_window_of_one_warp(name):
     assert_ref(got, call(name, f, "reference"), 1e-5)
 
 
-@pytest.mark.parametrize("sub", [1, 3])
-@pytest.mark.parametrize("poll", [False, True, 32])
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
-@pytest.mark.parametrize("mix", ["none", "term+trunc", "term+trunc+mask"])
-@pytest.mark.parametrize("name", [n for n in ESTIMATORS if n not in ("eligibility_traces", "episodic_sums")])
-def test_lookback_reread(name, mix, dtype, poll, sub):
-    """The look-back in quads over chunks of ``sub`` sub-chunks read twice (``reread``: their aggregates
-    composed from the quads' maps, then, once the carry is found, loaded again and walked from it;
-    nothing held through the wait), one chunk at a time or with a window, every backward estimator,
-    mix and dtype, against the reference, the outputs NaN-filled before the launch; several rows and
-    one row, whose last chunk is partly past the row's end."""
-    T = 601 if not CUDA else 3001
-    for n in (2, 1):
-        f = make(n, T, mix, dtype=getattr(torch, dtype), seed=zlib.crc32(f"reread-{name}-{mix}-{dtype}-{n}".encode()))
-        with K.forced(block_t=16, split=True, presolve=False, poll=poll, num_warps=1, quads=True, reread=sub,
-                      poison=True), _launches() as seen:
-            got = call(name, f, "triton")
-        assert seen and all(la.strategy.split and la.strategy.reread == sub and la.strategy.quads
-                            and la.strategy.num_seg == -(-T // (16 * sub)) for la in seen), [la.strategy for la in seen]
-        tol = 1e-12 if dtype == "float64" else 2e-2 if dtype == "bfloat16" else 1e-5
-        assert_ref(got, call(name, f, "reference"), tol)
-
-
-@pytest.mark.parametrize("force", [dict(quads=False), dict(quads=True, presolve=True), dict(quads=True, split=False)],
-                         ids=["lanes", "three-passes", "walked"])
-def test_lookback_reread_needs_the_look_back_in_quads(force):
-    """``reread`` forced where there is no look-back in quads to re-read: a ValueError naming it."""
-    f = make(2, 101, "term+trunc", seed=3)
-    with K.forced(block_t=16, reread=2, **{"split": True, **force}), pytest.raises(ValueError, match="reread"):
-        call("gae", f, "triton")
-    with K.forced(block_t=16, split=True, presolve=False, quads=True, reread=2), \
-            pytest.raises(ValueError, match="reread"):
-        call("eligibility_traces", f, "triton")  # a forward scan: never in quads
-    for bad in (0, -1, 1.5, "2"):
-        with pytest.raises(ValueError, match="reread"), K.forced(reread=bad):
-            pass
-
-
 @pytest.mark.parametrize("force", [dict(block_t=1024), dict(block_t=256, split=True),
                                    dict(block_t=256, split=True, presolve=True)],
                          ids=["one-chunk", "lookback", "presolve"])

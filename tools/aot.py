@@ -36,9 +36,8 @@ _FLAGS = ("terminated", "truncated", "mask", "model")
 
 
 # a variant's pass and tiling: the kernel's PASS, SHIFT_LOAD, BLOCK_N, BLOCK_T, its warps, FLIP, QUADS and
-# POLL (the look-back's window of words read at once by plain acquire loads: ASM) and SUB (REREAD: sub-chunks)
-Mode = namedtuple("Mode", "pass_ shift_load block_n block_t warps flip quads poll sub",
-                  defaults=(False, False, 0, 1))
+# POLL (the look-back's window of words read at once by plain acquire loads: ASM)
+Mode = namedtuple("Mode", "pass_ shift_load block_n block_t warps flip quads poll", defaults=(False, False, 0))
 MODES = {
     "single": Mode(4, False, 4, 128, 4),
     "single-reload": Mode(4, True, 1, 1024, 8),
@@ -176,15 +175,6 @@ def variants() -> list[dict]:
                 out.append(dict(name=f"{name}/{tag.replace('_', '-')}/fp32-nomask", family=family, carry_in=ci,
                                 mode=tag, cfg=Mode(1, False, 1, entry.chunk, entry.warps, False, True, entry.window),
                                 absent=(*absent, "mask")))
-    # the look-back in quads whose chunk is loaded again once its carry is found (forced ``reread``), with a
-    # window of one word a thread and one chunk at a time, with and without a mask
-    for name in ("gae", "vtrace", "retrace"):
-        family, ci, absent = fams[name]
-        for tag, cfg in (("reread-poll", Mode(6, False, 1, 2048, 8, False, True, 256, 4)),
-                         ("reread", Mode(6, False, 1, 2048, 8, False, True, 0, 2))):
-            for extra in ("nomask", "mask"):
-                out.append(dict(name=f"{name}/{tag}/fp32-{extra}", family=family, carry_in=ci, mode=tag, cfg=cfg,
-                                absent=(*absent, "mask") if extra == "nomask" else absent))
     # bf16 inputs, no flags, no mask
     for name in ("gae", "vtrace", "lambda_adjoint"):
         family, ci, absent = fams[name]
@@ -279,7 +269,7 @@ def _signature(v: dict):
             cx[(i,)] = Config(PASS=mode.pass_, CARRY_IN=ci, ACC=float64 if acc == "fp64" else float32,
                               BLOCK_N=mode.block_n, BLOCK_T=mode.block_t, SHIFT_LOAD=mode.shift_load, FLIP=mode.flip,
                               REVERSE=fam.family == Family.AFFINE and backward, QUADS=mode.quads,
-                              POLL=mode.poll, ASM=mode.poll > 0, SUB=mode.sub)
+                              POLL=mode.poll, ASM=mode.poll > 0)
         else:
             assert jit.fn.__annotations__.get(name) == "fp64", name
             sig[name] = "fp64"

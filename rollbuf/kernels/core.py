@@ -76,9 +76,8 @@ Scan = namedtuple("Scan", "LOAD STEP EMIT PAIR CARRY2 INCLUSIVE REVERSE")
 # scan's chunks held in quads of 4 steps, latest quad first, scanned without Triton's reverse scan)
 # POLL: the look-back of one-row programs reads the words of POLL chunks before its own at once (0: one
 # at a time); ASM: the window's words by plain acquire loads (inline PTX, CUDA only) instead of atomic reads
-# SUB (REREAD only): a program's chunk is SUB chunks of BLOCK_T steps, read twice one after the other
-Config = namedtuple("Config", "PASS CARRY_IN ACC BLOCK_N BLOCK_T SHIFT_LOAD FLIP REVERSE QUADS POLL ASM SUB",
-                    defaults=(False, False, 0, False, 1))
+Config = namedtuple("Config", "PASS CARRY_IN ACC BLOCK_N BLOCK_T SHIFT_LOAD FLIP REVERSE QUADS POLL ASM",
+                    defaults=(False, False, 0, False))
 # the entry kernel's ``sizes``: R rows (N·F) of T steps, F features (1 but for the forward estimators'
 # x), the fields' pair of strides (s_n, s_t) and the outputs' (s_on, s_ot), the index of the launch's
 # first program (p0: 0 but in tests that run one program of a launch by itself, under the interpreter
@@ -106,7 +105,6 @@ AGGREGATES = tl.constexpr(2)  # three passes, 1st: one chunk's aggregate map int
 OUTPUTS = tl.constexpr(3)  # three passes, 3rd: one chunk's outputs from its resolved carry
 RESOLVING = tl.constexpr(5)  # two passes, 2nd: one chunk's carry from the 1st pass's aggregates, then its outputs
 ONE_CHUNK = tl.constexpr(4)  # whole rows of at most BLOCK_T steps: one chunk, no loop
-REREAD = tl.constexpr(6)  # look-back in quads over SUB chunks: read for the aggregate, then again for the outputs
 
 
 @triton.jit
@@ -884,9 +882,6 @@ def drive(fam, sizes, carries, scan, cfg):
     one chunk, straight-line code. ``WALK``: the program owns ``BLOCK_N`` whole rows and walks them in
     ``BLOCK_T``-step chunks (backward in time for the backward estimators), the carry in registers. ``LOOKBACK``:
     it owns one chunk of ``BLOCK_N`` rows and gets the carry into it by the decoupled look-back.
-    ``REREAD``: the same in quads over ``cfg.SUB`` chunks of ``BLOCK_T`` steps, nothing held through the
-    look-back: their aggregates composed from the quads' maps (as the three passes' first does), and once
-    the carry is found they are loaded again (from L2, read a moment before) and walked from it.
     ``AGGREGATES`` / ``OUTPUTS``: the first and last of three passes over split rows (the middle
     one, :func:`rollbuf.kernels.resolve.resolve_kernel`, turns the aggregates into every chunk's
     carry): no atomics, no waiting.
@@ -946,8 +941,7 @@ def drive(fam, sizes, carries, scan, cfg):
     else:
         D: tl.constexpr = 0
     lanes = tl.arange(0, BLOCK_T)[None, :]
-    SUB: tl.constexpr = cfg.SUB
-    NUM_SEG = tl.cdiv(T, BLOCK_T * SUB)  # a row's chunks (of SUB · BLOCK_T steps: SUB is 1 but for REREAD)
+    NUM_SEG = tl.cdiv(T, BLOCK_T)
     cu, cv = carry_in(fam.fields, p_ci, geo, rank == 0, CARRY2, cfg.CARRY_IN, ACC, BLOCK_N, BLOCK_T)
     end = State(cu[:, None], cv[:, None])
     if PASS == ONE_CHUNK:
@@ -966,28 +960,6 @@ def drive(fam, sizes, carries, scan, cfg):
                 cu = _edge(iu, lanes, EDGE)
                 if PAIR:
                     cv = _edge(iv, lanes, EDGE)
-    elif PASS == REREAD:
-        tl.static_assert(QUADS, "the look-back's chunk read twice is held in quads")
-        CH: tl.constexpr = BLOCK_T * SUB
-        first = (NUM_SEG - 1 - rank) * CH if REVERSE else rank * CH
-        g = _identity(BLOCK_N, PAIR, ACC)  # the aggregate: the sub-chunks' maps composed in scan order
-        for j in range(0, SUB):
-            start = first + ((SUB - 1 - j) * BLOCK_T if REVERSE else j * BLOCK_T)
-            o_s, ok_s = _scan_steps(start, lanes, geo, REVERSE, FLIP, BLOCK_T, D, QUADS)
-            x = scan.LOAD(fam, geo, o_s, ok_s, end, ACC)
-            g = _compose(_quad_total(scan.STEP(fam, x, ACC), PAIR, BLOCK_N, BLOCK_T), g, PAIR)
-        W2: tl.constexpr = 3 + 4 * PAIR
-        p_word = (p_ws + (tl.cdiv(R, BLOCK_N) * NUM_SEG * (W2 * BLOCK_N) + 1) // 2 * 2).to(tl.pointer_type(tl.int64))
-        cu, cv = _look_back(p_ws, p_word, tile, rank, NUM_SEG, g, cu, cv, PAIR, cfg)
-        for j in range(0, SUB):  # the sub-chunks again, walked from the carry found
-            start = first + ((SUB - 1 - j) * BLOCK_T if REVERSE else j * BLOCK_T)
-            o_s, ok_s = _scan_steps(start, lanes, geo, REVERSE, FLIP, BLOCK_T, D, QUADS)
-            x = scan.LOAD(fam, geo, o_s, ok_s, end, ACC)
-            e, ex = _scan(fam, x, lanes, cu, cv, scan, False, True, ACC, QUADS, BLOCK_N, BLOCK_T)
-            iu, iv = _finish(fam, geo, e, ex, cu, cv, end, start, p_co, scan, cfg, True)
-            cu = _edge(iu, lanes, EDGE)
-            if PAIR:
-                cv = _edge(iv, lanes, EDGE)
     else:
         start = (NUM_SEG - 1 - rank) * BLOCK_T if REVERSE else rank * BLOCK_T
         W: tl.constexpr = 3 + 4 * PAIR  # slot width: map components + state

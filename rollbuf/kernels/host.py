@@ -91,7 +91,6 @@ class Strategy:
     flip: bool = False  # backward scans: each chunk held in reverse, lane j at its step BLOCK_T−1−j
     quads: bool = False  # backward scans: each chunk held in quads of 4 steps, latest first (no reverse scan)
     poll: int = 0  # the look-back of one-row chunks: the words of this many chunks read at once (0: one at a time)
-    reread: int = 0  # the look-back in quads over chunks of this many block_t sub-chunks, read twice (0: held)
 
 
 def _pow2(x: int) -> int:
@@ -114,7 +113,6 @@ class Choices:
     quads: bool | None = None  # backward scans: chunks held in quads, latest first
     poll: bool | int | None = None  # the look-back of one-row chunks: a window read at once (True: one word a
     # thread; a power of two from 32: that many words; checked by forced())
-    reread: int | None = None  # the look-back in quads over chunks of this many block_t sub-chunks, read twice
 
 
 @functools.lru_cache(maxsize=4096)
@@ -167,13 +165,7 @@ def strategy(R: int, T: int, time_contiguous: bool = True, *, sms: int = CPU_SMS
                 step_bytes, reverse_scan)
     flip = flip_rule(st, T, flip_chunks) if c.flip is None else bool(c.flip)
     st = attrs.evolve(st, flip=flip)
-    st = _quads(st, c.shift_load) if c.quads and st.block_t >= 4 and not flip else st
-    if c.reread:
-        if not (st.split and not st.presolve and st.quads):
-            raise ValueError("reread: the look-back's chunk read twice needs split rows chained by the look-back in "
-                             "quads (a backward scan; force split=True, presolve=False, quads=True)")
-        st = attrs.evolve(st, reread=int(c.reread), num_seg=-(-T // (st.block_t * int(c.reread))))
-    return st
+    return _quads(st, c.shift_load) if c.quads and st.block_t >= 4 and not flip else st
 
 
 def split_rule(st: Strategy, R: int, T: int, time_contiguous: bool, own: tuple[SplitRows | None, SplitRows | None],
@@ -346,7 +338,7 @@ def device_sms(device: torch.device) -> int:
 #: the kernel choices in force (a sorted tuple of (name, value)); part of every plan's key
 FORCE: contextvars.ContextVar = contextvars.ContextVar("rollbuf_kernels_force", default=())
 _FORCE_KEYS = ("block_t", "split", "shift_load", "max_chunk", "block_n", "presolve", "num_warps",
-               "resolve_block_r", "flip", "quads", "poll", "reread", "poison", "layout")
+               "resolve_block_r", "flip", "quads", "poll", "poison", "layout")
 
 
 def _window_words(poll) -> int:
@@ -360,25 +352,19 @@ def _window_words(poll) -> int:
 def forced(**choices):
     """Inside the block, every kernel call takes these choices instead of the strategy table's (``block_t``, ``split``,
     ``shift_load``, ``max_chunk``, ``block_n``, ``presolve``, ``num_warps``, ``resolve_block_r``, ``flip``,
-    ``quads``, ``poll``, ``reread``), and with ``poison=True`` fills its outputs with NaN before the launch (an
-    element the kernel does not write then fails a comparison); ``layout="env"`` makes a time-major call env-major
-    (its fields copied first). ``presolve=True``: split rows in three passes; ``presolve=2``: in two, the outputs' pass
+    ``quads``, ``poll``), and with ``poison=True`` fills its outputs with NaN before the launch (an element the
+    kernel does not write then fails a comparison); ``layout="env"`` makes a time-major call env-major (its fields
+    copied first). ``presolve=True``: split rows in three passes; ``presolve=2``: in two, the outputs' pass
     composing the aggregates of the chunks before its own (no resolve kernel, one launch fewer; timed slower than
     three: docs/kernel-choices.md). ``poll=True``: the look-back of one-row chunks reads the words of a window of
     chunks at once, one a thread (on the GPU by plain acquire loads); ``poll=N``: a window of ``N`` words (a
-    power of two from 32; the window's timings: docs/kernel-choices.md, 'Long rows split'). ``reread=K`` (a
-    positive int; split rows chained by the look-back in quads only, else a ``ValueError`` at the call): each
-    program's chunk is ``K`` chunks of ``block_t`` steps, read once for its aggregate and, once its carry is
-    found, again for its outputs (nothing held through the wait). For tests and A/B experiments; nested blocks
-    merge."""
+    power of two from 32; the window's timings: docs/kernel-choices.md, 'Long rows split'). For tests and
+    A/B experiments; nested blocks merge."""
     bad = set(choices) - set(_FORCE_KEYS)
     if bad:
         raise TypeError(f"unknown kernel choice(s): {sorted(bad)}; known: {_FORCE_KEYS}")
     if not isinstance(choices.get("poll"), (bool, type(None))):
         _window_words(choices["poll"])  # checked here whatever the call, so that True never meets 1 in a key
-    rr = choices.get("reread")
-    if rr is not None and rr is not False and not (type(rr) is int and rr >= 1):
-        raise ValueError(f"reread: a positive int (sub-chunks per chunk) or False; got {rr!r}")
     merged = dict(FORCE.get())
     merged.update({k: v for k, v in choices.items()})
     token = FORCE.set(tuple(sorted((k, v) for k, v in merged.items() if v is not None)))
@@ -395,7 +381,7 @@ def forced_choices() -> dict:
 
 # CARRY_IN and PASS values (rollbuf.kernels.core holds the same as constexprs)
 ZERO, STATE, END_COLUMN, END_STEP = 0, 1, 2, 3
-WALK, LOOKBACK, AGGREGATES, OUTPUTS, ONE_CHUNK, RESOLVING, REREAD = 0, 1, 2, 3, 4, 5, 6
+WALK, LOOKBACK, AGGREGATES, OUTPUTS, ONE_CHUNK, RESOLVING = 0, 1, 2, 3, 4, 5
 
 
 # ---- layout ------------------------------------------------------------------------------------
@@ -670,8 +656,7 @@ class Launch:
         flip_chunks = fam.flip_chunks if timed else ()
         # the family's split rows only for the calls they were timed on (fp32, no mask) with no tiling forced
         own = ((fam.split_rows or fam.split_row) and plain and flip is None and quads is None
-               and not fc.keys() & {"block_t", "split", "block_n", "presolve", "num_warps", "max_chunk", "poll",
-                                    "reread"})
+               and not fc.keys() & {"block_t", "split", "block_n", "presolve", "num_warps", "max_chunk", "poll"})
         fc["max_chunk"] = fc.get("max_chunk") or fam.max_chunk
         st = strategy(self.R, T, time_contiguous, sms=device_sms(self.device), long_rows=fam.long_rows,
                       whole_rows=whole, flip_chunks=flip_chunks, fill_per_sm=fam.fill_per_sm,
@@ -696,9 +681,8 @@ class Launch:
         def const(pass_):
             return dict(CFG=Config(PASS=pass_, CARRY_IN=carry_in, ACC=acc, BLOCK_N=st.block_n, BLOCK_T=st.block_t,
                                    SHIFT_LOAD=st.shift_load, FLIP=st.flip, REVERSE=reverse,
-                                   QUADS=st.quads, POLL=st.poll if pass_ in (LOOKBACK, REREAD) else 0,
-                                   ASM=self.device.type == "cuda" and st.poll > 0 and not _interpreted(),
-                                   SUB=st.reread if pass_ == REREAD else 1))
+                                   QUADS=st.quads, POLL=st.poll if pass_ == LOOKBACK else 0,
+                                   ASM=self.device.type == "cuda" and st.poll > 0 and not _interpreted()))
 
         self.pair_maps = pair_maps = fam.pair and f.get("mask") is not None  # V-trace: pair maps with a mask only
         W = 7 if pair_maps else 3
@@ -709,7 +693,7 @@ class Launch:
                                                       st.num_warps, names, True),)
             self.scratch_words = 0
         elif not st.presolve:
-            self.passes = (Kernel(jit, const(REREAD if st.reread else LOOKBACK), st.num_warps, names, True),)
+            self.passes = (Kernel(jit, const(LOOKBACK), st.num_warps, names, True),)
             self.scratch_words = 2 * self.grid  # one int64 word per chunk (flag and state)
         elif st.presolve == 2:  # two passes: each output chunk composes the aggregates before it (forced only)
             self.passes = (Kernel(jit, const(AGGREGATES), st.num_warps, names, True),
