@@ -15,6 +15,7 @@
 #   frameworks                    python -m benchmarks frameworks: the frameworks' advantage code against rollbuf's calls
 #   wall | wall-sweep             python -m benchmarks wall [--sweep]: every estimator at 2^24 elements against a copy
 #   wall-window                   python -m benchmarks wall --window: the split-row cases under the look-back's windows
+#   wall-one-row                  python -m benchmarks wall --one-row: one row of 2^16-2^24 steps, default vs three passes
 #   ab:TREE1,TREE2,...            python3 benchmarks/device_ab.py TREE1 TREE2 ...: device time of several trees
 #   tests                         the CUDA test matrix, every case (RB_EXHAUSTIVE=1, tests/conftest.py), cut at $TESTS_TIMEOUT_S seconds (or at $TESTS_DEADLINE,
 #                                 seconds since the epoch) so that the summary comes back
@@ -46,6 +47,8 @@ for step in "$@"; do
     wall-sweep) python3 -m benchmarks wall --sweep --out "$OUT" 2>&1 | tee "$OUT/wall.log" | tail -40 ;;
     wall-window) mkdir -p "$OUT/window" && python3 -m benchmarks wall --window --out "$OUT/window" 2>&1 \
       | tee "$OUT/window/wall.log" | tail -40 ;;
+    wall-one-row) mkdir -p "$OUT/one_row" && python3 -m benchmarks wall --one-row --out "$OUT/one_row" 2>&1 \
+      | tee "$OUT/one_row/wall.log" | tail -40 ;;
     long-call) python3 benchmarks/long_call.py --out "$OUT" 2>&1 | tee "$OUT/long_call.log" | tail -12 ;;
     ab:*) IFS=, read -r -a trees <<<"${step#ab:}"
       OUT="$OUT" python3 benchmarks/device_ab.py "${trees[@]}" 2>&1 | tee "$OUT/device_ab.log" | tail -24 ;;

@@ -5,6 +5,7 @@
     python -m benchmarks wall --tilings gae:mask:float32,discounted_returns --out DIR
                                                         # those cases under the whole-row tilings of TILINGS
     python -m benchmarks wall --window --out DIR        # the survey's cases where rows are split, under WINDOWS
+    python -m benchmarks wall --one-row --out DIR       # one row of 2^16-2^24 steps: the families' split_row
     python -m benchmarks wall --dry-run --out DIR       # the same plumbing on the CPU, tiny shapes, wall clock
 
 * **survey**: every estimator of the table on docs/benchmarks.md ('At the memory wall'), fp32, 1%
@@ -25,6 +26,9 @@
   (one row, 64 and 256 rows), under the look-back's choices of :data:`WINDOWS` (its window of one warp's
   32 words or of one word a thread, one chunk at a time, and for one row the three passes in the same
   chunks), compared with the default's outputs as the sweep's are; the survey is not run.
+* **one row** (``--one-row``): the survey's cases whose family has a program of its own for one split row
+  (its row's ``split_row``: GAE, advantages, Retrace, fp32) at one row of each length of :data:`ONE_ROW`,
+  the default against the three passes (``presolve=True``) on the same inputs, twice; the survey is not run.
 
 Device time: :func:`benchmarks.clocks.graph_time` (a CUDA graph of the call, replayed); % of copy: the
 bytes the call must move (:func:`benchmarks.suite.bytes_moved`) over the device time and the copy bandwidth
@@ -109,6 +113,12 @@ def tilings(n: int, t: int, mask: bool):
 #: time (``False``); ``"three"``: the three passes in the same chunks (one row)
 WINDOWS = [(2048, 8, 32), (2048, 4, 32), (1024, 4, 32), (1024, 8, 32), (2048, 8, True), (1024, 4, True),
            (2048, 8, False), (1024, 4, False), (2048, 8, "three"), (1024, 4, "three")]
+
+
+#: ``--one-row``'s row lengths and cases
+ONE_ROW = [1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 24]
+ONE_ROW_CASES = [("gae", "term+trunc", "float32"), ("advantages", "term+trunc", "float32"),
+                 ("retrace", "term+trunc", "float32")]
 
 
 def windows(n: int):
@@ -226,6 +236,7 @@ def main(argv=None) -> int:
     ap.add_argument("--sweep", action="store_true", help="also GAE under every forced choice of variants()")
     ap.add_argument("--tilings", default="", help="est[:mix[:dtype]],...: those cases under the tilings of TILINGS")
     ap.add_argument("--window", action="store_true", help="the survey's split-row cases under WINDOWS' choices")
+    ap.add_argument("--one-row", action="store_true", help="one row of each ONE_ROW length: default vs three passes")
     ap.add_argument("--budget-s", type=float, default=400.0, help="start no case or variant after this many seconds")
     ap.add_argument("--dry-run", action="store_true", help="CPU tensors (Triton's interpreter), tiny shapes")
     args = ap.parse_args(argv)
@@ -234,17 +245,19 @@ def main(argv=None) -> int:
 
         rc = interpreted("wall", ["--dry-run", "--out", args.out] + (["--sweep"] if args.sweep else [])
                          + (["--tilings", args.tilings] if args.tilings else [])
-                         + (["--window"] if args.window else []))
+                         + (["--window"] if args.window else []) + (["--one-row"] if args.one_row else []))
         if rc is not None:
             return rc
     device = "cpu" if args.dry_run else "cuda"
     shapes = [(1, 67), (3, 9)] if args.dry_run else SHAPES
+    if args.one_row:
+        shapes = [(1, 4133)] if args.dry_run else [(1, t) for t in ONE_ROW]
     bw = None if args.dry_run else copy_bandwidth()
     deadline = time.perf_counter() + args.budget_s
     rows = []
     cases = parse_cases(args.tilings)
     for n, t in shapes:
-        for est, mix, dt in [] if cases or args.window else SURVEY[:2] if args.dry_run else SURVEY:
+        for est, mix, dt in [] if cases or args.window or args.one_row else SURVEY[:2] if args.dry_run else SURVEY:
             if time.perf_counter() > deadline:
                 break
             case = Case(est, n, t, dt, mix)
@@ -271,6 +284,11 @@ def main(argv=None) -> int:
             if args.dry_run:  # the first two, in 16-step chunks of one warp: the interpreter is slow
                 sweep = [dict(v, block_t=16, num_warps=1) for v in sweep[:2]]
             rows += default_and_forced(Case(est, n, t, dt, mix), device, bw, sweep, deadline)
+        for est, mix, dt in (ONE_ROW_CASES[:1] if args.dry_run else ONE_ROW_CASES) if args.one_row else ():
+            if time.perf_counter() > deadline:
+                break
+            for _ in range(2):  # the same inputs twice: default then three passes, then again
+                rows += default_and_forced(Case(est, n, t, dt, mix), device, bw, [dict(presolve=True)], deadline)
         if device == "cuda":
             torch.cuda.empty_cache()
     prov = provenance(device)

@@ -489,6 +489,48 @@ def test_family_split_rows(name, R, monkeypatch):
         assert st.num_warps == force.get("num_warps", table.num_warps), (force, st)
 
 
+@pytest.mark.parametrize("name", ["gae", "advantages", "lambda_returns", "discounted_returns"])
+def test_td_lambda_split_row(name):
+    """The TD(λ) family's one split row (its row's ``split_row``), fp32 without a mask, for calls writing
+    advantages only: GAE and the advantages take the look-back in 2048-step chunks of 8 warps with a
+    window of 256 words, in lane order, in place of the three passes; the returns alone keep the three
+    passes; so do a mask, bf16 inputs and a forced tiling. Outputs NaN-poisoned, against the reference,
+    every boundary but the mask."""
+    row = K.FAMILIES[Family.TD_LAMBDA]
+    T = 4133  # 3 chunks of 2048 steps, the last of 37
+    f = make(1, T, "term+trunc", seed=zlib.crc32(f"td-split-row-{name}".encode()))
+    table = H.strategy(1, T, True, long_rows=row.long_rows, max_chunk=row.max_chunk)
+    assert table.split and table.presolve
+
+    def run(fields, **force):
+        cache.clear()
+        with K.forced(block_t=None, poison=True, **force), _launches() as seen:
+            if name == "advantages":
+                base = {k: fields[k] for k in ("rewards", "values", "terminated", "truncated", "bootstrap_values",
+                                               "mask")}
+                got = (F.advantages(0.97, 0.9, **base, backend="triton"),)
+            else:
+                got = call(name, fields, "triton")
+        return got, seen[-1].strategy
+
+    got, st = run(f)
+    if name in ("gae", "advantages"):
+        own = row.split_row
+        assert (st.block_n, st.block_t, st.split, st.num_seg, st.num_warps, st.presolve, st.poll) == (
+            1, own.chunk, True, 3, own.warps, False, own.window), st
+        assert not st.quads and not st.flip and st.shift_load, st  # lane order, as timed
+    else:
+        assert st.split and st.presolve and not st.poll, st
+    want = (call("gae", f, "reference")[0],) if name == "advantages" else call(name, f, "reference")
+    assert_ref(got, want, 1e-5)
+    masked = make(1, T, "term+trunc+mask", seed=1)
+    half = {k: v.to(torch.bfloat16) if v is not None and v.is_floating_point() else v for k, v in f.items()}
+    for fields, force in ((masked, {}), (half, {}), (f, {"num_warps": 4}), (f, {"poll": False}),
+                          (f, {"quads": False})):
+        _, st = run(fields, **force)
+        assert (st.block_t, st.poll, st.presolve) == (table.block_t, 0, table.presolve), (force, st)
+
+
 @pytest.mark.parametrize("name", ["gae", "vtrace", "retrace", "eligibility_traces", "episodic_sums"])
 def test_single_row_default_strategy(name):
     """One long row with the shipped choice (three passes), several chunks, every boundary kind,

@@ -34,11 +34,13 @@ class LongRows:
 class SplitRows:
     """Rows split across programs and chained by the look-back, one chunk a program: the family's
     chunk length, warps and look-back window (the words of ``window`` chunks read at once, a power of
-    two from 32; 0: one chunk at a time). See :func:`rollbuf.kernels.host.strategy`."""
+    two from 32; 0: one chunk at a time); ``outputs``: only for calls writing one of these outputs
+    (empty: every call). See :func:`rollbuf.kernels.host.strategy`."""
 
     chunk: int
     warps: int
     window: int
+    outputs: tuple[str, ...] = ()
 
 
 @attrs.frozen
