@@ -490,7 +490,7 @@ def test_family_split_rows(name, R, monkeypatch):
 
 
 @pytest.mark.parametrize("name", ["gae", "advantages", "lambda_returns", "discounted_returns"])
-def test_td_lambda_split_row(name):
+def test_td_lambda_split_row(name, monkeypatch):
     """The TD(λ) family's one split row (its row's ``split_row``), fp32 without a mask, for calls writing
     advantages only: GAE and the advantages take the look-back in 2048-step chunks of 8 warps with a
     window of 256 words, in lane order, in place of the three passes; the returns alone keep the three
@@ -529,6 +529,27 @@ def test_td_lambda_split_row(name):
                           (f, {"quads": False})):
         _, st = run(fields, **force)
         assert (st.block_t, st.poll, st.presolve) == (table.block_t, 0, table.presolve), (force, st)
+    # a row whose bytes fall between L2 / L2_LOW_DIV and L2_HIGH_MUL · L2 keeps the three passes
+    monkeypatch.setattr(H, "CPU_L2", T * 14)  # GAE moves 18 bytes a step, the advantages 14
+    got, st = run(f)
+    assert st.split and st.presolve and not st.poll, st
+    assert_ref(got, want, 1e-5)
+
+
+def test_split_row_not_where_the_row_sits_in_l2():
+    """``split_rule``'s one-row entry: taken for rows of fewer than L2 / L2_LOW_DIV bytes or more than
+    L2_HIGH_MUL · L2, not between (the three passes' second read from L2); several rows ignore it."""
+    st = H.strategy(1, 1 << 20)
+    assert st.split and st.presolve
+    own = (None, K.FAMILIES[Family.RETRACE].split_row)
+    l2 = 50 << 20
+    for row_bytes, taken in ((l2 // 8 - 1, True), (l2 // 8, False), (l2, False), (2 * l2, False),
+                             (2 * l2 + 1, True), (1 << 40, True)):
+        got = H.split_rule(st, 1, 1 << 20, True, own, None, row_bytes, l2)
+        assert (got.poll == own[1].window and not got.presolve) is taken, (row_bytes, got)
+        assert (got == st) is not taken, (row_bytes, got)
+    several = H.strategy(64, 1 << 18)
+    assert H.split_rule(several, 64, 1 << 18, True, own, None, 1 << 40, l2) == several
 
 
 @pytest.mark.parametrize("name", ["gae", "vtrace", "retrace", "eligibility_traces", "episodic_sums"])

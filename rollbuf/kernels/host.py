@@ -74,6 +74,12 @@ PRESOLVE_MAX_ROWS = 1
 # A family's own program for several split rows (its Row.split_rows) from this many rows: timed at 64 and
 # 256 rows; with fewer, each row's chain is longer and one row lost with it (docs/kernel-choices.md).
 SPLIT_ROWS_FROM = 64
+# A family's program for one split row, not where the three passes re-read the row from L2: a row of
+# between L2 / L2_LOW_DIV and L2_HIGH_MUL · L2 bytes (read and written) keeps the three passes, whose last
+# pass finds much of it still in L2; shorter rows (one launch instead of three) and longer ones (the second
+# read from memory) take the family's program (docs/kernel-choices.md, 'Long rows split').
+L2_LOW_DIV, L2_HIGH_MUL = 8, 2
+CPU_L2 = 50 << 20  # the L2 bytes assumed off the GPU (an H100's and an H200's)
 
 
 @attrs.frozen
@@ -169,15 +175,18 @@ def strategy(R: int, T: int, time_contiguous: bool = True, *, sms: int = CPU_SMS
 
 
 def split_rule(st: Strategy, R: int, T: int, time_contiguous: bool, own: tuple[SplitRows | None, SplitRows | None],
-               shift_load: bool | None = None) -> Strategy:
+               shift_load: bool | None = None, row_bytes: int = 0, l2: int = CPU_L2) -> Strategy:
     """The table's strategy ``st`` for ``R`` rows of ``T`` steps with a family's own program where the
     table splits time-contiguous rows across programs: ``own``, its row's ``(split_rows, split_row)``
     (:class:`~rollbuf.kernels.row.SplitRows`: chunk, warps, look-back window), for ``SPLIT_ROWS_FROM`` rows
     or more and for one row (in place of the three passes). The launch applies it only to the calls they
     were timed on (fp32, no mask) with no tiling, lane order or quads forced; ``shift_load``: a forced
-    choice."""
+    choice. One row of ``row_bytes`` (read and written) between ``l2 // L2_LOW_DIV`` and ``L2_HIGH_MUL · l2``
+    (the GPU's L2 bytes) keeps the three passes."""
     several = own[0] if R >= SPLIT_ROWS_FROM else None
-    entry = (own[1] if R <= PRESOLVE_MAX_ROWS else several) if st.split and time_contiguous else None
+    in_l2 = l2 // L2_LOW_DIV <= row_bytes <= L2_HIGH_MUL * l2
+    entry = (None if in_l2 else own[1]) if R <= PRESOLVE_MAX_ROWS else several
+    entry = entry if st.split and time_contiguous else None
     if entry is None:
         return st
     return Strategy(1, entry.chunk, True, -(-T // entry.chunk), entry.warps,
@@ -320,6 +329,18 @@ def _table(R, T, time_contiguous, c: Choices, sms, long_rows, whole_rows, split_
 
 
 _SMS: dict[int, int] = {}
+_L2: dict[int, int] = {}
+
+
+def device_l2(device: torch.device) -> int:
+    """L2 bytes of ``device`` (its properties' ``L2_cache_size``), :data:`CPU_L2` off the GPU."""
+    if device.type != "cuda":
+        return CPU_L2
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    n = _L2.get(idx)
+    if n is None:
+        n = _L2[idx] = int(getattr(torch.cuda.get_device_properties(idx), "L2_cache_size", 0) or CPU_L2)
+    return n
 
 
 def device_sms(device: torch.device) -> int:
@@ -665,7 +686,8 @@ class Launch:
         if own:  # the family's own program for split rows (an entry for some outputs only for those calls)
             entries = tuple(e if e is None or not e.outputs or set(e.outputs) & set(self.out_names) else None
                             for e in (fam.split_rows, fam.split_row))
-            st = split_rule(st, self.R, T, time_contiguous, entries, fc.get("shift_load"))
+            st = split_rule(st, self.R, T, time_contiguous, entries, fc.get("shift_load"), self.step_bytes(f) * T,
+                            device_l2(self.device))
         if quads is None and fam.quads:  # the family's chunks in quads where the rule says
             st = in_quads(st, T, time_contiguous, scan_output, fc.get("shift_load"),
                           p.family == Family.TD_LAMBDA and "advantages" in self.out_names)
