@@ -530,7 +530,7 @@ def test_td_lambda_split_row(name, monkeypatch):
         _, st = run(fields, **force)
         assert (st.block_t, st.poll, st.presolve) == (table.block_t, 0, table.presolve), (force, st)
     # a row whose bytes fall between L2 / L2_LOW_DIV and L2_HIGH_MUL · L2 keeps the three passes
-    monkeypatch.setattr(H, "CPU_L2", T * 14)  # GAE moves 18 bytes a step, the advantages 14
+    monkeypatch.setattr(H, "device_l2", lambda device: T * 14)  # GAE moves 18 bytes a step, the advantages 14
     got, st = run(f)
     assert st.split and st.presolve and not st.poll, st
     assert_ref(got, want, 1e-5)
