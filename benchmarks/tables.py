@@ -41,7 +41,7 @@ SOURCES = {
     "pufferlib": ["peers_p0_00a2400.csv", "peers_p1_00a2400.csv", "peers_puff16_4fa49f4.csv"],
     "naive": ["kernels_h200_7bce722.csv"],
     "host": ["host_path_gpu_591eca5.csv"],
-    "wall": ["wall_gpu_fb54beb.csv"],
+    "wall": ["wall_gpu_c2bc1b5.csv"],
     "scoreboard": None,  # _scoreboard_csvs()
     "long": None,
     "llm": ["llm_gpu_1f929cf.csv"],
