@@ -28,7 +28,9 @@
   chunks), compared with the default's outputs as the sweep's are; the survey is not run.
 * **one row** (``--one-row``): the survey's cases whose family has a program of its own for one split row
   (its row's ``split_row``: GAE, advantages, Retrace, fp32) at one row of each length of :data:`ONE_ROW`,
-  the default against the three passes (``presolve=True``) on the same inputs, twice; the survey is not run.
+  the default against the three passes (``presolve=True``) and against the family's program forced
+  (:func:`family_row`, also where the default keeps the three passes) on the same inputs, twice; the
+  survey is not run.
 
 Device time: :func:`benchmarks.clocks.graph_time` (a CUDA graph of the call, replayed); % of copy: the
 bytes the call must move (:func:`benchmarks.suite.bytes_moved`) over the device time and the copy bandwidth
@@ -116,9 +118,20 @@ WINDOWS = [(2048, 8, 32), (2048, 4, 32), (1024, 4, 32), (1024, 8, 32), (2048, 8,
 
 
 #: ``--one-row``'s row lengths and cases
-ONE_ROW = [1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 24]
+ONE_ROW = [1 << k for k in range(16, 25)]
 ONE_ROW_CASES = [("gae", "term+trunc", "float32"), ("advantages", "term+trunc", "float32"),
                  ("retrace", "term+trunc", "float32")]
+
+
+def family_row(estimator: str) -> dict:
+    """The forced choices that run ``estimator``'s family program for one split row (its ``split_row``)."""
+    from rollbuf.kernels.families import FAMILIES
+    from rollbuf.problem import Family
+
+    fam = Family.RETRACE if estimator == "retrace" else Family.TD_LAMBDA
+    e = FAMILIES[fam].split_row
+    return dict(split=True, block_t=e.chunk, num_warps=e.warps, presolve=False, poll=e.window,
+                max_chunk=max(e.chunk, 2048))
 
 
 def windows(n: int):
@@ -251,7 +264,7 @@ def main(argv=None) -> int:
     device = "cpu" if args.dry_run else "cuda"
     shapes = [(1, 67), (3, 9)] if args.dry_run else SHAPES
     if args.one_row:
-        shapes = [(1, 4133)] if args.dry_run else [(1, t) for t in ONE_ROW]
+        shapes = [(1, 67)] if args.dry_run else [(1, t) for t in ONE_ROW]
     bw = None if args.dry_run else copy_bandwidth()
     deadline = time.perf_counter() + args.budget_s
     rows = []
@@ -287,8 +300,9 @@ def main(argv=None) -> int:
         for est, mix, dt in (ONE_ROW_CASES[:1] if args.dry_run else ONE_ROW_CASES) if args.one_row else ():
             if time.perf_counter() > deadline:
                 break
-            for _ in range(2):  # the same inputs twice: default then three passes, then again
-                rows += default_and_forced(Case(est, n, t, dt, mix), device, bw, [dict(presolve=True)], deadline)
+            for _ in range(1 if args.dry_run else 2):  # the same inputs twice: default, three passes, own, again
+                forces = [dict(presolve=True), dict(family_row(est), **({"block_t": 16} if args.dry_run else {}))]
+                rows += default_and_forced(Case(est, n, t, dt, mix), device, bw, forces, deadline)
         if device == "cuda":
             torch.cuda.empty_cache()
     prov = provenance(device)

@@ -777,6 +777,27 @@ def test_wall_window_dry_run(tmp_path):
     assert not any(f["presolve"] for f in wall.windows(64))
 
 
+def test_wall_one_row_dry_run(tmp_path):
+    """``--one-row``: one row of each length (the dry run: GAE over one row of 67 steps), the default beside
+    the three passes and the family's one-row program forced, the outputs as the default's; the survey
+    itself not run; the forced program is the family's ``split_row``."""
+    import csv
+
+    from benchmarks import wall
+    from rollbuf.kernels.families import FAMILIES
+    from rollbuf.problem import Family
+
+    assert wall.main(["--dry-run", "--one-row", "--out", str(tmp_path)]) == 0
+    rows = list(csv.DictReader((tmp_path / "wall.csv").read_text().splitlines()))
+    assert [(r["estimator"], r["n"], r["t"]) for r in rows] == [("gae", "1", "67")] * 3
+    assert [bool(r["force"]) for r in rows] == [False, True, True]
+    assert all(float(r["diff"]) <= 1e-4 for r in rows[1:])
+    own = FAMILIES[Family.RETRACE].split_row
+    assert wall.family_row("retrace") == dict(split=True, block_t=own.chunk, num_warps=own.warps, presolve=False,
+                                              poll=own.window, max_chunk=2048)
+    assert wall.family_row("gae")["poll"] == FAMILIES[Family.TD_LAMBDA].split_row.window
+
+
 def test_frameworks_benchmark_restates_openrlhf_verbatim():
     """The benchmark's OpenRLHF loops are the statements of the methods tests/test_openrlhf.py copies from
     OpenRLHF 0.11.2 verbatim (the syntax trees of their bodies, docstrings aside, are equal)."""
