@@ -550,6 +550,10 @@ def test_split_row_not_where_the_row_sits_in_l2():
         assert (got == st) is not taken, (row_bytes, got)
     several = H.strategy(64, 1 << 18)
     assert H.split_rule(several, 64, 1 << 18, True, own, None, 1 << 40, l2) == several
+    both = (K.FAMILIES[Family.RETRACE].split_rows, own[1])  # several rows: their entry whatever the bytes
+    for row_bytes in (0, l2 // 8, l2, 1 << 40):
+        got = H.split_rule(several, 64, 1 << 18, True, both, None, row_bytes, l2)
+        assert (got.block_t, got.num_warps, got.poll) == (both[0].chunk, both[0].warps, both[0].window), got
 
 
 @pytest.mark.parametrize("name", ["gae", "vtrace", "retrace", "eligibility_traces", "episodic_sums"])

@@ -166,14 +166,17 @@ def variants() -> list[dict]:
                  cfg=Mode(4, True, 1, bt, warps))
         out.append(dict(v, outs=row_outs) if row_outs else v)
     # the families' own split rows (their Row.split_rows / split_row), as the table runs them: fp32 without a
-    # mask, the look-back in quads with the family's chunk, warps and window
-    for name in ("vtrace", "retrace"):
+    # mask, the look-back with the family's chunk, warps and window, in quads (the TD(λ) family's, which
+    # writes advantages, in lane order with the neighbour re-loaded)
+    for name in ("gae", "vtrace", "retrace"):
         family, ci, absent = fams[name]
+        lanes = name == "gae"
         for tag in ("split_rows", "split_row"):
             entry = getattr(FAMILIES[family], tag)
             if entry is not None:
                 out.append(dict(name=f"{name}/{tag.replace('_', '-')}/fp32-nomask", family=family, carry_in=ci,
-                                mode=tag, cfg=Mode(1, False, 1, entry.chunk, entry.warps, False, True, entry.window),
+                                mode=tag, cfg=Mode(1, lanes, 1, entry.chunk, entry.warps, False, not lanes,
+                                                   entry.window),
                                 absent=(*absent, "mask")))
     # bf16 inputs, no flags, no mask
     for name in ("gae", "vtrace", "lambda_adjoint"):
