@@ -684,10 +684,11 @@ class Launch:
                       masked=f.get("mask") is not None and not fam.pair, step_bytes=self.step_bytes(f),
                       reverse_scan=backward_scan, flip=flip, quads=quads, **fc)
         if own:  # the family's own program for split rows (an entry for some outputs only for those calls)
-            entries = tuple(e if e is None or not e.outputs or set(e.outputs) & set(self.out_names) else None
-                            for e in (fam.split_rows, fam.split_row))
-            st = split_rule(st, self.R, T, time_contiguous, entries, fc.get("shift_load"), self.step_bytes(f) * T,
-                            device_l2(self.device))
+            def this_call(e: SplitRows | None) -> SplitRows | None:
+                return e if e is None or not e.outputs or set(e.outputs) & set(self.out_names) else None
+
+            st = split_rule(st, self.R, T, time_contiguous, (this_call(fam.split_rows), this_call(fam.split_row)),
+                            fc.get("shift_load"), self.step_bytes(f) * T, device_l2(self.device))
         if quads is None and fam.quads:  # the family's chunks in quads where the rule says
             st = in_quads(st, T, time_contiguous, scan_output, fc.get("shift_load"),
                           p.family == Family.TD_LAMBDA and "advantages" in self.out_names)
