@@ -328,30 +328,26 @@ def _table(R, T, time_contiguous, c: Choices, sms, long_rows, whole_rows, split_
                     resolve_block_r=resolve_block_r)
 
 
-_SMS: dict[int, int] = {}
-_L2: dict[int, int] = {}
+_PROPS: dict[int, object] = {}
+
+
+def _props(device: torch.device):
+    """``torch.cuda.get_device_properties`` of a CUDA ``device``, kept per device index."""
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    props = _PROPS.get(idx)
+    if props is None:
+        props = _PROPS[idx] = torch.cuda.get_device_properties(idx)
+    return props
 
 
 def device_l2(device: torch.device) -> int:
     """L2 bytes of ``device`` (its properties' ``L2_cache_size``), :data:`CPU_L2` off the GPU."""
-    if device.type != "cuda":
-        return CPU_L2
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    n = _L2.get(idx)
-    if n is None:
-        n = _L2[idx] = int(getattr(torch.cuda.get_device_properties(idx), "L2_cache_size", 0) or CPU_L2)
-    return n
+    return int(getattr(_props(device), "L2_cache_size", 0) or CPU_L2) if device.type == "cuda" else CPU_L2
 
 
 def device_sms(device: torch.device) -> int:
     """SMs of ``device`` (``torch.cuda.get_device_properties``), :data:`CPU_SMS` off the GPU."""
-    if device.type != "cuda":
-        return CPU_SMS
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    n = _SMS.get(idx)
-    if n is None:
-        n = _SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return n
+    return _props(device).multi_processor_count if device.type == "cuda" else CPU_SMS
 
 
 # ---- explicit choices for tests and experiments --------------------------------------------------
@@ -679,16 +675,17 @@ class Launch:
         own = ((fam.split_rows or fam.split_row) and plain and flip is None and quads is None
                and not fc.keys() & {"block_t", "split", "block_n", "presolve", "num_warps", "max_chunk", "poll"})
         fc["max_chunk"] = fc.get("max_chunk") or fam.max_chunk
+        step_bytes = self.step_bytes(f)
         st = strategy(self.R, T, time_contiguous, sms=device_sms(self.device), long_rows=fam.long_rows,
                       whole_rows=whole, flip_chunks=flip_chunks, fill_per_sm=fam.fill_per_sm,
-                      masked=f.get("mask") is not None and not fam.pair, step_bytes=self.step_bytes(f),
+                      masked=f.get("mask") is not None and not fam.pair, step_bytes=step_bytes,
                       reverse_scan=backward_scan, flip=flip, quads=quads, **fc)
         if own:  # the family's own program for split rows (an entry for some outputs only for those calls)
             def this_call(e: SplitRows | None) -> SplitRows | None:
                 return e if e is None or not e.outputs or set(e.outputs) & set(self.out_names) else None
 
             st = split_rule(st, self.R, T, time_contiguous, (this_call(fam.split_rows), this_call(fam.split_row)),
-                            fc.get("shift_load"), self.step_bytes(f) * T, device_l2(self.device))
+                            fc.get("shift_load"), step_bytes * T, device_l2(self.device))
         if quads is None and fam.quads:  # the family's chunks in quads where the rule says
             st = in_quads(st, T, time_contiguous, scan_output, fc.get("shift_load"),
                           p.family == Family.TD_LAMBDA and "advantages" in self.out_names)
